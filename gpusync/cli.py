@@ -1,0 +1,109 @@
+"""The `gpusync` command. Each command parses options and calls the library; main() is the one
+place exceptions become exit codes (see errors.py and README "Exit codes")."""
+from __future__ import annotations
+
+import click
+
+from . import errors
+from ._version import __version__
+from .detect.session import MODES
+from .errors import BadInput, GpusyncError
+from .reporters import FORMATS, render
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpusync")
+def cli():
+    """Find the host<-device syncs in a PyTorch training step, and remove them."""
+
+
+@cli.command(context_settings={"allow_interspersed_args": False})
+@click.argument("target", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--steps", type=click.IntRange(min=1), help="Measured steps (after warm-up).")
+@click.option("--warmup", type=click.IntRange(min=0), help="Steps run first and not averaged.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="table", show_default=True)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the report here.")
+@click.option("--max-syncs-per-step", type=click.IntRange(min=0),
+              help="Exit 1 when any measured step syncs more often than this.")
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
+              help="simulate: predict CUDA syncs on any machine; cuda: observe them on a GPU.")
+def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode):
+    """Report every host<-device sync of TARGET's training steps.
+
+    TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
+    pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
+    example (sparsenn).
+    """
+    from .fileio import write_atomic
+    from .scan import run_scan
+
+    result = run_scan(target, steps=steps, warmup=warmup, mode=mode, script_args=script_args)
+    text = render(result.report, fmt)
+    if output:
+        write_atomic(output, text)
+        click.echo(f"report written to {output}", err=True)
+    else:
+        click.echo(text, nl=False)
+    if result.error is not None:
+        click.echo(result.traceback, err=True, nl=False)
+        raise errors.UserCodeError(f"the scanned code raised {type(result.error).__name__}",
+                                   result.error)
+    if max_syncs_per_step is not None and result.report.max_syncs_per_step > max_syncs_per_step:
+        raise GpusyncError(f"{result.report.max_syncs_per_step} syncs in one step, more than "
+                           f"--max-syncs-per-step {max_syncs_per_step}",
+                           errors.EXIT_REGRESSION)
+
+
+@cli.command("profiles")
+def profiles_cmd():
+    """List the built-in profiles."""
+    from .profiles import builtin_names, find_builtin, load_profile
+
+    for name in builtin_names():
+        profile = load_profile(find_builtin(name))
+        click.echo(f"{name:20} {profile.description}")
+
+
+@cli.group()
+def bench():
+    """Benchmarks (timings go to docs/benchmarks/, never into tests)."""
+
+
+@bench.command("overhead")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option("--profile", default="sparsenn", show_default=True)
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              show_default=True)
+def bench_overhead(steps, warmup, profile, mode, fmt):
+    """Step time of a profile with and without the scanner, interleaved in one process."""
+    import json
+
+    from .bench.overhead import format_table, measure_overhead
+
+    result = measure_overhead(profile, steps=steps, warmup=warmup, mode=mode)
+    click.echo(json.dumps(result, indent=2) if fmt == "json" else format_table(result))
+
+
+def main(argv=None) -> int:
+    try:
+        cli.main(args=argv, prog_name="gpusync", standalone_mode=False)
+        return errors.EXIT_OK
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return errors.EXIT_BAD_INPUT
+    except click.exceptions.Abort:
+        click.echo("gpusync: interrupted", err=True)
+        return errors.EXIT_INTERRUPTED
+    except KeyboardInterrupt:
+        click.echo("gpusync: interrupted", err=True)
+        return errors.EXIT_INTERRUPTED
+    except GpusyncError as e:
+        prefix = "gpusync: error: " if isinstance(e, BadInput) else "gpusync: "
+        click.echo(f"{prefix}{e}", err=True)
+        return e.exit_code
+

@@ -1,0 +1,37 @@
+"""One SyncEvent per host<-device synchronization the detectors saw (or predicted)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    def to_dict(self) -> dict:
+        return {"file": self.file, "line": self.line, "function": self.function}
+
+
+# Phases a sync can be attributed to. "hook" events also carry the hook's name.
+FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER = "forward", "backward", "optimizer", "hook", "other"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER)
+
+
+@dataclass
+class SyncEvent:
+    op: str  # rule name, e.g. "item", "nonzero", "bool-mask index", "tolist", "D2H copy"
+    frames: tuple[Frame, ...]  # innermost first, torch / gpusync / stdlib frames removed
+    phase: str = OTHER
+    hook: str | None = None
+    module: str | None = None  # module path inside the root nn.Module, e.g. "sparse_arch.tables.t0"
+    step: int = 0
+    stall_ms: float | None = None  # measured on a GPU only
+    detail: str = ""  # e.g. "via IndexBackward0 (from forward)"
+    fix: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def location(self) -> Frame | None:
+        return self.frames[0] if self.frames else None

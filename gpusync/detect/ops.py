@@ -1,0 +1,421 @@
+"""Predict, on a machine without a GPU, which operations WOULD synchronize if the same program
+ran on CUDA.
+
+Two things are needed for that:
+1. Where each tensor would live. On a CPU run every tensor is on the CPU, so we track the tensors
+   that would stay on the HOST in a CUDA run (created by factories without a device, moved with
+   `.cpu()`, yielded by a DataLoader, optimizer step counters); all others, including tensors
+   created before the scan began, are taken to be on the device. Host-ness flows through ops:
+   an op's outputs are on the host only when all its tensor inputs are.
+   On a CPU run `.to(device)` cannot tell "to the device" from "to the host" (both say cpu), so
+   the call decides: `.cpu()` and a literal "cpu" on the calling line mean host, any other
+   target (a `device` variable, `x.device`) means the device.
+2. Which ops sync on CUDA given their arguments: detect/rules.py.
+
+A TorchFunctionMode sees Python-level calls (.to, .tolist, .numpy, repr, factories with device=);
+a TorchDispatchMode sees aten ops (the rules, and host-ness propagation), in forward and backward.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from .frames import source_line
+from .phases import remember_forward
+from .recorder import Recorder
+from .rules import DISPATCH_RULES, SCALAR_LABELS
+
+Tensor = torch.Tensor
+_TB = torch._C.TensorBase
+_DETECT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_OVERRIDES = os.path.join(os.path.dirname(torch.__file__), "overrides.py")
+_aten = torch.ops.aten
+
+
+class RealDevice:
+    """On a GPU run residency is a fact."""
+
+    real = True
+
+    def on_device(self, t) -> bool:
+        return isinstance(t, Tensor) and t.is_cuda
+
+    def is_host(self, t) -> bool:
+        return not t.is_cuda
+
+    def mark_host(self, t) -> None:
+        pass
+
+    def mark_device(self, t) -> None:
+        pass
+
+
+class HostSet:
+    """The tensors that would live on the host in a CUDA run (weakly held)."""
+
+    real = False
+
+    def __init__(self):
+        self._host = WeakTensorKeyDictionary()
+
+    def on_device(self, t) -> bool:
+        return isinstance(t, Tensor) and t not in self._host
+
+    def is_host(self, t) -> bool:
+        return t in self._host
+
+    def mark_host(self, t) -> None:
+        self._host[t] = True
+
+    def mark_device(self, t) -> None:
+        self._host.pop(t, None)
+
+
+def _call_site_line() -> str:
+    """The source line of the code that called the torch function being handled."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if not fn.startswith(_DETECT_DIR) and fn != _OVERRIDES:
+            return source_line(fn, frame.f_lineno)
+        frame = frame.f_back
+    return ""
+
+
+def _says_cpu(line: str) -> bool:
+    return '"cpu"' in line or "'cpu'" in line
+
+
+def _target_of_to(args, kwargs):
+    """(device, is_tensor_target, tensor) of a Tensor.to call; device None for dtype-only."""
+    if "device" in kwargs and kwargs["device"] is not None:
+        return torch.device(kwargs["device"]), None
+    for a in args[1:]:
+        if isinstance(a, Tensor):
+            return a.device, a
+        if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
+            try:
+                return torch.device(a), None
+            except (RuntimeError, TypeError):
+                return None, None
+    return None, None
+
+
+def _non_blocking(args, kwargs) -> bool:
+    if kwargs.get("non_blocking"):
+        return True
+    # to(device, dtype, non_blocking, copy) / to(dtype, non_blocking, copy)
+    bools = [a for a in args[1:] if isinstance(a, bool)]
+    return bool(bools and bools[0])
+
+
+class OpDetector:
+    """Op-level detection; `real=True` on a GPU (residency is t.is_cuda, stalls are timed)."""
+
+    def __init__(self, recorder: Recorder, real: bool = False, stall_timer=None):
+        self.rec = recorder
+        self.host = RealDevice() if real else HostSet()
+        self.real = real
+        self.mode_name = "cuda" if real else "simulate"
+        self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
+        self.current = ""  # name of the Python-level torch call being run (for labels)
+        self._fmode = _FunctionMode(self)
+        self._dmode = _DispatchMode(self)
+        self._handles = []
+        self._orig_next = None
+
+    # -- install / uninstall ---------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim import optimizer as optim_module
+        from torch.utils.data import dataloader
+
+        self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
+        self._orig_next = dataloader._BaseDataLoaderIter.__next__
+        detector, orig = self, self._orig_next
+
+        def __next__(it):
+            batch = orig(it)
+            for leaf in tree_leaves(batch):
+                if isinstance(leaf, Tensor):
+                    detector.host.mark_host(leaf)
+            return batch
+
+        if not self.real:
+            dataloader._BaseDataLoaderIter.__next__ = __next__
+        else:
+            self._orig_next = None
+        self._wrap_engine()
+        self._fmode.__enter__()
+        self._dmode.__enter__()
+
+    def _wrap_engine(self) -> None:
+        """A function mode is switched off while its own handler runs, so inside
+        `loss.backward()` (handled by it) hooks would run unseen. backward() and grad() both
+        call torch.autograd._engine_run_backward: switch the mode back on around it."""
+        import torch.autograd as autograd
+        from torch.overrides import _get_current_function_mode_stack
+
+        original, fmode = autograd._engine_run_backward, self._fmode
+
+        def _engine_run_backward(*args, **kwargs):
+            if fmode in _get_current_function_mode_stack():
+                return original(*args, **kwargs)
+            with fmode:
+                return original(*args, **kwargs)
+
+        autograd._engine_run_backward = _engine_run_backward
+        self._orig_engine = original
+
+    def uninstall(self) -> None:
+        import torch.autograd as autograd
+        from torch.utils.data import dataloader
+
+        if getattr(self, "_orig_engine", None) is not None:
+            autograd._engine_run_backward = self._orig_engine
+            self._orig_engine = None
+        try:
+            self._dmode.__exit__(None, None, None)
+        finally:
+            try:
+                self._fmode.__exit__(None, None, None)
+            finally:
+                if self._orig_next is not None:
+                    dataloader._BaseDataLoaderIter.__next__ = self._orig_next
+                    self._orig_next = None
+                for h in self._handles:
+                    h.remove()
+                self._handles = []
+
+    def mark_model(self, model: torch.nn.Module) -> None:
+        """Parameters and buffers of a model that a CUDA run would have moved to the device."""
+        for t in list(model.parameters()) + list(model.buffers()):
+            self.host.mark_device(t)
+
+    # Optimizer step counters live on the host unless the optimizer is capturable or fused.
+    def _opt_pre(self, optimizer, args, kwargs):
+        if self.real:
+            return
+        for group in optimizer.param_groups:
+            if group.get("capturable") or group.get("fused"):
+                continue
+            for p in group["params"]:
+                step = optimizer.state.get(p, {}).get("step")
+                if isinstance(step, Tensor) and step.dim() == 0:
+                    self.host.mark_host(step)
+
+    def record(self, label: str) -> bool:
+        if self.rec.suppressed():
+            return False
+        stall = self.stall_timer() if self.stall_timer is not None else None
+        self.rec.record(label, skip=3, stall_ms=stall)
+        return True
+
+    def run(self, recorded: bool, func, args, kwargs):
+        """Run an op; once it is recorded, whatever it syncs inside is the same sync."""
+        if not recorded:
+            return func(*args, **kwargs)
+        with self.rec.suppress():
+            return func(*args, **kwargs)
+
+    # -- Python-level handlers -------------------------------------------------------------
+    def handle_to(self, func, args, kwargs):
+        src = args[0]
+        if func is _TB.cpu:
+            to_host = True
+        elif func is _TB.cuda:
+            to_host = False
+        else:
+            device, other = _target_of_to(args, kwargs)
+            if device is None:
+                return func(*args, **kwargs)  # dtype / memory-format only
+            if other is not None:
+                to_host = not self.host.on_device(other)
+            elif self.real:
+                to_host = device.type == "cpu"
+            else:
+                to_host = device.type == "cpu" and _says_cpu(_call_site_line())
+        src_on_device = self.host.on_device(src)
+        if self.real:
+            recorded = self._check_real_copy(
+                src_on_device, to_host, _non_blocking(args, kwargs), src, None)
+            return self.run(recorded, func, args, kwargs)
+        if to_host and src_on_device:
+            out = self.run(self.record("D2H copy"), func, args, kwargs)
+            out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
+            self.host.mark_host(out)
+            return out
+        if not to_host and not src_on_device:
+            recorded = not _non_blocking(args, kwargs) and self.record("H2D copy")
+            out = self.run(recorded, func, args, kwargs)
+            if out is src and not isinstance(src, torch.nn.Parameter):
+                out = out.clone()  # keep the host original on the host
+            self.host.mark_device(out)
+            return out
+        return func(*args, **kwargs)
+
+    def _check_real_copy(self, src_on_device, to_host, non_blocking, src, dst) -> bool:
+        if src_on_device == (not to_host):
+            return False  # same side: no copy across the bus
+        if not non_blocking:
+            return self.record("D2H copy" if src_on_device else "H2D copy")
+        host_side = dst if src_on_device else src
+        if host_side is not None and not host_side.is_pinned():
+            return self.record("pageable non_blocking copy")
+        return False
+
+    def handle_to_host_read(self, label):
+        def handler(func, args, kwargs):
+            recorded = self.host.on_device(args[0]) and self.record(label)
+            return self.run(recorded, func, args, kwargs)
+
+        return handler
+
+    def handle_set_data(self, func, args, kwargs):
+        out = func(*args, **kwargs)
+        if self.host.on_device(args[1]):
+            self.host.mark_device(args[0])
+        else:
+            self.host.mark_host(args[0])
+        return out
+
+    def handle_factory(self, func, args, kwargs):
+        device = torch.device(kwargs["device"])
+        if self.real:
+            to_device = device.type == "cuda"
+        else:
+            to_device = device.type != "cpu" or not _says_cpu(_call_site_line())
+        recorded = False
+        if to_device and func in _COPYING_FACTORIES:
+            data = args[0] if args else kwargs.get("data")
+            if not isinstance(data, Tensor) or not self.host.on_device(data):
+                recorded = self.record("H2D copy (torch.tensor)")
+        out = self.run(recorded, func, args, kwargs)
+        if isinstance(out, Tensor):
+            if to_device:
+                self.host.mark_device(out)
+            else:
+                self.host.mark_host(out)
+        return out
+
+
+_COPYING_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray}
+
+
+class _FunctionMode(TorchFunctionMode):
+    def __init__(self, det: OpDetector):
+        super().__init__()
+        self.det = det
+        self.handlers = {
+            _TB.to: det.handle_to,
+            _TB.cpu: det.handle_to,
+            _TB.cuda: det.handle_to,
+            _TB.tolist: det.handle_to_host_read("tolist"),
+            _TB.numpy: det.handle_to_host_read("numpy"),
+            Tensor.__repr__: det.handle_to_host_read("repr"),
+            Tensor.__format__: det.handle_to_host_read("repr"),
+            _TB.data.__set__: det.handle_set_data,
+        }
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        det = self.det
+        outer, det.current = det.current, getattr(func, "__name__", "")
+        before = det.rec.count
+        try:
+            handler = self.handlers.get(func)
+            if handler is not None:
+                out = handler(func, args, kwargs)
+            elif kwargs.get("device") is not None:
+                out = det.handle_factory(func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+        finally:
+            det.current = outer
+        if det.rec.count != before and torch.is_grad_enabled():
+            last = det.rec.events[-1]
+            remember_forward(out, last.frames, last.module)
+        return out
+
+
+def _tensors(args, kwargs):
+    for a in args:
+        if isinstance(a, Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, Tensor):
+                    yield b
+    for a in kwargs.values():
+        if isinstance(a, Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, Tensor):
+                    yield b
+
+
+class _DispatchMode(TorchDispatchMode):
+    def __init__(self, det: OpDetector):
+        super().__init__()
+        self.det = det
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        det = self.det
+        host = det.host
+        packet = func.overloadpacket
+        if packet is _aten.copy_:
+            return self._copy(func, args, kwargs)
+        rule = DISPATCH_RULES.get(packet)
+        recorded = False
+        if rule is not None and not det.rec.suppressed():
+            label = rule(args, kwargs, host.on_device, func._overloadname)
+            if label is not None:
+                if label == "item":
+                    label = SCALAR_LABELS.get(det.current, "item")
+                recorded = det.record(label)
+        out = det.run(recorded, func, args, kwargs)
+        if det.real:
+            return out
+        if packet in _LIFTS:  # torch.tensor(data) / Python scalars enter here: host memory
+            host.mark_host(out)
+            return out
+        on_host = all(host.is_host(t) for t in _tensors(args, kwargs))
+        if on_host:
+            for t in _outputs(out):
+                host.mark_host(t)
+        elif args and isinstance(args[0], Tensor) and host.is_host(args[0]):
+            for t in _outputs(out):  # an in-place op on a host tensor with device inputs
+                if t is args[0]:
+                    host.mark_device(t)
+        return out
+
+    def _copy(self, func, args, kwargs):
+        det, host = self.det, self.det.host
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
+        dst_dev, src_dev = host.on_device(dst), host.on_device(src)
+        recorded = False
+        if det.real:
+            recorded = det._check_real_copy(src_dev, not dst_dev, non_blocking, src, dst)
+        elif dst_dev != src_dev and not non_blocking:
+            recorded = det.record("D2H copy" if src_dev else "H2D copy")
+        return det.run(recorded, func, args, kwargs)
+
+
+_LIFTS = {_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift}
+
+
+def _outputs(out):
+    if isinstance(out, Tensor):
+        yield out
+    elif isinstance(out, (list, tuple)):
+        for o in out:
+            if isinstance(o, Tensor):
+                yield o

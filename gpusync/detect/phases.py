@@ -1,0 +1,137 @@
+"""Where in a training step a sync happens: forward (and in which module), backward, a hook,
+the optimizer, or elsewhere; and which step it belongs to.
+
+Everything is installed through torch's removable global hooks; `uninstall` removes them all.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim import optimizer as optim_module
+
+from .events import BACKWARD, FORWARD, HOOK, OPTIMIZER, OTHER, Frame
+from .frames import is_internal
+
+_ENGINE_FRAME = ("graph.py", "_engine_run_backward")
+_CUSTOM_FN_FRAME = ("function.py", "BackwardCFunction.apply")
+# Key under which forward frames are stored on autograd nodes (node.metadata).
+NODE_KEY = "gpusync_forward"
+
+
+class PhaseTracker:
+    def __init__(self, root: torch.nn.Module | None = None, auto_steps: bool = True,
+                 on_step_end: Callable[[int], None] | None = None):
+        self.root = root
+        self.auto_steps = auto_steps  # False when the caller marks steps itself (Workload runs)
+        self.on_step_end = on_step_end
+        self.step = 0
+        self._module_stack: list[torch.nn.Module] = []
+        self._paths: dict[int, dict[int, str]] = {}
+        self._in_optimizer = 0
+        self._forward_since_step = False
+        self._handles: list = []
+
+    # -- install / uninstall -------------------------------------------------------------
+    def install(self) -> None:
+        self._handles = [
+            nn_module.register_module_forward_pre_hook(self._fwd_pre),
+            nn_module.register_module_forward_hook(self._fwd_post, always_call=True),
+            optim_module.register_optimizer_step_pre_hook(self._opt_pre),
+            optim_module.register_optimizer_step_post_hook(self._opt_post),
+        ]
+
+    def uninstall(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._module_stack.clear()
+        self._in_optimizer = 0
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _fwd_pre(self, module, args):
+        self._module_stack.append(module)
+        self._forward_since_step = True
+
+    def _fwd_post(self, module, args, output):
+        # always_call=True: runs on exceptions too, so the stack cannot drift.
+        if self._module_stack and self._module_stack[-1] is module:
+            self._module_stack.pop()
+        elif module in self._module_stack:
+            del self._module_stack[self._module_stack.index(module):]
+
+    def _opt_pre(self, optimizer, args, kwargs):
+        self._in_optimizer += 1
+
+    def _opt_post(self, optimizer, args, kwargs):
+        self._in_optimizer = max(0, self._in_optimizer - 1)
+        # Several optimizers stepped after one forward (dense + sparse) end one step.
+        if self.auto_steps and self._in_optimizer == 0 and self._forward_since_step:
+            self.end_step()
+
+    def end_step(self) -> None:
+        self._forward_since_step = False
+        if self.on_step_end is not None:
+            self.on_step_end(self.step)
+        self.step += 1
+
+    # -- queries ---------------------------------------------------------------------------
+    def module_path(self) -> str | None:
+        if not self._module_stack:
+            return None
+        return self.path_of(self._module_stack[-1], self._module_stack[0])
+
+    def path_of(self, module: torch.nn.Module, outer: torch.nn.Module) -> str:
+        root = self.root if self.root is not None else outer
+        table = self._paths.get(id(root))
+        if table is None:
+            table = {id(m): name for name, m in root.named_modules()}
+            self._paths[id(root)] = table
+        name = table.get(id(module))
+        if name is None:  # a module outside the declared root
+            return type(module).__name__
+        return name or type(root).__name__
+
+    def classify(self, raw: list[tuple[str, int, str]]):
+        """Return (phase, hook name or None, forward frames or None, module path or None)."""
+        if torch._C._current_graph_task_id() != -1:
+            return self._classify_backward(raw)
+        if self._in_optimizer:
+            return OPTIMIZER, None, None, None
+        if self._module_stack:
+            return FORWARD, None, None, self.module_path()
+        return OTHER, None, None, None
+
+    def _classify_backward(self, raw):
+        # Frames called by the autograd engine: inner to _engine_run_backward on the CPU, all of
+        # them on a CUDA device thread (which has no caller frames).
+        region = raw
+        for i, (f, _, fn) in enumerate(raw):
+            if f.endswith(_ENGINE_FRAME[0]) and fn == _ENGINE_FRAME[1]:
+                region = raw[:i]
+                break
+        user = [fr for fr in region if not is_internal(fr[0])]
+        custom_fn = any(f.endswith(_CUSTOM_FN_FRAME[0]) and fn == _CUSTOM_FN_FRAME[1]
+                        for f, _, fn in region)
+        if user and not custom_fn:
+            named = [fn for _, _, fn in user if not fn.endswith("<lambda>")]
+            return HOOK, (named[-1] if named else user[-1][2]), None, None
+        if user:
+            return BACKWARD, None, None, None
+        node = torch._C._current_autograd_node()
+        origin = node.metadata.get(NODE_KEY) if node is not None else None
+        if origin is not None:
+            frames, module = origin
+            return BACKWARD, None, frames, module
+        return BACKWARD, None, None, None
+
+
+def remember_forward(output, frames: tuple[Frame, ...], module: str | None) -> None:
+    """Store where an op ran in forward on its autograd node, so a sync in its backward is
+    reported at that forward line (e.g. `x[mask]`, whose backward runs nonzero again)."""
+    outs = output if isinstance(output, (tuple, list)) else (output,)
+    for out in outs:
+        fn = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
+        if fn is not None and NODE_KEY not in fn.metadata:
+            fn.metadata[NODE_KEY] = (frames, module)

@@ -1,0 +1,54 @@
+"""Turns "a sync happened here" into a SyncEvent: stack, phase, module path, step, fix."""
+from __future__ import annotations
+
+from .events import SyncEvent
+from .frames import raw_stack, user_frames
+from .phases import PhaseTracker
+from .rules import fix_for
+
+
+class Recorder:
+    def __init__(self, tracker: PhaseTracker):
+        self.tracker = tracker
+        self.events: list[SyncEvent] = []
+        self.recording = True  # False while a factory builds the workload: track, do not report
+        self._suppress = 0  # >0 while an outer detection covers the ops it runs
+
+    @property
+    def count(self) -> int:
+        return len(self.events)
+
+    def suppressed(self) -> bool:
+        return self._suppress > 0 or not self.recording
+
+    def record(self, label: str, skip: int = 2, stall_ms: float | None = None,
+               detail: str = "") -> SyncEvent | None:
+        if self.suppressed():
+            return None
+        raw = raw_stack(skip)
+        phase, hook, fwd_frames, fwd_module = self.tracker.classify(raw)
+        frames = user_frames(raw)
+        module = self.tracker.module_path()
+        if fwd_frames is not None:
+            # A sync inside a C++ backward node: report it at the forward line that built it.
+            detail = detail or "in backward of the op on this forward line"
+            frames, module = fwd_frames, fwd_module
+        event = SyncEvent(
+            op=label, frames=frames, phase=phase, hook=hook, module=module,
+            step=self.tracker.step, stall_ms=stall_ms, detail=detail, fix=fix_for(label),
+        )
+        self.events.append(event)
+        return event
+
+    class _Suppress:
+        def __init__(self, rec):
+            self.rec = rec
+
+        def __enter__(self):
+            self.rec._suppress += 1
+
+        def __exit__(self, *exc):
+            self.rec._suppress -= 1
+
+    def suppress(self):
+        return Recorder._Suppress(self)

@@ -1,0 +1,186 @@
+"""Which operations make the host wait for a CUDA device, decided from the op AND its arguments.
+
+Op tags (torch.Tag.dynamic_output_shape, data_dependent_output) are not enough: `x[int_index]`,
+`repeat_interleave(..., output_size=n)` and `x[mask] = 0.0` carry no sync on CUDA, while
+`torch.equal` and `bincount` do. Each rule below was read off PyTorch's CUDA kernels; see
+docs/rules.md for the sources and the cases each rule covers.
+
+A rule is called only when at least one relevant tensor would live on the device (`dev`).
+It returns the label of the sync or None.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+aten = torch.ops.aten
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+# What the host waits for, and what to do instead. Keyed by the labels rules return.
+FIXES: dict[str, str] = {
+    "item": "keep the value on the device (accumulate into a device tensor, log every N steps), "
+    "or use torch._assert_async for checks",
+    "float()": "keep the value on the device; read it every N steps for logging",
+    "int()": "keep the count on the device, or compute it on the host before the batch is moved",
+    "bool()": "use torch._assert_async(cond) for checks, or torch.where(cond, a, b) for control flow",
+    "index()": "slice with a host-side Python int (known before the step), or use a static size "
+    "with a mask",
+    "nonzero": "use torch.nonzero_static(x, size=K, fill_value=-1), or keep the mask and use "
+    "torch.where / masked_fill",
+    "unique": "sort-based static dedup (torch.sort + first-occurrence mask), or dedup on the host "
+    "in the data loader",
+    "masked_select": "torch.where(mask, x, 0) keeps the shape static",
+    "bool-mask index": "torch.where(mask, x, 0) / x * mask keeps the shape static, or "
+    "index_select with torch.nonzero_static(mask, size=K)",
+    "bool-mask write": "x.masked_fill_(mask, v) or torch.where(mask, v, x); `x[mask] = <python "
+    "scalar>` is sync-free",
+    "repeat_interleave": "pass output_size= (known from the batch), e.g. "
+    "repeat_interleave(r, output_size=n)",
+    "bincount": "torch.zeros(n).index_add_(0, x, ones) / scatter_add_ with a static size",
+    "histc": "pass explicit min and max (histc(x, bins, min=lo, max=hi))",
+    "equal": "torch._assert_async((a == b).all()) for checks; keep the result on the device",
+    "coalesce": "use dense gradients, or a fused sparse optimizer (fbgemm TBE) that needs no coalesce",
+    "tolist": "keep the data on the device; if the host needs it, copy it non_blocking into a "
+    "pinned buffer and read it after an event (gpusync.techniques.streamer)",
+    "numpy": "copy non_blocking into a pinned buffer and read it after an event",
+    "repr": "do not print device tensors inside the step; log every N steps",
+    "D2H copy": "copy non_blocking into a pinned host buffer, record an event, read after "
+    "event.query()/a host thread (event-gated copy)",
+    "H2D copy": "pin the host memory (DataLoader(pin_memory=True)) and copy with "
+    "non_blocking=True, ideally on a side stream (a train pipeline does this)",
+    "H2D copy (torch.tensor)": "build it with torch.full/torch.arange on the device, or create "
+    "it once outside the step",
+    "pageable non_blocking copy": "pin the source (tensor.pin_memory()) so non_blocking=True is "
+    "really asynchronous",
+    "cuda.synchronize": "remove it from the step; use events (event.record/stream.wait_event) to "
+    "order work",
+    "Event.synchronize": "poll event.query() or let a host thread wait on it",
+    "Stream.synchronize": "order work with stream.wait_stream / wait_event instead",
+    "sync": "see the source line; keep values on the device",
+}
+
+# Labels for _local_scalar_dense, by the Python-level call that caused it.
+SCALAR_LABELS = {
+    "item": "item",
+    "__float__": "float()",
+    "__int__": "int()",
+    "__bool__": "bool()",
+    "__index__": "index()",
+    "__getitem__": "index()",
+    "__setitem__": "index()",
+    "__format__": "repr",
+    "__repr__": "repr",
+    "tolist": "tolist",
+}
+
+
+def fix_for(label: str, detail: str = "") -> str:
+    return FIXES.get(label, FIXES["sync"])
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _arg(args, kwargs, pos: int, name: str, default=None):
+    if len(args) > pos:
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+# rule(args, kwargs, dev, overload_name) -> label | None
+Rule = Callable[..., "str | None"]
+
+
+def _self_on_dev(label: str) -> Rule:
+    def rule(args, kwargs, dev, overload=""):
+        return label if dev(args[0]) else None
+
+    return rule
+
+
+def _index(args, kwargs, dev, overload=""):
+    self, indices = args[0], args[1]
+    masks = [i for i in indices if _is_tensor(i) and i.dtype in _MASK_DTYPES]
+    if not masks:
+        return None  # integer gathers are sync-free
+    if dev(self) or any(dev(m) for m in masks):
+        return "bool-mask index"
+    return None
+
+
+def _index_put(args, kwargs, dev, overload=""):
+    self, indices, values = args[0], args[1], args[2]
+    accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
+    defined = [i for i in indices if _is_tensor(i)]
+    masks = [i for i in defined if i.dtype in _MASK_DTYPES]
+    if not masks or not (dev(self) or any(dev(m) for m in masks)):
+        return None
+    # ATen's canDispatchToMaskedFill: one mask, a one-element host value, no accumulate
+    # -> masked_fill_, which does not sync.
+    if (
+        not accumulate
+        and len(defined) == 1
+        and values.numel() == 1
+        and not dev(values)
+        and dev(masks[0]) == dev(self)
+    ):
+        return None
+    return "bool-mask write"
+
+
+def _repeat_interleave(args, kwargs, dev, overload=""):
+    if kwargs.get("output_size") is not None:
+        return None  # the output size is known: no host read of sum(repeats)
+    if overload == "Tensor":
+        repeats = args[0]
+    elif overload == "self_Tensor":
+        repeats = args[1]
+    else:  # self_int: repeats is a Python int
+        return None
+    return "repeat_interleave" if dev(repeats) else None
+
+
+def _histc(args, kwargs, dev, overload=""):
+    lo = _arg(args, kwargs, 2, "min", 0)
+    hi = _arg(args, kwargs, 3, "max", 0)
+    return "histc" if dev(args[0]) and lo == hi else None
+
+
+def _equal(args, kwargs, dev, overload=""):
+    return "equal" if dev(args[0]) or dev(args[1]) else None
+
+
+# OpOverloadPacket -> rule. Ops absent here are sync-free on CUDA.
+DISPATCH_RULES: dict[Any, Rule] = {
+    aten._local_scalar_dense: _self_on_dev("item"),
+    aten.nonzero: _self_on_dev("nonzero"),
+    aten._unique: _self_on_dev("unique"),
+    aten._unique2: _self_on_dev("unique"),
+    aten.unique_dim: _self_on_dev("unique"),
+    aten.unique_consecutive: _self_on_dev("unique"),
+    aten.unique_dim_consecutive: _self_on_dev("unique"),
+    aten.masked_select: _self_on_dev("masked_select"),
+    aten.index: _index,
+    aten.index_put_: _index_put,
+    aten.index_put: _index_put,
+    aten._index_put_impl_: _index_put,
+    aten.repeat_interleave: _repeat_interleave,
+    aten.bincount: _self_on_dev("bincount"),
+    aten.histc: _histc,
+    aten.equal: _equal,
+    aten._coalesce: _self_on_dev("coalesce"),
+}
+
+# Ops that never sync but are tagged as data-dependent; listed so tests pin the decision.
+KNOWN_SYNC_FREE = (
+    "nonzero_static",
+    "_assert_async",
+    "where.self",
+    "index.Tensor (integer index)",
+    "repeat_interleave (output_size=)",
+    "masked_fill_",
+    "index_put_ (bool mask, one-element host value)",
+    "embedding_dense_backward (segment count stays on the device)",
+)

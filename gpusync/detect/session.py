@@ -1,0 +1,99 @@
+"""A scan session: attaches the detectors, marks steps and phases, and always restores global
+torch state (modes, hooks, patches, sync-debug mode), on exceptions and Ctrl-C too."""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .cuda import CudaExtras, StallTimer
+from .ops import OpDetector
+from .phases import PhaseTracker
+from .recorder import Recorder
+
+MODES = ("auto", "simulate", "cuda")
+
+
+def resolve_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "auto":
+        return "cuda" if torch.cuda.is_available() else "simulate"
+    if mode == "cuda" and not torch.cuda.is_available():
+        raise ValueError("mode 'cuda' needs a CUDA device, and torch sees none")
+    return mode
+
+
+class Session:
+    """Use as `with Session(...) as s:`; `s.report()` afterwards (or inside)."""
+
+    def __init__(self, model: torch.nn.Module | None = None, mode: str = "auto",
+                 auto_steps: bool = True, warmup: int = 0, target: str = ""):
+        self.mode = resolve_mode(mode)
+        self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
+        self.recorder = Recorder(self.tracker)
+        real = self.mode == "cuda"
+        self.detector = OpDetector(self.recorder, real=real,
+                                   stall_timer=StallTimer() if real else None)
+        self.extras = CudaExtras(self.recorder, self.detector) if real else None
+        self.model = model
+        self.warmup = warmup
+        self.target = target
+        self._installed: list = []
+
+    def __enter__(self) -> "Session":
+        try:
+            for part in (self.tracker, self.detector, self.extras):
+                if part is None:
+                    continue
+                part.install()
+                self._installed.append(part)
+            if self.model is not None:
+                self.detector.mark_model(self.model)
+        except BaseException:
+            self._uninstall()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._uninstall()
+
+    def _uninstall(self) -> None:
+        errors = []
+        while self._installed:
+            part = self._installed.pop()
+            try:
+                part.uninstall()
+            except Exception as e:  # keep undoing the rest; report the first failure
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    # -- steps -----------------------------------------------------------------------------
+    def end_step(self) -> None:
+        self.tracker.end_step()
+
+    @contextlib.contextmanager
+    def setup(self):
+        """Track where tensors live while the workload is built, without reporting syncs."""
+        self.recorder.recording = False
+        try:
+            yield
+        finally:
+            self.recorder.recording = True
+
+    def mark_model(self, model: torch.nn.Module) -> None:
+        if self.tracker.root is None:
+            self.tracker.root = model
+        self.detector.mark_model(model)
+
+    # -- results ---------------------------------------------------------------------------
+    @property
+    def events(self):
+        return self.recorder.events
+
+    def report(self, **kwargs):
+        from ..report import build_report
+
+        return build_report(self.events, steps=self.tracker.step, warmup=self.warmup,
+                            mode=self.mode, target=self.target, **kwargs)

@@ -1,0 +1,42 @@
+"""Exceptions that carry their exit code; cli.main is the one place they become exit codes."""
+
+# Documented in README.md ("Exit codes").
+EXIT_OK = 0
+EXIT_REGRESSION = 1  # a gate or --max-syncs-per-step failed
+EXIT_BAD_INPUT = 2  # the user's target, file or option is wrong
+EXIT_USER_CODE = 3  # the user's code raised while being scanned
+EXIT_CANNOT_JUDGE = 4  # a gate cannot decide (noisy timings, no GPU for a timing gate)
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+class GpusyncError(Exception):
+    """A failure with a one-line message for the user and an exit code."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, message: str, exit_code: int | None = None):
+        super().__init__(message)
+        if exit_code is not None:
+            self.exit_code = exit_code
+
+
+class BadInput(GpusyncError):
+    exit_code = EXIT_BAD_INPUT
+
+
+class UserCodeError(GpusyncError):
+    """The scanned code raised; `original` keeps its exception for the traceback."""
+
+    exit_code = EXIT_USER_CODE
+
+    def __init__(self, message: str, original: BaseException):
+        super().__init__(message)
+        self.original = original
+
+
+class SyncsFound(AssertionError):
+    """Raised by assert_no_syncs(); the message lists every site with file:line and fix."""
+
+    def __init__(self, message: str, report):
+        super().__init__(message)
+        self.report = report

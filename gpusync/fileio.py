@@ -1,0 +1,24 @@
+"""Writes that never leave a half-written file: write a temporary file, then rename."""
+import os
+import tempfile
+
+from .errors import BadInput
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise BadInput(f"cannot write {path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpusync-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,127 @@
+"""Sites (events grouped by call site) and the Report: a dataclass with a stable JSON form."""
+from __future__ import annotations
+
+import datetime as _dt
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from ._version import __version__
+from .detect.events import PHASES, Frame, SyncEvent
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Site:
+    op: str
+    phase: str
+    module: str | None
+    file: str
+    line: int
+    function: str
+    frames: list[dict]
+    count: int  # every occurrence, warm-up and tail included
+    per_step: float  # mean per measured step
+    stall_ms: float | None  # total host stall over the measured steps (GPU only)
+    fix: str
+    hook: str | None = None
+    detail: str = ""
+
+    @property
+    def key(self) -> str:
+        """Stable across small code moves: file, function and op, not the line number."""
+        return f"{self.op}|{self.phase}|{self.module or ''}|{self.file}|{self.function}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}" if self.file else "<unknown>"
+
+
+@dataclass
+class Report:
+    mode: str
+    device: str
+    steps: int
+    warmup: int
+    measured_steps: int
+    syncs_per_step: float
+    max_syncs_per_step: int
+    syncs_by_phase: dict
+    sites: list[Site]
+    target: str = ""
+    torch_version: str = torch.__version__
+    gpusync_version: str = __version__
+    created: str = ""
+    error: str | None = None  # set when the scanned code raised part-way
+    schema_version: int = SCHEMA_VERSION
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        return {"schema_version": d.pop("schema_version"), **d}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Report":
+        version = d.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"unsupported report schema_version {version!r} "
+                             f"(this gpusync reads {SCHEMA_VERSION})")
+        d = dict(d)
+        d["sites"] = [Site(**s) for s in d.get("sites", [])]
+        return cls(**d)
+
+
+def _device_name(mode: str) -> str:
+    if mode == "cuda":
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def _measured_range(steps: int, warmup: int) -> tuple[int, int, int]:
+    """(first, end, count) of the steps that per-step figures average over."""
+    if steps <= 0:
+        return 0, 1, 1  # no step boundary seen: the whole run is one step
+    first = warmup if steps > warmup else 0
+    return first, steps, steps - first
+
+
+def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
+                 target: str = "", error: str | None = None) -> Report:
+    first, end, n = _measured_range(steps, warmup)
+
+    def measured(e: SyncEvent) -> bool:
+        return first <= e.step < end
+
+    groups: dict[tuple, list[SyncEvent]] = defaultdict(list)
+    for e in events:
+        loc = e.location or Frame("", 0, "")
+        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line)].append(e)
+
+    sites = []
+    for (op, phase, hook, module, file, line), evs in groups.items():
+        inside = [e for e in evs if measured(e)]
+        stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
+        first_ev = evs[0]
+        loc = first_ev.location
+        sites.append(Site(
+            op=op, phase=phase, hook=hook, module=module, file=file, line=line,
+            function=loc.function if loc else "", frames=[f.to_dict() for f in first_ev.frames],
+            count=len(evs), per_step=len(inside) / n,
+            stall_ms=round(sum(stalls), 4) if stalls else None,
+            fix=first_ev.fix, detail=first_ev.detail,
+        ))
+    sites.sort(key=lambda s: (-(s.stall_ms or 0.0), -s.per_step, -s.count, s.file, s.line))
+
+    in_range = [e for e in events if measured(e)]
+    per_step_counts = Counter(e.step for e in in_range)
+    by_phase = Counter(e.phase for e in in_range)
+    return Report(
+        mode=mode, device=_device_name(mode), steps=steps, warmup=warmup, measured_steps=n,
+        syncs_per_step=round(len(in_range) / n, 4),
+        max_syncs_per_step=max(per_step_counts.values(), default=0),
+        syncs_by_phase={p: round(by_phase[p] / n, 4) for p in PHASES if by_phase[p]},
+        sites=sites, target=target, error=error,
+        created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+    )

@@ -1,0 +1,5 @@
+import json
+
+
+def render(report) -> str:
+    return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"

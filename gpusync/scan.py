@@ -1,0 +1,114 @@
+"""Run a target under a scan Session and return its Report (and the user's error, if any)."""
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass
+
+from .detect.session import Session, resolve_mode
+from .errors import BadInput
+from .targets import (FactoryTarget, ScriptTarget, call_factory, check_requires, compile_script,
+                      load_factory, parse_target, script_dir)
+from .workload import Workload
+
+
+class _StopScan(BaseException):
+    """Raised from the optimizer hook once enough steps ran; a BaseException so that a user's
+    `except Exception` does not swallow it."""
+
+
+@dataclass
+class ScanResult:
+    report: object
+    error: BaseException | None = None
+    traceback: str = ""
+
+
+def run_scan(target_text: str | None, steps: int | None = None, warmup: int | None = None,
+             mode: str = "auto", script_args: tuple = ()) -> ScanResult:
+    target = parse_target(target_text)
+    try:
+        mode = resolve_mode(mode)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    if isinstance(target, ScriptTarget):
+        return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args)
+    if script_args:
+        raise BadInput("arguments after -- are only for script targets")
+    check_requires(target)
+    steps = steps if steps is not None else (target.steps or 5)
+    warmup = warmup if warmup is not None else (target.warmup if target.warmup is not None else 1)
+    return _scan_factory(target, steps, warmup, mode)
+
+
+def _result(session: Session, error: BaseException | None) -> ScanResult:
+    text = ""
+    if error is not None:
+        text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        summary = f"{type(error).__name__}: {error}"
+    report = session.report(error=summary if error is not None else None)
+    return ScanResult(report=report, error=error, traceback=text)
+
+
+def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str) -> ScanResult:
+    factory = load_factory(target.spec)
+    device = "cuda" if mode == "cuda" else "cpu"
+    session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label)
+    error = None
+    with session:
+        with session.setup():
+            try:
+                workload = call_factory(factory, target.args, device)
+            except BadInput:
+                raise
+            except Exception as e:
+                return _result(session, e)
+        if not isinstance(workload, Workload):
+            raise BadInput(f"factory '{target.spec}' returned {type(workload).__name__}, "
+                           "expected gpusync.Workload")
+        if workload.model is not None:
+            session.mark_model(workload.model)
+        try:
+            for i, batch in enumerate(workload.iter_batches()):
+                if i >= warmup + steps:
+                    break
+                workload.step(batch)
+                session.end_step()
+        except Exception as e:
+            error = e
+    return _result(session, error)
+
+
+def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
+                 args: tuple) -> ScanResult:
+    code = compile_script(target.path)
+    session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label)
+    limit = None if steps is None else warmup + steps
+
+    def stop_when_done(step_index: int) -> None:
+        if limit is not None and step_index + 1 >= limit:
+            raise _StopScan()
+
+    session.tracker.on_step_end = stop_when_done
+    saved_argv, saved_path0 = sys.argv, list(sys.path)
+    sys.argv = [str(target.path), *args]
+    sys.path.insert(0, script_dir(target.path))
+    main_module = sys.modules["__main__"]
+    globs = {"__name__": "__main__", "__file__": str(target.path), "__builtins__": __builtins__}
+    error = None
+    try:
+        with session:
+            try:
+                exec(code, globs)
+            except _StopScan:
+                pass
+            except SystemExit as e:
+                if e.code not in (None, 0):
+                    error = e
+            except Exception as e:
+                error = e
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path0
+        sys.modules["__main__"] = main_module
+    return _result(session, error)

@@ -1,0 +1,150 @@
+"""Turn the TARGET a user typed into something runnable, with a one-line error when it is wrong.
+
+    (nothing)          the built-in example (profile "sparsenn")
+    NAME               a built-in profile (gpusync profiles lists them)
+    file.yaml          a profile file
+    file.py:factory    a function returning a gpusync.Workload
+    pkg.module:factory the same, imported
+    train.py           a script, run as __main__ (steps = optimizer steps)
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import BadInput
+from .profiles import Profile, builtin_names, find_builtin, load_profile
+
+DEFAULT_TARGET = "sparsenn"
+
+
+@dataclass
+class ScriptTarget:
+    path: Path
+    label: str
+
+
+@dataclass
+class FactoryTarget:
+    spec: str  # "pkg.mod:fn" or "file.py:fn"
+    label: str
+    args: dict
+    steps: int | None = None
+    warmup: int | None = None
+    requires: tuple = ()
+
+
+def parse_target(text: str | None):
+    text = text or DEFAULT_TARGET
+    if text.endswith((".yaml", ".yml")):
+        if not Path(text).is_file():
+            raise BadInput(f"profile file not found: {text}")
+        return _from_profile(load_profile(text), text)
+    builtin = find_builtin(text) if "/" not in text and ":" not in text else None
+    if builtin is not None:
+        return _from_profile(load_profile(builtin), text)
+    if ":" in text:
+        module, _, fn = text.rpartition(":")
+        if not module or not fn.isidentifier():
+            raise BadInput(f"target '{text}' must look like file.py:function or pkg.module:function")
+        if module.endswith(".py") and not Path(module).is_file():
+            raise BadInput(f"file not found: {module}")
+        return FactoryTarget(spec=text, label=text, args={})
+    if text.endswith(".py"):
+        path = Path(text)
+        if not path.is_file():
+            raise BadInput(f"script not found: {text}")
+        return ScriptTarget(path=path.resolve(), label=text)
+    raise BadInput(f"unknown target '{text}': not a script (.py), a profile (.yaml), "
+                   f"file.py:function, pkg.module:function, or a built-in profile "
+                   f"({', '.join(builtin_names())})")
+
+
+def _from_profile(profile: Profile, label: str) -> FactoryTarget:
+    return FactoryTarget(spec=profile.workload, label=label, args=dict(profile.args),
+                         steps=profile.steps, warmup=profile.warmup,
+                         requires=tuple(profile.requires))
+
+
+def check_requires(target: FactoryTarget) -> None:
+    for name in target.requires:
+        if importlib.util.find_spec(name) is None:
+            raise BadInput(f"profile '{target.label}' needs {name}, which is not installed")
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    module_name, _, fn_name = spec.rpartition(":")
+    if module_name.endswith(".py"):
+        module = _import_file(Path(module_name))
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            if e.name and module_name.startswith(e.name):
+                raise BadInput(f"cannot import '{module_name}': no module named '{e.name}'") from None
+            raise BadInput(f"importing '{module_name}' failed: {type(e).__name__}: {e}") from None
+        except Exception as e:
+            raise BadInput(f"importing '{module_name}' failed: {type(e).__name__}: {e}") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        raise BadInput(f"'{module_name}' has no attribute '{fn_name}'")
+    if not callable(fn):
+        raise BadInput(f"'{spec}' is not callable")
+    return fn
+
+
+def _import_file(path: Path):
+    name = f"gpusync_target_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BadInput(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise BadInput(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:
+        raise BadInput(f"importing {path} failed: {type(e).__name__}: {e}") from None
+    finally:
+        try:
+            sys.path.remove(str(path.resolve().parent))
+        except ValueError:
+            pass
+    return module
+
+
+def call_factory(fn: Callable[..., Any], args: dict, device: str):
+    """Call a factory with the profile's args, and device= when it takes one."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    kwargs = dict(args)
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    unknown = [k for k in kwargs if k not in params and not takes_kwargs]
+    if unknown:
+        raise BadInput(f"factory {getattr(fn, '__qualname__', fn)} does not take argument(s) "
+                       f"{', '.join(unknown)}")
+    if "device" in params or takes_kwargs:
+        kwargs.setdefault("device", device)
+    return fn(**kwargs)
+
+
+def compile_script(path: Path):
+    try:
+        return compile(path.read_text(), str(path), "exec")
+    except SyntaxError as e:
+        raise BadInput(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"cannot read script {path}: {e}") from None
+
+
+def script_dir(path: Path) -> str:
+    return os.path.dirname(str(path))

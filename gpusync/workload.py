@@ -1,0 +1,23 @@
+"""What a factory target returns: one training step, the batches it runs on, and optionally the
+model and optimizer (used for module paths and by techniques)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+
+@dataclass
+class Workload:
+    step: Callable[[Any], Any]
+    batches: Iterable[Any] | Callable[[], Iterable[Any]]
+    model: Any = None  # torch.nn.Module
+    optimizer: Any = None  # torch.optim.Optimizer or a list of them
+    name: str = ""
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not callable(self.step):
+            raise TypeError(f"Workload.step must be callable, got {type(self.step).__name__}")
+
+    def iter_batches(self) -> Iterable[Any]:
+        return self.batches() if callable(self.batches) else self.batches

@@ -1,0 +1,1 @@
+"""Built-in workload profiles (YAML), installed as the gpusync.profiles package."""
