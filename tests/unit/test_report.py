@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from gpusync.detect.events import Frame, SyncEvent
+from gpusync.report import Report, build_report
+from gpusync.reporters import render
+
+
+def ev(op, step, line=10, phase="other", stall=None):
+    return SyncEvent(op=op, frames=(Frame("/x/train.py", line, "step"),), phase=phase,
+                     step=step, stall_ms=stall, fix="fix it")
+
+
+def test_per_step_counts_skip_warmup_and_tail():
+    events = [ev("item", s) for s in range(4)] + [ev("nonzero", 1, 20), ev("nonzero", 1, 20)]
+    r = build_report(events, steps=3, warmup=1, mode="simulate")
+    assert r.measured_steps == 2
+    by_op = {s.op: s for s in r.sites}
+    assert by_op["item"].count == 4 and by_op["item"].per_step == 1.0  # steps 1 and 2
+    assert by_op["nonzero"].per_step == 1.0
+    assert r.max_syncs_per_step == 3 and r.syncs_per_step == 2.0
+
+
+def test_sites_ranked_by_stall_then_count():
+    events = [ev("item", 0, 1, stall=0.1)] + [ev("tolist", 0, 2)] * 3 + [ev("cpu", 0, 3, stall=5)]
+    r = build_report(events, steps=1, warmup=0, mode="cuda_fake")
+    assert [s.op for s in r.sites] == ["cpu", "item", "tolist"]
+
+
+def test_json_round_trip_and_schema():
+    r = build_report([ev("item", 0), ev("nonzero", 0, 20, "forward")], steps=1, warmup=0,
+                     mode="simulate", target="t.py")
+    d = json.loads(render(r, "json"))
+    for key in ("schema_version", "device", "mode", "steps", "syncs_per_step", "sites"):
+        assert key in d
+    for key in ("op", "phase", "module", "file", "line", "frames", "count", "per_step",
+                "stall_ms", "fix"):
+        assert key in d["sites"][0]
+    assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step"}
+    assert Report.from_dict(d) == r
+
+
+def test_unknown_schema_version_is_refused():
+    d = build_report([], steps=0, warmup=0, mode="simulate").to_dict()
+    d["schema_version"] = 99
+    with pytest.raises(ValueError, match="schema_version"):
+        Report.from_dict(d)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_text_renderers_name_every_site_and_fix(fmt):
+    r = build_report([ev("item", 0), ev("nonzero", 0, 20)], steps=1, warmup=0, mode="simulate")
+    text = render(r, fmt)
+    assert "item" in text and "nonzero" in text and "fix it" in text

@@ -1,0 +1,61 @@
+"""Rule decisions on arguments, without running anything."""
+import torch
+
+from gpusync.detect.rules import DISPATCH_RULES, FIXES
+
+aten = torch.ops.aten
+ON = lambda t: isinstance(t, torch.Tensor)  # noqa: E731  everything on the device
+OFF = lambda t: False  # noqa: E731  everything on the host
+
+
+def rule(packet):
+    return DISPATCH_RULES[packet]
+
+
+def test_host_tensors_never_sync():
+    x = torch.ones(3)
+    for packet in (aten._local_scalar_dense, aten.nonzero, aten._unique2, aten.masked_select):
+        assert rule(packet)((x,), {}, OFF) is None
+
+
+def test_index_with_integer_index_is_sync_free():
+    x = torch.ones(4)
+    assert rule(aten.index)((x, [torch.tensor([0, 1])]), {}, ON) is None
+    assert rule(aten.index)((x, [torch.tensor([True, False, True, True])]), {}, ON) == \
+        "bool-mask index"
+
+
+def test_index_put_masked_fill_fast_path():
+    x, mask = torch.ones(4), torch.tensor([True, False, True, True])
+    host_scalar = torch.tensor(0.0)
+    is_dev = lambda t: t is not host_scalar  # noqa: E731
+    assert rule(aten.index_put_)((x, [mask], host_scalar), {}, is_dev) is None
+    # a device value, a multi-element value, or accumulate: nonzero runs -> sync
+    assert rule(aten.index_put_)((x, [mask], torch.tensor(0.0)), {}, ON) == "bool-mask write"
+    assert rule(aten.index_put_)((x, [mask], torch.ones(3)), {}, is_dev) == "bool-mask write"
+    assert rule(aten.index_put_)((x, [mask], host_scalar, True), {}, is_dev) == \
+        "bool-mask write"
+
+
+def test_repeat_interleave_by_overload():
+    r = torch.tensor([1, 2])
+    ri = rule(aten.repeat_interleave)
+    assert ri((r,), {}, ON, "Tensor") == "repeat_interleave"
+    assert ri((r,), {"output_size": 3}, ON, "Tensor") is None
+    assert ri((r, 2), {}, ON, "self_int") is None
+    assert ri((r, r), {}, ON, "self_Tensor") == "repeat_interleave"
+
+
+def test_histc_syncs_only_without_range():
+    x = torch.ones(3)
+    assert rule(aten.histc)((x, 10), {}, ON) == "histc"
+    assert rule(aten.histc)((x, 10, 0.0, 1.0), {}, ON) is None
+
+
+def test_every_label_has_a_fix():
+    labels = {"item", "float()", "int()", "bool()", "index()", "nonzero", "unique",
+              "masked_select", "bool-mask index", "bool-mask write", "repeat_interleave",
+              "bincount", "histc", "equal", "coalesce", "tolist", "numpy", "repr", "D2H copy",
+              "H2D copy", "H2D copy (torch.tensor)", "pageable non_blocking copy",
+              "cuda.synchronize", "Event.synchronize", "Stream.synchronize", "sync"}
+    assert labels <= set(FIXES)
