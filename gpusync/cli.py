@@ -17,7 +17,7 @@ def cli():
     """Find the host<-device syncs in a PyTorch training step, and remove them."""
 
 
-@cli.command(context_settings={"allow_interspersed_args": False})
+@cli.command()
 @click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--steps", type=click.IntRange(min=1), help="Measured steps (after warm-up).")
@@ -93,8 +93,12 @@ def main(argv=None) -> int:
         return errors.EXIT_OK
     except click.exceptions.Exit as e:
         return e.exit_code
+    except click.UsageError as e:
+        hint = f" (try '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        click.echo(f"gpusync: error: {e.format_message()}{hint}", err=True)
+        return errors.EXIT_BAD_INPUT
     except click.ClickException as e:
-        e.show()
+        click.echo(f"gpusync: error: {e.format_message()}", err=True)
         return errors.EXIT_BAD_INPUT
     except click.exceptions.Abort:
         click.echo("gpusync: interrupted", err=True)

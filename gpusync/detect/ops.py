@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from .frames import source_line
 from .phases import remember_forward
@@ -57,24 +57,35 @@ class RealDevice:
 
 
 class HostSet:
-    """The tensors that would live on the host in a CUDA run (weakly held)."""
+    """The tensors that would live on the host in a CUDA run.
+
+    Keyed by id() for speed (this is on every op's path); a weakref callback drops the entry
+    when the tensor dies, which CPython runs before the id can be reused."""
 
     real = False
 
     def __init__(self):
-        self._host = WeakTensorKeyDictionary()
+        self.ids: dict[int, weakref.ref] = {}
 
     def on_device(self, t) -> bool:
-        return isinstance(t, Tensor) and t not in self._host
+        return isinstance(t, Tensor) and id(t) not in self.ids
 
     def is_host(self, t) -> bool:
-        return t in self._host
+        return id(t) in self.ids
 
     def mark_host(self, t) -> None:
-        self._host[t] = True
+        key, ids = id(t), self.ids
+        if key in ids:
+            return
+
+        def forget(ref, key=key, ids=ids):
+            if ids.get(key) is ref:
+                del ids[key]
+
+        ids[key] = weakref.ref(t, forget)
 
     def mark_device(self, t) -> None:
-        self._host.pop(t, None)
+        self.ids.pop(id(t), None)
 
 
 def _call_site_line() -> str:
@@ -124,11 +135,15 @@ class OpDetector:
         self.real = real
         self.mode_name = "cuda" if real else "simulate"
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
-        self.current = ""  # name of the Python-level torch call being run (for labels)
+        self.current_func = None  # the Python-level torch call being run (names labels)
         self._fmode = _FunctionMode(self)
         self._dmode = _DispatchMode(self)
         self._handles = []
         self._orig_next = None
+
+    @property
+    def current(self) -> str:
+        return getattr(self.current_func, "__name__", "")
 
     # -- install / uninstall ---------------------------------------------------------------
     def install(self) -> None:
@@ -323,41 +338,38 @@ class _FunctionMode(TorchFunctionMode):
         }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
         det = self.det
-        outer, det.current = det.current, getattr(func, "__name__", "")
-        before = det.rec.count
+        events = det.rec.events
+        outer, det.current_func = det.current_func, func
+        before = len(events)
         try:
             handler = self.handlers.get(func)
             if handler is not None:
-                out = handler(func, args, kwargs)
-            elif kwargs.get("device") is not None:
+                out = handler(func, args, kwargs or {})
+            elif kwargs and kwargs.get("device") is not None:
                 out = det.handle_factory(func, args, kwargs)
-            else:
+            elif kwargs:
                 out = func(*args, **kwargs)
+            else:
+                out = func(*args)
         finally:
-            det.current = outer
-        if det.rec.count != before and torch.is_grad_enabled():
-            last = det.rec.events[-1]
+            det.current_func = outer
+        if len(events) != before and torch.is_grad_enabled():
+            last = events[-1]
             remember_forward(out, last.frames, last.module)
         return out
 
 
-def _tensors(args, kwargs):
-    for a in args:
+def _all_host(items, ids) -> bool:
+    for a in items:
         if isinstance(a, Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
+            if id(a) not in ids:
+                return False
+        elif type(a) in (list, tuple):
             for b in a:
-                if isinstance(b, Tensor):
-                    yield b
-    for a in kwargs.values():
-        if isinstance(a, Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, Tensor):
-                    yield b
+                if isinstance(b, Tensor) and id(b) not in ids:
+                    return False
+    return True
 
 
 class _DispatchMode(TorchDispatchMode):
@@ -368,32 +380,42 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         det = self.det
-        host = det.host
         packet = func.overloadpacket
-        if packet is _aten.copy_:
+        if packet is _COPY_:
             return self._copy(func, args, kwargs)
         rule = DISPATCH_RULES.get(packet)
-        recorded = False
         if rule is not None and not det.rec.suppressed():
-            label = rule(args, kwargs, host.on_device, func._overloadname)
+            label = rule(args, kwargs, det.host.on_device, func._overloadname)
             if label is not None:
                 if label == "item":
                     label = SCALAR_LABELS.get(det.current, "item")
-                recorded = det.record(label)
-        out = det.run(recorded, func, args, kwargs)
+                out = det.run(det.record(label), func, args, kwargs)
+            else:
+                out = func(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
         if det.real:
             return out
+        ids = det.host.ids
         if packet in _LIFTS:  # torch.tensor(data) / Python scalars enter here: host memory
-            host.mark_host(out)
+            det.host.mark_host(out)
             return out
-        on_host = all(host.is_host(t) for t in _tensors(args, kwargs))
-        if on_host:
-            for t in _outputs(out):
-                host.mark_host(t)
-        elif args and isinstance(args[0], Tensor) and host.is_host(args[0]):
+        # Outputs live on the host only when every tensor input does.
+        for a in args:
+            if isinstance(a, Tensor):
+                if id(a) not in ids:
+                    break
+            elif type(a) in (list, tuple) and not _all_host(a, ids):
+                break
+        else:
+            if not kwargs or _all_host(kwargs.values(), ids):
+                for t in _outputs(out):
+                    det.host.mark_host(t)
+                return out
+        if args and isinstance(args[0], Tensor) and id(args[0]) in ids:
             for t in _outputs(out):  # an in-place op on a host tensor with device inputs
                 if t is args[0]:
-                    host.mark_device(t)
+                    det.host.mark_device(t)
         return out
 
     def _copy(self, func, args, kwargs):
@@ -410,6 +432,7 @@ class _DispatchMode(TorchDispatchMode):
 
 
 _LIFTS = {_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift}
+_COPY_ = _aten.copy_
 
 
 def _outputs(out):

@@ -1,0 +1,60 @@
+"""`gpusync bench overhead`: the scanner's cost on a profile's training step. Plain and scanned
+steps alternate in one process (order flipped every round) so drift hits both alike."""
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import platform
+
+import torch
+from tabulate import tabulate
+
+from ..detect.session import Session, resolve_mode
+from ..errors import BadInput
+from ..targets import ScriptTarget, call_factory, load_factory, parse_target
+from .timing import Samples, WallTimer
+
+
+def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str = "auto",
+                     timer: WallTimer | None = None) -> dict:
+    target = parse_target(profile)
+    if isinstance(target, ScriptTarget):
+        raise BadInput("bench overhead needs a profile or factory target, not a script")
+    mode = resolve_mode(mode)
+    timer = timer or WallTimer(cuda=mode == "cuda")
+    workload = call_factory(load_factory(target.spec), target.args,
+                            "cuda" if mode == "cuda" else "cpu")
+    batches = itertools.cycle(list(itertools.islice(iter(workload.iter_batches()), 8)))
+    for _ in range(warmup):
+        workload.step(next(batches))
+    plain, scanned = Samples("plain"), Samples("scanned")
+
+    def run_plain():
+        plain.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+
+    def run_scanned():
+        with Session(mode=mode, model=workload.model, auto_steps=False):
+            scanned.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+
+    for i in range(steps):
+        first, second = (run_plain, run_scanned) if i % 2 == 0 else (run_scanned, run_plain)
+        first()
+        second()
+    return {
+        "profile": profile, "mode": mode,
+        "device": torch.cuda.get_device_name() if mode == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "date": _dt.date.today().isoformat(), "steps": steps, "warmup": warmup,
+        "plain_median_ms": round(plain.median, 3), "plain_p90_ms": round(plain.p90, 3),
+        "scanned_median_ms": round(scanned.median, 3), "scanned_p90_ms": round(scanned.p90, 3),
+        "ratio": round(scanned.median / plain.median, 4),
+        "samples_ms": {"plain": plain.ms, "scanned": scanned.ms},
+    }
+
+
+def format_table(result: dict) -> str:
+    rows = [["plain", result["plain_median_ms"], result["plain_p90_ms"], 1.0],
+            ["scanned", result["scanned_median_ms"], result["scanned_p90_ms"], result["ratio"]]]
+    head = (f"overhead of gpusync scan ({result['mode']}) on {result['profile']}, "
+            f"{result['device']}, {result['steps']} steps each, interleaved")
+    return head + "\n" + tabulate(rows, headers=["", "median ms", "p90 ms", "ratio"]) + "\n"

@@ -1,0 +1,52 @@
+"""Timers and statistics. Raw samples are always kept; statistics derive from them."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+
+def percentile(samples: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of the samples."""
+    if not samples:
+        raise ValueError("no samples")
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class Samples:
+    name: str
+    ms: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.ms)
+
+    @property
+    def p90(self) -> float:
+        return percentile(self.ms, 90)
+
+
+class WallTimer:
+    """Host wall time; on a GPU it drains the device first and last, so the step is complete."""
+
+    def __init__(self, cuda: bool = False, clock=time.perf_counter):
+        self.cuda = cuda
+        self.clock = clock
+
+    def _drain(self):
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def time_ms(self, fn) -> float:
+        self._drain()
+        start = self.clock()
+        fn()
+        self._drain()
+        return (self.clock() - start) * 1e3

@@ -1,0 +1,117 @@
+"""The CLI through a subprocess: exit codes, one-line errors, reports."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CLEAN = textwrap.dedent('''
+    import torch
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(3):
+        loss = m(torch.randn(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+''')
+SYNCING = CLEAN + "    print(loss.item())\n"
+
+
+def gpusync(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+def one_line_error(proc):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_version_and_help():
+    from gpusync import __version__
+
+    assert gpusync("--version").stdout.strip().endswith(__version__)
+    out = gpusync("--help").stdout
+    assert "scan" in out and "bench" in out
+
+
+@pytest.mark.slow
+def test_default_scan_is_the_builtin_example_as_json(tmp_path):
+    out = tmp_path / "r.json"
+    proc = gpusync("scan", "--format", "json", "--output", str(out), "--steps", "2")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert report["mode"] == "simulate" and report["device"] == "cpu"
+    assert report["steps"] == 3 and report["syncs_per_step"] > 0
+    ops = {(s["op"], s["phase"]) for s in report["sites"]}
+    assert {("H2D copy", "other"), ("bool()", "forward"), ("nonzero", "hook"),
+            ("unique", "hook"), ("item", "other")} <= ops
+    hook_sites = [s for s in report["sites"] if s["phase"] == "hook"]
+    assert all(s["stall_ms"] is None and s["fix"] for s in report["sites"])
+    assert {s["file"].rsplit("/", 1)[-1] for s in hook_sites} == {"writeback.py"}
+
+
+def test_script_with_args_and_markdown(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nassert sys.argv[1:] == ['--lr', '0.1'], sys.argv\n" + SYNCING)
+    proc = gpusync("scan", str(script), "--format", "markdown", "--", "--lr", "0.1")
+    assert proc.returncode == 0, proc.stderr
+    assert "| item" in proc.stdout and "train.py:10" in proc.stdout
+
+
+def test_max_syncs_per_step_gate(tmp_path):
+    clean, dirty = tmp_path / "clean.py", tmp_path / "dirty.py"
+    clean.write_text(CLEAN)
+    dirty.write_text(SYNCING)
+    assert gpusync("scan", str(clean), "--max-syncs-per-step", "0").returncode == 0
+    proc = gpusync("scan", str(dirty), "--max-syncs-per-step", "0")
+    assert proc.returncode == 1
+    assert "more than --max-syncs-per-step 0" in proc.stderr
+
+
+def test_user_code_raising_prints_report_then_traceback(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(SYNCING + "raise RuntimeError('user bug')\n")
+    proc = gpusync("scan", str(script))
+    assert proc.returncode == 3
+    assert "item" in proc.stdout and "user bug" in proc.stdout
+    assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
+
+
+def test_output_is_written_whole(tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text(SYNCING)
+    out = tmp_path / "report.json"
+    out.write_text("previous report")
+    assert gpusync("scan", str(script), "-f" if False else "--format", "json",
+                   "-o", str(out)).returncode == 0
+    assert json.loads(out.read_text())["schema_version"] == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gpusync-")] == []
+
+
+@pytest.mark.parametrize("files,args,message", [
+    ({}, ["scan", "missing.py"], "script not found: missing.py"),
+    ({}, ["scan", "nonsense"], "unknown target 'nonsense'"),
+    ({}, ["scan", "no.such.module:make"], "cannot import 'no.such.module'"),
+    ({"f.py": "import torch\nx = 1\n"}, ["scan", "f.py:make"], "has no attribute 'make'"),
+    ({"f.py": "def make(:\n"}, ["scan", "f.py:make"], "syntax error"),
+    ({"f.py": "import not_a_real_pkg\n"}, ["scan", "f.py:make"], "importing f.py failed"),
+    ({"f.py": "def make():\n    return 42\n"}, ["scan", "f.py:make"],
+     "returned int, expected gpusync.Workload"),
+    ({"p.yaml": "name: [unclosed\n"}, ["scan", "p.yaml"], "is not valid YAML"),
+    ({"p.yaml": "name: x\nworkload: a:b\nstepz: 3\n"}, ["scan", "p.yaml"], "unknown key 'stepz'"),
+    ({"p.yaml": "name: x\nworkload: a:b\nsteps: many\n"}, ["scan", "p.yaml"],
+     "key 'steps' must be a int"),
+    ({"p.yaml": "name: x\n"}, ["scan", "p.yaml"], "missing required key 'workload'"),
+    ({"t.py": "x = 1\n"}, ["scan", "t.py", "--steps", "0"], "Invalid value for '--steps'"),
+    ({"t.py": "x = 1\n"}, ["scan", "t.py", "--format", "xml"], "Invalid value for '--format'"),
+    ({"t.py": "x = 1\n"}, ["scan", "t.py", "-o", "no/such/dir/r.json"], "does not exist"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    line = one_line_error(gpusync(*args, cwd=tmp_path))
+    assert message in line
