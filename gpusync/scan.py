@@ -76,6 +76,9 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str) -> 
                 session.end_step()
         except Exception as e:
             error = e
+        finally:
+            if workload.close is not None:
+                workload.close()
     return _result(session, error)
 
 

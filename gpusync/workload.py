@@ -14,6 +14,7 @@ class Workload:
     optimizer: Any = None  # torch.optim.Optimizer or a list of them
     name: str = ""
     info: dict = field(default_factory=dict)
+    close: Callable[[], None] | None = None  # called once the scan is done (e.g. process group)
 
     def __post_init__(self):
         if not callable(self.step):

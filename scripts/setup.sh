@@ -11,6 +11,8 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && .venv/bin/python -c "im
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+# this machine's pip config names index folders that may be absent: drop only that notice
+exec 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 "${PIP[@]}" -r requirements/pinned.txt
 "${PIP[@]}" --no-deps -r requirements/torchrec-nodeps.txt
 "${PIP[@]}" --no-deps --no-build-isolation -e . 2>/dev/null || "${PIP[@]}" --no-deps -e .

@@ -94,7 +94,8 @@ class PhaseTracker:
         return name or type(root).__name__
 
     def classify(self, raw: list[tuple[str, int, str]]):
-        """Return (phase, hook name or None, forward frames or None, module path or None)."""
+        """Return (phase, name, forward frames or None, module path or None); name is the hook
+        for HOOK and the autograd node for BACKWARD."""
         if torch._C._current_graph_task_id() != -1:
             return self._classify_backward(raw)
         if self._in_optimizer:
@@ -124,7 +125,7 @@ class PhaseTracker:
         if origin is not None:
             frames, module = origin
             return BACKWARD, None, frames, module
-        return BACKWARD, None, None, None
+        return BACKWARD, node.name() if node is not None else None, None, None
 
 
 def remember_forward(output, frames: tuple[Frame, ...], module: str | None) -> None:

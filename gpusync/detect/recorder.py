@@ -1,7 +1,7 @@
 """Turns "a sync happened here" into a SyncEvent: stack, phase, module path, step, fix."""
 from __future__ import annotations
 
-from .events import SyncEvent
+from .events import BACKWARD, HOOK, SyncEvent
 from .frames import raw_stack, user_frames
 from .phases import PhaseTracker
 from .rules import fix_for
@@ -26,7 +26,12 @@ class Recorder:
         if self.suppressed():
             return None
         raw = raw_stack(skip)
-        phase, hook, fwd_frames, fwd_module = self.tracker.classify(raw)
+        phase, name, fwd_frames, fwd_module = self.tracker.classify(raw)
+        hook = name if phase == HOOK else None
+        if phase == BACKWARD and fwd_frames is None:
+            detail = detail or (f"in autograd node {name}" if name else
+                                "outside any autograd node: an engine callback such as DDP's "
+                                "gradient reducer")
         frames = user_frames(raw)
         module = self.tracker.module_path()
         if fwd_frames is not None:

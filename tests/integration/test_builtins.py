@@ -1,0 +1,53 @@
+"""The built-in profiles scan end to end and show the syncs they are built to show."""
+import importlib.util
+
+import pytest
+
+from gpusync.errors import BadInput
+from gpusync.scan import run_scan
+
+
+def sites_by(report):
+    return {(s.op, s.phase, s.function) for s in report.sites}
+
+
+@pytest.mark.slow
+def test_sparsenn_reports_its_known_syncs_and_nothing_else():
+    result = run_scan("sparsenn", steps=2, mode="simulate")
+    assert result.error is None, result.traceback
+    assert sites_by(result.report) == {
+        ("H2D copy", "other", "Batch.to.<locals>.<dictcomp>"),
+        ("index()", "forward", "SparseArch.forward"),
+        ("bool()", "forward", "SparseArch.forward"),
+        ("nonzero", "hook", "legacy_keep_rows"),
+        ("unique", "hook", "legacy_keep_rows"),
+        ("H2D copy", "hook", "legacy_keep_rows"),
+        ("item", "other", "MetricLogger.update"),
+        ("bool-mask index", "other", "MetricLogger.update"),
+        ("D2H copy", "other", "MetricLogger.update"),
+    }
+    hooks = {s.hook for s in result.report.sites if s.phase == "hook"}
+    assert hooks == {"WritebackTable.writeback_hook"}
+    modules = {s.module for s in result.report.sites if s.phase == "forward"}
+    assert modules == {"sparse_arch"}
+    assert result.report.syncs_per_step == 36  # 6 copies + 16 + 8 + 3 + 3 per step
+
+
+@pytest.mark.torchrec
+@pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec not installed")
+def test_torchrec_dlrm_shows_syncs_inside_torchrec():
+    result = run_scan("torchrec_dlrm", steps=2, mode="simulate")
+    assert result.error is None, result.traceback
+    found = {(s.op, s.function) for s in result.report.sites}
+    assert ("tolist", "_safe_tolist") in found  # KJT lengths per key
+    assert ("H2D copy (torch.tensor)", "KJTAllToAllForward.__call__.<locals>.<listcomp>") in found
+    assert all("torchrec" in s.file or "fbgemm" in s.file for s in result.report.sites)
+    assert result.report.steps == 3
+
+
+def test_profile_needing_a_missing_package_is_a_clean_error(tmp_path):
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\nworkload: gpusync.examples.sparsenn:make_workload\n"
+                       "requires: [surely_not_installed_pkg]\n")
+    with pytest.raises(BadInput, match="needs surely_not_installed_pkg, which is not installed"):
+        run_scan(str(profile))
