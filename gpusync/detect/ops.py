@@ -373,6 +373,12 @@ def _all_host(items, ids) -> bool:
 
 
 class _DispatchMode(TorchDispatchMode):
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch would wrap __torch_dispatch__ in torch._disable_dynamo, which costs two extra
+        # Python calls on every op; this mode never runs under a compiled region's tracing.
+        return False
+
     def __init__(self, det: OpDetector):
         super().__init__()
         self.det = det
@@ -380,10 +386,10 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         det = self.det
-        packet = func.overloadpacket
-        if packet is _COPY_:
+        key = id(func.overloadpacket)  # OpOverloadPacket hashes in Python: slow on this path
+        if key == _COPY_ID:
             return self._copy(func, args, kwargs)
-        rule = DISPATCH_RULES.get(packet)
+        rule = _RULES_BY_ID.get(key)
         if rule is not None and not det.rec.suppressed():
             label = rule(args, kwargs, det.host.on_device, func._overloadname)
             if label is not None:
@@ -397,7 +403,7 @@ class _DispatchMode(TorchDispatchMode):
         if det.real:
             return out
         ids = det.host.ids
-        if packet in _LIFTS:  # torch.tensor(data) / Python scalars enter here: host memory
+        if key in _LIFT_IDS:  # torch.tensor(data) / Python scalars enter here: host memory
             det.host.mark_host(out)
             return out
         # Outputs live on the host only when every tensor input does.
@@ -431,8 +437,9 @@ class _DispatchMode(TorchDispatchMode):
         return det.run(recorded, func, args, kwargs)
 
 
-_LIFTS = {_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift}
-_COPY_ = _aten.copy_
+_LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
+_COPY_ID = id(_aten.copy_)
+_RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 
 
 def _outputs(out):
