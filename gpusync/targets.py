@@ -72,9 +72,16 @@ def _from_profile(profile: Profile, label: str) -> FactoryTarget:
                          requires=tuple(profile.requires))
 
 
+def is_installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # ValueError: blocked with sys.modules[name] = None
+        return False
+
+
 def check_requires(target: FactoryTarget) -> None:
     for name in target.requires:
-        if importlib.util.find_spec(name) is None:
+        if not is_installed(name):
             raise BadInput(f"profile '{target.label}' needs {name}, which is not installed")
 
 

@@ -51,3 +51,28 @@ def test_profile_needing_a_missing_package_is_a_clean_error(tmp_path):
                        "requires: [surely_not_installed_pkg]\n")
     with pytest.raises(BadInput, match="needs surely_not_installed_pkg, which is not installed"):
         run_scan(str(profile))
+
+
+def test_core_runs_without_torchrec_and_fbgemm():
+    """The GPU machines have torch, click, pyyaml and tabulate only."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['torchrec'] = None; sys.modules['fbgemm_gpu'] = None\n"
+        "from gpusync.scan import run_scan\n"
+        "from gpusync.errors import BadInput\n"
+        "r = run_scan('sparsenn', steps=1, mode='simulate', warmup=0)\n"
+        "assert r.error is None and r.report.syncs_per_step > 0\n"
+        "try:\n"
+        "    run_scan('torchrec_dlrm')\n"
+        "except BadInput as e:\n"
+        "    assert 'not installed' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('torchrec profile ran without torchrec')\n"
+        "assert 'torchrec' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
