@@ -55,6 +55,105 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
                            errors.EXIT_REGRESSION)
 
 
+def _scan_or_fail(target, steps, warmup, mode):
+    from .scan import run_scan
+
+    result = run_scan(target, steps=steps, warmup=warmup, mode=mode)
+    if result.error is not None:
+        click.echo(result.traceback, err=True, nl=False)
+        raise errors.UserCodeError(f"the scanned code raised {type(result.error).__name__}",
+                                   result.error)
+    return result.report
+
+
+@cli.command("baseline")
+@click.argument("target", required=False)
+@click.option("--output", "-o", type=click.Path(dir_okay=False), default="gpusync-baseline.json",
+              show_default=True)
+@click.option("--steps", type=click.IntRange(min=1))
+@click.option("--warmup", type=click.IntRange(min=0))
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@click.option("--timing", is_flag=True, help="Also record step-time samples (unscanned run).")
+@click.option("--timing-steps", type=click.IntRange(min=10), default=30, show_default=True)
+def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
+    """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
+    from . import baseline
+    from .bench.workloads import step_times
+
+    report = _scan_or_fail(target, steps, warmup, mode)
+    samples = None
+    if timing:
+        samples = step_times(target, report.mode, timing_steps, warmup=3).ms
+    data = baseline.from_report(report, samples, timing_device=report.device)
+    baseline.save(data, output)
+    click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "
+               f"{data['syncs_per_step']:g} syncs/step ({report.mode}, {report.device})")
+
+
+@cli.command("gate")
+@click.argument("target", required=False)
+@click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False), required=True)
+@click.option("--time-factor", type=click.FloatRange(min=1.0), default=1.1, show_default=True,
+              help="Slower by more than this factor (median) AND significant -> regression.")
+@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.002,
+              show_default=True, help="Significance level of the one-sided Mann-Whitney test.")
+@click.option("--max-noise", type=click.FloatRange(min=0), default=0.10, show_default=True,
+              help="Refuse to judge timings whose relative IQR exceeds this.")
+@click.option("--timing/--no-timing", default=None,
+              help="Gate step times too (default: when the baseline has them).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "github"]), default="text",
+              show_default=True)
+@click.option("--steps", type=click.IntRange(min=1))
+@click.option("--warmup", type=click.IntRange(min=0))
+@click.option("--mode", type=click.Choice(MODES), help="Default: the baseline's mode.")
+def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, steps, warmup,
+             mode):
+    """Compare TARGET (default: the baseline's target) with a baseline. Exit 0 pass,
+    1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
+    import torch
+
+    from . import baseline, gate
+    from .bench.workloads import step_times
+
+    data = baseline.load(baseline_path)
+    mode = mode or data.get("mode", "auto")
+    if mode == "cuda" and not torch.cuda.is_available():
+        verdict = gate.Verdict(status=gate.CANNOT_JUDGE,
+                               notes=["the baseline was measured on a GPU; this machine has none"])
+        click.echo(gate.render(verdict, fmt), nl=False)
+        raise SystemExitCode(verdict.exit_code)
+    target = target or data.get("target") or None
+    steps = steps or data.get("steps")
+    warmup = warmup if warmup is not None else data.get("warmup")
+    report = _scan_or_fail(target, steps, warmup, mode)
+    problems = gate.compare_counts(data, report)
+    timing_result = None
+    if timing or (timing is None and "timing" in data):
+        if "timing" not in data:
+            raise BadInput(f"baseline {baseline_path} has no timing samples "
+                           "(record them with `gpusync baseline --timing`)")
+        if not torch.cuda.is_available():
+            timing_result = (gate.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU")
+        else:
+            base = data["timing"]["samples_ms"]
+            now = step_times(target, "cuda", len(base), warmup=3).ms
+            timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
+    verdict = gate.combine(problems, timing_result)
+    if problems:
+        suggested = baseline.suggest(data, report, baseline_path)
+        verdict.suggested_baseline = suggested
+    click.echo(gate.render(verdict, fmt), nl=False)
+    if verdict.exit_code:
+        raise SystemExitCode(verdict.exit_code)
+
+
+class SystemExitCode(GpusyncError):
+    """A verdict that is not a pass: the gate already printed why."""
+
+    def __init__(self, code: int):
+        super().__init__("", code)
+
+
 @cli.command("profiles")
 def profiles_cmd():
     """List the built-in profiles."""
@@ -106,6 +205,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         click.echo("gpusync: interrupted", err=True)
         return errors.EXIT_INTERRUPTED
+    except SystemExitCode as e:
+        return e.exit_code
     except GpusyncError as e:
         prefix = "gpusync: error: " if isinstance(e, BadInput) else "gpusync: "
         click.echo(f"{prefix}{e}", err=True)

@@ -3,28 +3,21 @@ steps alternate in one process (order flipped every round) so drift hits both al
 from __future__ import annotations
 
 import datetime as _dt
-import itertools
 import platform
 
 import torch
 from tabulate import tabulate
 
 from ..detect.session import Session, resolve_mode
-from ..errors import BadInput
-from ..targets import ScriptTarget, call_factory, load_factory, parse_target
 from .timing import Samples, WallTimer
+from .workloads import build
 
 
 def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str = "auto",
                      timer: WallTimer | None = None) -> dict:
-    target = parse_target(profile)
-    if isinstance(target, ScriptTarget):
-        raise BadInput("bench overhead needs a profile or factory target, not a script")
     mode = resolve_mode(mode)
     timer = timer or WallTimer(cuda=mode == "cuda")
-    workload = call_factory(load_factory(target.spec), target.args,
-                            "cuda" if mode == "cuda" else "cpu")
-    batches = itertools.cycle(list(itertools.islice(iter(workload.iter_batches()), 8)))
+    workload, batches = build(profile, mode)
     for _ in range(warmup):
         workload.step(next(batches))
     plain, scanned = Samples("plain"), Samples("scanned")
@@ -36,10 +29,14 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
         with Session(mode=mode, model=workload.model, auto_steps=False):
             scanned.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
 
-    for i in range(steps):
-        first, second = (run_plain, run_scanned) if i % 2 == 0 else (run_scanned, run_plain)
-        first()
-        second()
+    try:
+        for i in range(steps):
+            first, second = (run_plain, run_scanned) if i % 2 == 0 else (run_scanned, run_plain)
+            first()
+            second()
+    finally:
+        if workload.close is not None:
+            workload.close()
     return {
         "profile": profile, "mode": mode,
         "device": torch.cuda.get_device_name() if mode == "cuda" else platform.processor() or "cpu",

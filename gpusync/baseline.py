@@ -1,0 +1,135 @@
+"""Baselines: what a workload's syncs (and optionally step times) were, for `gpusync gate`.
+
+Sites are keyed by op, phase, module, file and function, not by line, so moving code a few lines
+does not break the key; sites sharing a key add up. Files are stored relative to the working
+directory (or from site-packages on), so a baseline made in one clone matches in another.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from collections import defaultdict
+
+import torch
+
+from ._version import __version__
+from .errors import BadInput
+from .fileio import write_atomic
+
+BASELINE_SCHEMA = 1
+KIND = "gpusync-baseline"
+
+
+def stable_file(path: str) -> str:
+    if not path:
+        return ""
+    marker = "site-packages" + os.sep
+    if marker in path:
+        return path.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+def site_key(op: str, phase: str, module: str | None, file: str, function: str) -> str:
+    return f"{op} | {phase} | {module or '-'} | {file} | {function}"
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "") -> dict:
+    merged: dict[str, dict] = {}
+    for s in report.sites:
+        file = stable_file(s.file)
+        key = site_key(s.op, s.phase, s.module, file, s.function)
+        entry = merged.setdefault(key, {
+            "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
+            "file": file, "function": s.function, "lines": [], "per_step": 0.0, "margin": 0.0,
+            "fix": s.fix})
+        entry["per_step"] = round(entry["per_step"] + s.per_step, 4)
+        entry["lines"] = sorted(set(entry["lines"]) | {s.line})
+    data = {
+        "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
+        "mode": report.mode, "device": report.device, "torch": torch.__version__,
+        "gpusync": __version__, "commit": _git_commit(),
+        "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "steps": report.measured_steps, "warmup": report.warmup,
+        "syncs_per_step": report.syncs_per_step,
+        "max_syncs_per_step": report.max_syncs_per_step,
+        "syncs_by_phase": dict(sorted(report.syncs_by_phase.items())),
+        "sites": [merged[k] for k in sorted(merged)],
+    }
+    if timing_ms is not None:
+        data["timing"] = {"device": timing_device, "samples_ms": [round(x, 4) for x in timing_ms]}
+    return data
+
+
+def per_step_by_key(report) -> dict[str, float]:
+    """The current run's counts, keyed like a baseline."""
+    out: dict[str, float] = defaultdict(float)
+    for s in report.sites:
+        out[site_key(s.op, s.phase, s.module, stable_file(s.file), s.function)] += s.per_step
+    return {k: round(v, 4) for k, v in out.items()}
+
+
+def save(data: dict, path: str) -> None:
+    write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
+def load(path: str) -> dict:
+    """A baseline that is missing, unreadable or malformed is an error: it never passes."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise BadInput(f"cannot read baseline {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"baseline {path} is corrupt: {e.msg} at line {e.lineno}") from None
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise BadInput(f"baseline {path} is not a gpusync baseline")
+    if data.get("schema_version") != BASELINE_SCHEMA:
+        raise BadInput(f"baseline {path} has schema_version {data.get('schema_version')!r}; "
+                       f"this gpusync reads {BASELINE_SCHEMA}")
+    sites = data.get("sites")
+    if not isinstance(sites, list):
+        raise BadInput(f"baseline {path} is corrupt: 'sites' must be a list")
+    for i, site in enumerate(sites):
+        if not isinstance(site, dict) or not isinstance(site.get("key"), str) or not isinstance(
+                site.get("per_step"), (int, float)):
+            raise BadInput(f"baseline {path} is corrupt: site {i} needs 'key' and 'per_step'")
+        margin = site.get("margin", 0)
+        if not isinstance(margin, (int, float)) or margin < 0:
+            raise BadInput(f"baseline {path} is corrupt: site {i} has a bad 'margin'")
+    timing = data.get("timing")
+    if timing is not None and not (isinstance(timing, dict) and isinstance(
+            timing.get("samples_ms"), list)):
+        raise BadInput(f"baseline {path} is corrupt: 'timing' needs 'samples_ms'")
+    return data
+
+
+def suggest(old: dict, report, old_path: str) -> str:
+    """Write the baseline this run would record next to the old one, keeping the old margins
+    and timing samples. Returns its path."""
+    new = from_report(report)
+    margins = {s["key"]: s.get("margin", 0.0) for s in old["sites"]}
+    for site in new["sites"]:
+        site["margin"] = margins.get(site["key"], 0.0)
+    if "timing" in old:
+        new["timing"] = old["timing"]
+    root, ext = os.path.splitext(old_path)
+    path = f"{root}.suggested{ext or '.json'}"
+    save(new, path)
+    return path

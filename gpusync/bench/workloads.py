@@ -1,0 +1,38 @@
+"""Build a profile's or factory's workload for timing (outside any scan)."""
+from __future__ import annotations
+
+import itertools
+
+from ..errors import BadInput
+from ..targets import ScriptTarget, call_factory, check_requires, load_factory, parse_target
+from .timing import Samples, WallTimer
+
+
+def build(target_text: str | None, mode: str, batches: int = 8):
+    """(workload, an endless iterator over its first `batches` batches)."""
+    target = parse_target(target_text)
+    if isinstance(target, ScriptTarget):
+        raise BadInput("timing needs a profile or factory target, not a script")
+    check_requires(target)
+    workload = call_factory(load_factory(target.spec), target.args,
+                            "cuda" if mode == "cuda" else "cpu")
+    first = list(itertools.islice(iter(workload.iter_batches()), batches))
+    if not first:
+        raise BadInput(f"workload '{target.label}' yields no batches")
+    return workload, itertools.cycle(first)
+
+
+def step_times(target_text: str | None, mode: str, steps: int, warmup: int,
+               timer: WallTimer | None = None) -> Samples:
+    workload, batches = build(target_text, mode)
+    timer = timer or WallTimer(cuda=mode == "cuda")
+    try:
+        for _ in range(warmup):
+            workload.step(next(batches))
+        samples = Samples("step")
+        for _ in range(steps):
+            samples.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+        return samples
+    finally:
+        if workload.close is not None:
+            workload.close()

@@ -1,0 +1,136 @@
+"""The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+LOOP = textwrap.dedent('''
+    import torch
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for _ in range(4):
+        loss = m(torch.randn(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+''')
+
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
+
+
+@pytest.fixture
+def project(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP + "    v = loss.item()\n")
+    proc = run("baseline", "train.py", "-o", "base.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    return tmp_path
+
+
+def edit(project, body):
+    (project / "train.py").write_text(LOOP + body)
+
+
+def gate(project, *extra):
+    return run("gate", "train.py", "--baseline", "base.json", *extra, cwd=project)
+
+
+def test_baseline_is_readable_and_stable(project):
+    data = json.loads((project / "base.json").read_text())
+    assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 1
+    assert [s["key"] for s in data["sites"]] == ["item | other | - | train.py | <module>"]
+    assert data["sites"][0]["per_step"] == 1.0 and data["syncs_by_phase"] == {"other": 1.0}
+    for key in ("device", "torch", "gpusync", "commit", "created", "steps", "warmup"):
+        assert key in data
+
+
+def test_pass(project):
+    proc = gate(project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "gate: pass" in proc.stdout
+    assert not (project / "base.suggested.json").exists()
+
+
+def test_moving_code_a_few_lines_still_passes(project):
+    (project / "train.py").write_text("# a comment\n\n" + LOOP + "    v = loss.item()\n")
+    assert gate(project).returncode == 0
+
+
+def test_new_site_fails_with_github_annotation(project):
+    edit(project, "    v = loss.item()\n    w = loss.detach().cpu()\n")
+    proc = gate(project, "--format", "github")
+    assert proc.returncode == 1
+    assert "::error file=train.py,line=9::gpusync: new sync site: D2H copy" in proc.stdout
+    assert (project / "base.suggested.json").exists()
+
+
+def test_more_syncs_fail(project):
+    edit(project, "    v = loss.item()\n    v = loss.item()\n")
+    proc = gate(project, "--format", "json")
+    assert proc.returncode == 1
+    verdict = json.loads(proc.stdout)
+    assert verdict["status"] == "regression"
+    assert [p["kind"] for p in verdict["problems"]] == ["more syncs"]
+
+
+def test_fewer_syncs_fail_and_suggest_the_new_baseline(project):
+    edit(project, "    v = loss\n")
+    proc = gate(project)
+    assert proc.returncode == 1
+    assert "fewer syncs (update the baseline)" in proc.stdout
+    suggested = json.loads((project / "base.suggested.json").read_text())
+    assert suggested["sites"] == [] and suggested["syncs_per_step"] == 0
+    # adopting the suggestion makes the gate pass
+    (project / "base.suggested.json").rename(project / "base.json")
+    assert gate(project).returncode == 0
+
+
+def test_margin_in_baseline_allows_extra_syncs(project):
+    data = json.loads((project / "base.json").read_text())
+    data["sites"][0]["margin"] = 1.0
+    (project / "base.json").write_text(json.dumps(data))
+    edit(project, "    v = loss.item()\n    v = loss.item()\n")
+    assert gate(project).returncode == 0
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read baseline"),
+    ("{not json", "is corrupt"),
+    ('{"kind": "other"}', "is not a gpusync baseline"),
+    ('{"kind": "gpusync-baseline", "schema_version": 1, "sites": [{"key": 1}]}', "is corrupt"),
+    ('{"kind": "gpusync-baseline", "schema_version": 7, "sites": []}', "schema_version 7"),
+])
+def test_missing_or_corrupt_baseline_never_passes(project, content, message):
+    path = project / "base.json"
+    if content is None:
+        path.unlink()
+    else:
+        path.write_text(content)
+    proc = gate(project)
+    assert proc.returncode == 2
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_timing_gate_refuses_without_a_gpu(project):
+    data = json.loads((project / "base.json").read_text())
+    data["timing"] = {"device": "x", "samples_ms": [10.0] * 20}
+    (project / "base.json").write_text(json.dumps(data))
+    proc = gate(project)
+    assert proc.returncode == 4
+    assert "no GPU" in proc.stdout
+    assert gate(project, "--no-timing").returncode == 0
+
+
+def test_timing_requested_without_samples_is_bad_input(project):
+    proc = gate(project, "--timing")
+    assert proc.returncode == 2 and "has no timing samples" in proc.stderr
+
+
+def test_count_regression_wins_over_cannot_judge(project):
+    data = json.loads((project / "base.json").read_text())
+    data["timing"] = {"device": "x", "samples_ms": [10.0] * 20}
+    (project / "base.json").write_text(json.dumps(data))
+    edit(project, "    v = loss.item()\n    v = loss.tolist()\n")
+    assert gate(project).returncode == 1

@@ -1,0 +1,57 @@
+"""The timing judgment on fabricated samples: slower, same, noisy, too few."""
+import random
+import statistics
+
+import pytest
+
+from gpusync.bench.timing import Samples, WallTimer, percentile
+from gpusync.gate import CANNOT_JUDGE, PASS, REGRESSION, judge_timing, mann_whitney_greater
+
+
+def noisy(center, spread, n=30, seed=0):
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-spread, spread)) for _ in range(n)]
+
+
+def test_mann_whitney_directions():
+    base = noisy(10, 0.02)
+    assert mann_whitney_greater(noisy(12, 0.02, seed=1), base) < 1e-6
+    assert mann_whitney_greater(noisy(8, 0.02, seed=1), base) > 0.999
+    # same distribution: not significant (checked against an exact permutation test: 0.983)
+    assert mann_whitney_greater(noisy(10, 0.02, seed=1), base) == pytest.approx(0.983, abs=0.01)
+
+
+def test_slower_and_significant_is_a_regression():
+    status, msg = judge_timing(noisy(10, 0.02), noisy(12, 0.02, seed=1), 1.1, 0.002, 0.1)
+    assert status == REGRESSION and "1.19" in msg
+
+
+def test_significant_but_below_the_factor_passes():
+    status, _ = judge_timing(noisy(10, 0.01), noisy(10.5, 0.01, seed=1), 1.1, 0.002, 0.1)
+    assert status == PASS
+
+
+def test_same_distribution_passes():
+    assert judge_timing(noisy(10, 0.02), noisy(10, 0.02, seed=3), 1.1, 0.002, 0.1)[0] == PASS
+
+
+def test_noisy_samples_cannot_be_judged():
+    status, msg = judge_timing(noisy(10, 0.5), noisy(15, 0.5, seed=1), 1.1, 0.002, 0.1)
+    assert status == CANNOT_JUDGE and "too noisy" in msg
+
+
+def test_too_few_samples_cannot_be_judged():
+    assert judge_timing([10.0] * 5, [20.0] * 5, 1.1, 0.002, 0.1)[0] == CANNOT_JUDGE
+
+
+def test_percentile_and_samples():
+    s = Samples("x", [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert s.median == 3.0 and percentile(s.ms, 90) == pytest.approx(4.6)
+    assert percentile([7.0], 90) == 7.0
+
+
+def test_wall_timer_uses_the_injected_clock():
+    ticks = iter([1.0, 1.25])
+    timer = WallTimer(clock=lambda: next(ticks))
+    assert timer.time_ms(lambda: None) == pytest.approx(250.0)
+    assert statistics.median([timer.cuda]) is False
