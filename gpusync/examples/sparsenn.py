@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..techniques.writeback import apply_keep_rows, legacy_keep_rows
+from ..techniques.writeback import apply_keep_rows, keep_rows
 from ..workload import Workload
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class WritebackTable(nn.Module):
         return out
 
     def writeback_hook(self, grad, ids, offsets):
-        keep = legacy_keep_rows(ids, offsets, num_tables=1)
+        keep = keep_rows(ids, offsets, num_features=1)
         return apply_keep_rows(grad, keep)
 
 
