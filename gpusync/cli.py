@@ -169,6 +169,59 @@ def bench():
     """Benchmarks (timings go to docs/benchmarks/, never into tests)."""
 
 
+def _technique_command(name: str):
+    @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+                  help="Default: cuda when available.")
+    @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+                  help="Steps per sample (a sample is their mean).")
+    @click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
+                  help="Samples per variant.")
+    @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
+                  default="table", show_default=True)
+    def command(device, steps, repeats, fmt):
+        click.echo(_run_techniques([name], device, steps, repeats, fmt), nl=False)
+
+    command.__doc__ = f"Measure the {name} technique's variants (naive first)."
+    return bench.command(name)(command)
+
+
+def _run_techniques(names, device, steps, repeats, fmt) -> str:
+    import json
+
+    import torch
+
+    from .bench.harness import run_technique
+    from .bench.render import technique_table
+    from .bench.techniques import TECHNIQUES
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda needs a CUDA device, and torch sees none")
+    results = [run_technique(n, TECHNIQUES[n](device), device, steps=steps, repeats=repeats)
+               for n in names]
+    if fmt == "json":
+        payload = [r.to_dict() for r in results]
+        return json.dumps(payload[0] if len(payload) == 1 else payload, indent=2) + "\n"
+    return "\n".join(technique_table(r, fmt) for r in results)
+
+
+def _register_techniques():
+    from .bench.techniques import TECHNIQUES
+
+    for name in TECHNIQUES:
+        _technique_command(name)
+
+    @bench.command("all")
+    @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None)
+    @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
+    @click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True)
+    @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
+                  default="table", show_default=True)
+    def bench_all(device, steps, repeats, fmt):
+        """Measure every technique."""
+        click.echo(_run_techniques(list(TECHNIQUES), device, steps, repeats, fmt), nl=False)
+
+
 @bench.command("overhead")
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
@@ -184,6 +237,9 @@ def bench_overhead(steps, warmup, profile, mode, fmt):
 
     result = measure_overhead(profile, steps=steps, warmup=warmup, mode=mode)
     click.echo(json.dumps(result, indent=2) if fmt == "json" else format_table(result))
+
+
+_register_techniques()
 
 
 def main(argv=None) -> int:

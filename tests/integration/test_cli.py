@@ -115,3 +115,22 @@ def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
         (tmp_path / name).write_text(text)
     line = one_line_error(gpusync(*args, cwd=tmp_path))
     assert message in line
+
+
+def test_bench_writeback_json():
+    proc = gpusync("bench", "writeback", "--steps", "2", "--repeats", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["technique"] == "writeback" and result["baseline"] == "legacy"
+    names = [v["name"] for v in result["variants"]]
+    assert names == ["legacy", "precompute", "syncfree"]
+    assert result["variants"][2]["syncs_per_step"] == 0
+
+
+def test_bench_cuda_without_gpu_is_bad_input():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    line = one_line_error(gpusync("bench", "writeback", "--device", "cuda"))
+    assert "needs a CUDA device" in line

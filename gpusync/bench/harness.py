@@ -1,0 +1,174 @@
+"""One harness for every technique: each variant runs in the same process, interleaved, after
+warm-up. A sample is the mean step time of a block of steps, drained once at the block's end
+(draining after every step would add the very sync the techniques remove). Raw samples are kept;
+statistics derive from them. The timer is injectable, so the harness is tested without a GPU.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..detect.session import Session
+from .timing import Samples
+
+
+@dataclass
+class Variant:
+    """A technique variant: `make()` builds fresh state (same seed for every variant) and returns
+    a step function; if the step has a `result` attribute, parity compares what it returns (a
+    tensor or a list of them) with the baseline variant's."""
+
+    name: str
+    make: Callable[[], Callable[[], Any]]
+    note: str = ""
+
+
+@dataclass
+class Measurement:
+    name: str
+    samples_ms: list[float]
+    syncs_per_step: float
+    syncs_by_phase: dict
+    peak_alloc_mb: float | None
+    peak_reserved_mb: float | None
+    parity: str
+    note: str = ""
+
+    @property
+    def p50_ms(self) -> float:
+        return Samples(self.name, self.samples_ms).median
+
+    @property
+    def p90_ms(self) -> float:
+        return Samples(self.name, self.samples_ms).p90
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "p50_ms": round(self.p50_ms, 4),
+                "p90_ms": round(self.p90_ms, 4), "peak_alloc_mb": self.peak_alloc_mb,
+                "peak_reserved_mb": self.peak_reserved_mb, "syncs_per_step": self.syncs_per_step,
+                "syncs_by_phase": self.syncs_by_phase, "parity": self.parity,
+                "note": self.note, "samples_ms": [round(x, 4) for x in self.samples_ms]}
+
+
+@dataclass
+class TechniqueResult:
+    technique: str
+    device: str
+    baseline: str
+    variants: list[Measurement]
+    steps: int
+    repeats: int
+    date: str = field(default_factory=lambda: _dt.date.today().isoformat())
+    torch_version: str = torch.__version__
+
+    def to_dict(self) -> dict:
+        return {"technique": self.technique, "device": self.device, "baseline": self.baseline,
+                "steps": self.steps, "repeats": self.repeats, "date": self.date,
+                "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants]}
+
+
+class BlockTimer:
+    """Times `steps` calls of fn; drains the device once before and once after."""
+
+    def __init__(self, cuda: bool, clock=time.perf_counter):
+        self.cuda = cuda
+        self.clock = clock
+
+    def __call__(self, fn: Callable[[], Any], steps: int) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        start = self.clock()
+        for _ in range(steps):
+            fn()
+        if self.cuda:
+            torch.cuda.synchronize()
+        return (self.clock() - start) * 1e3 / steps
+
+
+def _parity(reference, value) -> str:
+    if reference is None or value is None:
+        return "n/a"
+    refs = reference if isinstance(reference, (list, tuple)) else [reference]
+    vals = value if isinstance(value, (list, tuple)) else [value]
+    if len(refs) != len(vals):
+        return "different shape"
+    worst = 0.0
+    for r, v in zip(refs, vals):
+        r, v = torch.as_tensor(r).detach().cpu(), torch.as_tensor(v).detach().cpu()
+        if r.shape != v.shape:
+            return "different shape"
+        if not torch.equal(r, v):
+            worst = max(worst, (r.double() - v.double()).abs().max().item())
+    return "identical" if worst == 0.0 else f"max abs diff {worst:.3g}"
+
+
+def _count_syncs(step: Callable[[], Any], mode: str, steps: int = 2) -> tuple[float, dict]:
+    session = Session(mode=mode, auto_steps=False, warmup=0)
+    with session:
+        for _ in range(steps):
+            step()
+            session.end_step()
+    report = session.report()
+    return report.syncs_per_step, report.syncs_by_phase
+
+
+def run_technique(technique: str, variants: list[Variant], device: str, steps: int = 20,
+                  repeats: int = 10, warmup: int = 3, parity_steps: int = 5,
+                  timer: Callable[[Callable[[], Any], int], float] | None = None,
+                  scan_mode: str | None = None) -> TechniqueResult:
+    cuda = device == "cuda"
+    timer = timer or BlockTimer(cuda)
+    mode = scan_mode or ("cuda" if cuda else "simulate")
+    baseline = variants[0].name
+
+    # parity: fresh state, same inputs, compare what each variant produced
+    results = {}
+    for v in variants:
+        step = v.make()
+        for _ in range(parity_steps):
+            step()
+        result = getattr(step, "result", None)
+        results[v.name] = result() if result is not None else None
+
+    # syncs per step from the scanner (fresh state again, after a warm-up step)
+    syncs = {}
+    for v in variants:
+        step = v.make()
+        step()
+        syncs[v.name] = _count_syncs(step, mode)
+
+    # timing: interleaved blocks, rotating the order so drift hits all variants alike
+    steppers = {v.name: v.make() for v in variants}
+    for step in steppers.values():
+        for _ in range(warmup):
+            step()
+    samples: dict[str, list[float]] = {v.name: [] for v in variants}
+    peaks: dict[str, tuple] = {v.name: (None, None) for v in variants}
+    names = [v.name for v in variants]
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            samples[name].append(timer(steppers[name], steps))
+            if cuda:
+                alloc = torch.cuda.max_memory_allocated() / 2**20
+                reserved = torch.cuda.max_memory_reserved() / 2**20
+                old = peaks[name]
+                peaks[name] = (max(alloc, old[0] or 0), max(reserved, old[1] or 0))
+
+    measurements = [
+        Measurement(name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs[v.name][0],
+                    syncs_by_phase=syncs[v.name][1],
+                    peak_alloc_mb=None if peaks[v.name][0] is None else round(peaks[v.name][0], 2),
+                    peak_reserved_mb=None if peaks[v.name][1] is None else round(
+                        peaks[v.name][1], 2),
+                    parity=_parity(results[baseline], results[v.name]), note=v.note)
+        for v in variants
+    ]
+    device_name = torch.cuda.get_device_name() if cuda else "cpu"
+    return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats)

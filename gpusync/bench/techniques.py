@@ -1,0 +1,64 @@
+"""The built-in technique benchmarks: each returns its variants, baseline first."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+import torch.nn.functional as F
+
+from ..techniques import writeback
+from .harness import Variant
+
+
+def _writeback_batches(device, rows, batch, num_batches, seed):
+    """Bag mode (one id per bag, ~10% empty bags), Zipf-like ids: many duplicates per batch."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(num_batches):
+        lengths = (torch.rand(batch, generator=gen) > 0.1).long()
+        offsets = torch.zeros(batch + 1, dtype=torch.long)
+        offsets[1:] = lengths.cumsum(0)
+        n = int(lengths.sum())
+        ranks = torch.rand(n, generator=gen).pow(3)  # skewed towards popular ids
+        ids = (ranks * rows).long().clamp(max=rows - 1)
+        target = torch.randn(batch, 1, generator=gen)
+        out.append((ids.to(device), offsets.to(device), target.to(device)))
+    return out
+
+
+def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
+                       seed: int = 0) -> list[Variant]:
+    """One EXACT_SGD-style step: embedding-bag forward, writeback dedup in a backward hook,
+    SGD row update. legacy / precompute / syncfree differ only in where and how dedup runs."""
+    def make(variant):
+        def build():
+            gen = torch.Generator().manual_seed(seed)
+            weight = (torch.randn(rows, dim, generator=gen) * 0.01).to(device).requires_grad_()
+            batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
+
+            def step():
+                ids, offsets, target = next(batches)
+                if variant == "precompute":
+                    pre = writeback.keep_rows(ids, offsets, 1, "bag")
+                elif variant == "syncfree":
+                    pre = writeback.keep_mask(ids, offsets, 1, "bag")
+                else:
+                    pre = None
+                pooled = F.embedding_bag(ids, weight, offsets[:-1], mode="sum")
+                pooled.register_hook(lambda g: writeback.writeback_gradient(
+                    g, ids, offsets, 1, "bag", variant, pre))
+                (pooled * target).sum().backward()
+                with torch.no_grad():
+                    weight.add_(weight.grad, alpha=-0.05)
+                weight.grad = None
+
+            step.result = lambda: weight.detach()
+            return step
+        return build
+
+    return [Variant("legacy", make("legacy"), "fbgemm's default: dedup in the backward hook"),
+            Variant("precompute", make("precompute"), "fbgemm precompute_writeback: in forward"),
+            Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync")]
+
+
+TECHNIQUES = {"writeback": writeback_variants}

@@ -1,0 +1,64 @@
+"""The bench harness with an injected timer: structure, statistics from raw samples, parity,
+syncs per step from the scanner."""
+import itertools
+
+import torch
+
+from gpusync.bench.harness import BlockTimer, Variant, run_technique
+from gpusync.bench.render import technique_table
+from gpusync.bench.techniques import writeback_variants
+
+
+def counter_variant(name, scale, read=False):
+    def make():
+        state = torch.zeros(3)
+
+        def step():
+            state.add_(scale)
+            if read:
+                state.sum().item()
+
+        step.result = lambda: state.clone()
+        return step
+    return Variant(name, make)
+
+
+def fake_timer(values):
+    it = itertools.cycle(values)
+    return lambda fn, steps: (fn(), next(it))[1]
+
+
+def test_samples_statistics_parity_and_syncs():
+    variants = [counter_variant("naive", 1.0, read=True), counter_variant("fast", 1.0),
+                counter_variant("wrong", 2.0)]
+    result = run_technique("demo", variants, "cpu", steps=4, repeats=5,
+                           timer=fake_timer([10.0, 20.0, 30.0]))
+    by = {m.name: m for m in result.variants}
+    assert result.baseline == "naive" and len(by["naive"].samples_ms) == 5
+    assert by["naive"].syncs_per_step == 1 and by["naive"].syncs_by_phase == {"other": 1.0}
+    assert by["fast"].syncs_per_step == 0
+    assert by["fast"].parity == "identical" and by["wrong"].parity.startswith("max abs diff")
+    samples = by["fast"].samples_ms
+    assert by["fast"].p50_ms == sorted(samples)[2]
+    assert by["naive"].peak_alloc_mb is None  # no GPU
+    d = result.to_dict()
+    assert {"technique", "device", "variants"} <= set(d)
+    assert {"name", "p50_ms", "p90_ms", "peak_alloc_mb", "peak_reserved_mb", "syncs_per_step",
+            "syncs_by_phase", "parity", "samples_ms"} <= set(d["variants"][0])
+    assert "naive (baseline)" in technique_table(result)
+
+
+def test_block_timer_divides_by_steps():
+    ticks = iter([0.0, 0.5])
+    assert BlockTimer(cuda=False, clock=lambda: next(ticks))(lambda: None, 10) == 50.0
+
+
+def test_writeback_bench_variants_are_identical_and_syncfree_is_clean():
+    variants = writeback_variants("cpu", rows=500, dim=4, batch=256)
+    result = run_technique("writeback", variants, "cpu", steps=2, repeats=2,
+                           timer=fake_timer([1.0]))
+    by = {m.name: m for m in result.variants}
+    assert [m.parity for m in result.variants] == ["identical"] * 3
+    assert by["syncfree"].syncs_per_step == 0
+    assert by["legacy"].syncs_by_phase.get("hook", 0) >= 2
+    assert "hook" not in by["precompute"].syncs_by_phase and by["precompute"].syncs_per_step > 0
