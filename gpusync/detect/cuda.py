@@ -7,6 +7,7 @@ Everything installed here is undone by uninstall().
 """
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -41,6 +42,7 @@ class CudaExtras:
         self._patched: list[tuple[object, str, object]] = []
 
     def install(self) -> None:
+        self._owner = threading.get_ident()
         self._prev_mode = torch.cuda.get_sync_debug_mode()
         self._catch = warnings.catch_warnings()
         self._catch.__enter__()
@@ -82,8 +84,11 @@ class CudaExtras:
         original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
         rec = self.rec
 
+        owner = self._owner
+
         def timed(*args, **kwargs):
-            if rec.suppressed():
+            # another host thread waiting (e.g. on an event) does not stall the training loop
+            if rec.suppressed() or threading.get_ident() != owner:
                 return original(*args, **kwargs)
             start = time.perf_counter()
             with rec.suppress():
