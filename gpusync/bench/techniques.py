@@ -6,6 +6,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from ..techniques import streamer as streamer_mod
 from ..techniques import writeback
 from .harness import Variant
 
@@ -61,4 +62,47 @@ def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: in
             Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync")]
 
 
-TECHNIQUES = {"writeback": writeback_variants}
+def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
+                      slots: int = 4, seed: int = 0) -> list[Variant]:
+    """An embedding training step that also ships the updated rows (ids, rows after the
+    update) to a host consumer: not at all (reference), blocking, or async."""
+    def make(variant):
+        def build():
+            gen = torch.Generator().manual_seed(seed)
+            weight = (torch.randn(rows, dim, generator=gen) * 0.01).to(device).requires_grad_()
+            batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
+            shipped = []
+
+            def consume(step, ids, values):
+                shipped.append(ids.numel())
+
+            streamer = streamer_mod.DeltaStreamer(consume, slots, device) \
+                if variant == "async" else None
+            counter = itertools.count()
+
+            def step():
+                ids, offsets, target = next(batches)
+                pooled = F.embedding_bag(ids, weight, offsets[:-1], mode="sum")
+                (pooled * target).sum().backward()
+                with torch.no_grad():
+                    weight.add_(weight.grad, alpha=-0.05)
+                    weight.grad = None
+                    if variant == "none":
+                        return
+                    updated = weight.index_select(0, ids)
+                    if variant == "blocking":
+                        streamer_mod.stream_blocking(consume, next(counter), ids, updated)
+                    else:
+                        streamer.push(ids, updated)
+
+            step.result = lambda: weight.detach()
+            return step
+        return build
+
+    return [Variant("none", make("none"), "reference: no streaming"),
+            Variant("blocking", make("blocking"), ".cpu() of ids and rows every step"),
+            Variant("async", make("async"),
+                    f"d2d staging + pinned ring ({slots} slots) + event + host thread")]
+
+
+TECHNIQUES = {"writeback": writeback_variants, "streamer": streamer_variants}

@@ -62,3 +62,14 @@ def test_writeback_bench_variants_are_identical_and_syncfree_is_clean():
     assert by["syncfree"].syncs_per_step == 0
     assert by["legacy"].syncs_by_phase.get("hook", 0) >= 2
     assert "hook" not in by["precompute"].syncs_by_phase and by["precompute"].syncs_per_step > 0
+
+
+def test_streamer_bench_variants_train_identically():
+    from gpusync.bench.techniques import streamer_variants
+
+    variants = streamer_variants("cpu", rows=500, dim=4, batch=256, slots=2)
+    result = run_technique("streamer", variants, "cpu", steps=2, repeats=2,
+                           timer=fake_timer([1.0]))
+    by = {m.name: m for m in result.variants}
+    assert [m.parity for m in result.variants] == ["identical"] * 3
+    assert by["blocking"].syncs_per_step == 2 and by["async"].syncs_per_step == 0
