@@ -190,15 +190,13 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str:
 
     import torch
 
-    from .bench.harness import run_technique
     from .bench.render import technique_table
     from .bench.techniques import TECHNIQUES
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda needs a CUDA device, and torch sees none")
-    results = [run_technique(n, TECHNIQUES[n](device), device, steps=steps, repeats=repeats)
-               for n in names]
+    results = [TECHNIQUES[n](device, steps, repeats) for n in names]
     if fmt == "json":
         payload = [r.to_dict() for r in results]
         return json.dumps(payload[0] if len(payload) == 1 else payload, indent=2) + "\n"

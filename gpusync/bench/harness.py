@@ -65,6 +65,17 @@ class TechniqueResult:
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "TechniqueResult":
+        variants = [Measurement(name=v["name"], samples_ms=v["samples_ms"],
+                                syncs_per_step=v["syncs_per_step"],
+                                syncs_by_phase=v["syncs_by_phase"],
+                                peak_alloc_mb=v["peak_alloc_mb"],
+                                peak_reserved_mb=v["peak_reserved_mb"], parity=v["parity"],
+                                note=v.get("note", "")) for v in d["variants"]]
+        return cls(d["technique"], d["device"], d["baseline"], variants, d["steps"],
+                   d["repeats"], d["date"], d["torch"])
+
     def to_dict(self) -> dict:
         return {"technique": self.technique, "device": self.device, "baseline": self.baseline,
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
@@ -106,9 +117,15 @@ def _parity(reference, value) -> str:
     return "identical" if worst == 0.0 else f"max abs diff {worst:.3g}"
 
 
-def _count_syncs(step: Callable[[], Any], mode: str, steps: int = 2) -> tuple[float, dict]:
+def _count_syncs(make: Callable[[], Callable[[], Any]], mode: str,
+                 steps: int = 2) -> tuple[float, dict]:
+    """Build and warm up inside the session (tracked, not reported), so the scanner knows where
+    every tensor lives, then count the syncs of `steps` steps."""
     session = Session(mode=mode, auto_steps=False, warmup=0)
     with session:
+        with session.setup():
+            step = make()
+            step()
         for _ in range(steps):
             step()
             session.end_step()
@@ -135,11 +152,7 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
         results[v.name] = result() if result is not None else None
 
     # syncs per step from the scanner (fresh state again, after a warm-up step)
-    syncs = {}
-    for v in variants:
-        step = v.make()
-        step()
-        syncs[v.name] = _count_syncs(step, mode)
+    syncs = {v.name: _count_syncs(v.make, mode) for v in variants}
 
     # timing: interleaved blocks, rotating the order so drift hits all variants alike
     steppers = {v.name: v.make() for v in variants}

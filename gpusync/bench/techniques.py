@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from ..techniques import streamer as streamer_mod
 from ..techniques import writeback
-from .harness import Variant
+from .harness import Variant, run_technique
 
 
 def _writeback_batches(device, rows, batch, num_batches, seed):
@@ -105,4 +105,41 @@ def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int
                     f"d2d staging + pinned ring ({slots} slots) + event + host thread")]
 
 
-TECHNIQUES = {"writeback": writeback_variants, "streamer": streamer_variants}
+def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2):
+    """Runs under torchrun: world_size gloo processes on CPU, NCCL ranks on GPUs."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    from ..errors import GpusyncError
+    from .harness import TechniqueResult
+
+    if device == "cuda" and torch.cuda.device_count() < world_size:
+        raise GpusyncError(f"collectives on cuda needs {world_size} GPUs (one per NCCL rank); "
+                           f"this machine has {torch.cuda.device_count()}: use --device cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = f"{tmp}/result.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={world_size}", "-m", "gpusync.bench.collectives_worker",
+               "--output", out, "--device", device, "--steps", str(steps),
+               "--repeats", str(repeats)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise GpusyncError(f"collectives bench failed under torchrun: {tail}")
+        with open(out) as f:
+            return TechniqueResult.from_dict(json.load(f))
+
+
+def _in_process(variants_fn):
+    def run(device, steps, repeats):
+        return run_technique(variants_fn.__name__.replace("_variants", ""), variants_fn(device),
+                             device, steps=steps, repeats=repeats)
+    return run
+
+
+# name -> runner(device, steps, repeats) -> TechniqueResult
+TECHNIQUES = {"writeback": _in_process(writeback_variants),
+              "streamer": _in_process(streamer_variants),
+              "collectives": run_collectives}

@@ -9,9 +9,12 @@ from gpusync.bench.render import technique_table
 from gpusync.bench.techniques import writeback_variants
 
 
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def counter_variant(name, scale, read=False):
     def make():
-        state = torch.zeros(3)
+        state = torch.zeros(3, device=DEVICE)
 
         def step():
             state.add_(scale)

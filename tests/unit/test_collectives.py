@@ -1,0 +1,50 @@
+"""DeferredCheck (record now, assert later) and the collectives bench under torchrun."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import gpusync
+from gpusync.techniques.collectives import DeferredCheck, DeferredCheckFailed
+
+DEVICE = torch.device("cpu")
+
+
+def test_deferred_check_reports_failures_later_and_in_order():
+    checks = DeferredCheck(DEVICE)
+    x = torch.arange(4, device=DEVICE)
+    checks.record((x >= 0).all(), "non-negative")
+    checks.record((x < 2).all(), "small")
+    checks.record((x == x).all(), "equal")
+    with pytest.raises(DeferredCheckFailed, match="check 1: small"):
+        checks.flush()
+    assert checks.pending == 0
+    checks.record((x >= 0).all(), "fine")
+    checks.poll()
+
+
+def test_record_does_not_sync():
+    with gpusync.watch(mode="simulate") as w:
+        checks = DeferredCheck(DEVICE)
+        x = torch.arange(4, device=DEVICE)
+        checks.record((x >= 0).all(), "non-negative")
+        checks.flush()
+    assert w.report().sites == []
+
+
+@pytest.mark.slow
+def test_collectives_bench_two_gloo_ranks_under_torchrun(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+         "-m", "gpusync.bench.collectives_worker", "--output", str(out), "--steps", "2",
+         "--repeats", "2", "--rows", "64", "--dim", "8"],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["world_size"] == 2 and result["backend"] == "gloo"
+    by = {v["name"]: v for v in result["variants"]}
+    assert by["blocking"]["syncs_per_step"] == 2 and by["async"]["syncs_per_step"] == 0
+    assert by["async"]["parity"] == "identical"
