@@ -105,6 +105,46 @@ def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int
                     f"d2d staging + pinned ring ({slots} slots) + event + host thread")]
 
 
+def pipeline_variants(device: str, batch_size: int = 2048, num_tables: int = 8,
+                      rows: int = 100_000, dim: int = 64, pooling: int = 8,
+                      seed: int = 0) -> list[Variant]:
+    """The built-in sparse + dense model under each pipeline; parity compares the losses."""
+    from ..techniques import pipeline as pl
+
+    dev = torch.device(device)
+
+    def make(kind, **options):
+        def build():
+            model = pl.SparseDenseModel(num_tables, rows, dim, seed=seed).to(dev)
+            opt = torch.optim.Adagrad(model.dense_parameters(), lr=0.01)
+            batches = pl.host_batches(4, batch_size, num_tables, rows, pooling, 13, seed,
+                                      pin=dev.type == "cuda")
+            pipe = pl.Pipeline(model, opt, itertools.cycle(batches), dev, kind, **options)
+            losses = []
+
+            def step():
+                losses.append(pipe.progress())
+
+            step.result = lambda: torch.stack(losses)
+            return step
+        return build
+
+    return [
+        Variant("sparse_dist", make("sparse_dist"), "next batch copied on a side stream"),
+        Variant("fused", make("fused", emb_lookup_stream="new"),
+                "lookup i+1 after backward i, own stream, overlaps the optimizer"),
+        Variant("fused_current", make("fused", emb_lookup_stream="current"),
+                "emb_lookup_stream=current"),
+        Variant("fused_data_dist", make("fused", emb_lookup_stream="data_dist"),
+                "emb_lookup_stream=data_dist"),
+        Variant("fused_after_opt", make("fused", emb_lookup_stream="new",
+                                        lookup_after_optimizer=True),
+                "lookup queued after the optimizer"),
+        Variant("semi_sync", make("semi_sync", emb_lookup_stream="new"),
+                "lookup i+1 before update i: one step stale"),
+    ]
+
+
 def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2):
     """Runs under torchrun: world_size gloo processes on CPU, NCCL ranks on GPUs."""
     import json
@@ -142,4 +182,5 @@ def _in_process(variants_fn):
 # name -> runner(device, steps, repeats) -> TechniqueResult
 TECHNIQUES = {"writeback": _in_process(writeback_variants),
               "streamer": _in_process(streamer_variants),
+              "pipeline": _in_process(pipeline_variants),
               "collectives": run_collectives}
