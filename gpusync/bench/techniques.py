@@ -6,6 +6,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from ..integrations import fbgemm
 from ..techniques import streamer as streamer_mod
 from ..techniques import writeback
 from .harness import Variant, run_technique
@@ -57,9 +58,31 @@ def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: in
             return step
         return build
 
-    return [Variant("legacy", make("legacy"), "fbgemm's default: dedup in the backward hook"),
-            Variant("precompute", make("precompute"), "fbgemm precompute_writeback: in forward"),
-            Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync")]
+    variants = [
+        Variant("legacy", make("legacy"), "fbgemm's default: dedup in the backward hook"),
+        Variant("precompute", make("precompute"), "fbgemm precompute_writeback: in forward"),
+        Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync")]
+    if fbgemm.available() is None:
+        def make_tbe(precompute):
+            def build():
+                gen = torch.Generator().manual_seed(seed)
+                init = torch.randn(rows, dim, generator=gen) * 0.01
+                tbe = fbgemm.writeback_tbe(rows, dim, torch.device(device), precompute, 0.05,
+                                           init)
+                batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
+
+                def step():
+                    ids, offsets, target = next(batches)
+                    (tbe(ids, offsets) * target).sum().backward()
+
+                step.result = lambda: tbe.split_embedding_weights()[0].detach()
+                return step
+            return build
+        variants += [
+            Variant("fbgemm_tbe_legacy", make_tbe(False), "fbgemm TBE, writeback pre-hook"),
+            Variant("fbgemm_tbe_precompute", make_tbe(True),
+                    "fbgemm TBE, UserEnabledConfigDefinition(precompute_writeback=True)")]
+    return variants
 
 
 def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
