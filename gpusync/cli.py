@@ -196,11 +196,21 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda needs a CUDA device, and torch sees none")
-    results = [TECHNIQUES[n](device, steps, repeats) for n in names]
+    results, not_run = [], {}
+    for name in names:
+        try:
+            results.append(TECHNIQUES[name](device, steps, repeats))
+        except GpusyncError as e:
+            if len(names) == 1:
+                raise
+            not_run[name] = str(e)  # `all` measures what this machine can run
     if fmt == "json":
         payload = [r.to_dict() for r in results]
-        return json.dumps(payload[0] if len(payload) == 1 else payload, indent=2) + "\n"
-    return "\n".join(technique_table(r, fmt) for r in results)
+        if len(names) == 1:
+            return json.dumps(payload[0], indent=2) + "\n"
+        return json.dumps({"results": payload, "not_run": not_run}, indent=2) + "\n"
+    text = "\n".join(technique_table(r, fmt) for r in results)
+    return text + "".join(f"\nnot run: {name}: {why}\n" for name, why in not_run.items())
 
 
 def _register_techniques():

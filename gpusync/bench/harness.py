@@ -23,8 +23,9 @@ class Variant:
     tensor or a list of them) with the baseline variant's."""
 
     name: str
-    make: Callable[[], Callable[[], Any]]
+    make: Callable[[], Callable[[], Any]] | None
     note: str = ""
+    unavailable: str | None = None  # why it cannot run here; listed, not measured
 
 
 @dataclass
@@ -64,6 +65,7 @@ class TechniqueResult:
     repeats: int
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
+    skipped: dict = field(default_factory=dict)  # variant -> why it could not run here
 
     @classmethod
     def from_dict(cls, d: dict) -> "TechniqueResult":
@@ -74,12 +76,13 @@ class TechniqueResult:
                                 peak_reserved_mb=v["peak_reserved_mb"], parity=v["parity"],
                                 note=v.get("note", "")) for v in d["variants"]]
         return cls(d["technique"], d["device"], d["baseline"], variants, d["steps"],
-                   d["repeats"], d["date"], d["torch"])
+                   d["repeats"], d["date"], d["torch"], d.get("skipped", {}))
 
     def to_dict(self) -> dict:
         return {"technique": self.technique, "device": self.device, "baseline": self.baseline,
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
-                "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants]}
+                "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants],
+                "skipped": self.skipped}
 
 
 class BlockTimer:
@@ -140,6 +143,8 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     cuda = device == "cuda"
     timer = timer or BlockTimer(cuda)
     mode = scan_mode or ("cuda" if cuda else "simulate")
+    skipped = {v.name: v.unavailable for v in variants if v.unavailable}
+    variants = [v for v in variants if not v.unavailable]
     baseline = variants[0].name
 
     # parity: fresh state, same inputs, compare what each variant produced
@@ -184,4 +189,5 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
         for v in variants
     ]
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
-    return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats)
+    return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats,
+                           skipped=skipped)

@@ -18,4 +18,7 @@ def technique_table(result, fmt: str = "table") -> str:
     table = tabulate(rows, headers=["variant", "p50 ms", "p90 ms", "vs baseline", "syncs/step",
                                     "syncs by phase", "peak alloc MB", "peak reserved MB",
                                     "parity"], tablefmt="github" if fmt == "markdown" else "simple")
-    return f"{head}\n\n{table}\n" if fmt == "markdown" else f"{head}\n{table}\n"
+    notes = "".join(f"\nnot run: {name}: {why}" for name, why in result.skipped.items())
+    if fmt == "markdown":
+        return f"{head}\n\n{table}\n" + (f"\n{notes.strip()}\n" if notes else "")
+    return f"{head}\n{table}\n" + (notes.lstrip("\n") + "\n" if notes else "")

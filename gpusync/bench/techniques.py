@@ -152,7 +152,7 @@ def pipeline_variants(device: str, batch_size: int = 2048, num_tables: int = 8,
             return step
         return build
 
-    return [
+    variants = [
         Variant("sparse_dist", make("sparse_dist"), "next batch copied on a side stream"),
         Variant("fused", make("fused", emb_lookup_stream="new"),
                 "lookup i+1 after backward i, own stream, overlaps the optimizer"),
@@ -166,6 +166,41 @@ def pipeline_variants(device: str, batch_size: int = 2048, num_tables: int = 8,
         Variant("semi_sync", make("semi_sync", emb_lookup_stream="new"),
                 "lookup i+1 before update i: one step stale"),
     ]
+    return variants
+
+
+def torchrec_pipeline_variants(device: str) -> list[Variant]:
+    """torchrec's own pipelines on the built-in torchrec DLRM (needs torchrec installed)."""
+    from ..errors import BadInput
+    from ..integrations import torchrec as trec
+
+    if trec.available() is not None:
+        raise BadInput(f"torchrec_pipeline: {trec.available()}")
+    dev = torch.device(device)
+
+    def make(kind, **options):
+        def build():
+            from ..examples.torchrec_dlrm import make_workload
+
+            workload = make_workload(device=str(dev), pipeline=kind, **options)
+            losses = []
+
+            def step():
+                output = workload.step(None)
+                losses.append(output[0].detach() if isinstance(output, tuple) else output)
+
+            step.result = lambda: torch.stack(losses)
+            return step
+        return build
+
+    specs = [("torchrec_sparse_dist", "sparse_dist", {}),
+             ("torchrec_fused", "fused", {"emb_lookup_stream": "new"}),
+             ("torchrec_fused_current", "fused", {"emb_lookup_stream": "current"}),
+             ("torchrec_fused_data_dist", "fused", {"emb_lookup_stream": "data_dist"}),
+             ("torchrec_semi_sync", "semi_sync", {})]
+    return [Variant(name, make(kind, **opts), f"torchrec {kind} {opts or ''}".strip(),
+                    unavailable=trec.cpu_unavailable(kind, dev))
+            for name, kind, opts in specs]
 
 
 def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2):
@@ -206,4 +241,5 @@ def _in_process(variants_fn):
 TECHNIQUES = {"writeback": _in_process(writeback_variants),
               "streamer": _in_process(streamer_variants),
               "pipeline": _in_process(pipeline_variants),
+              "torchrec_pipeline": _in_process(torchrec_pipeline_variants),
               "collectives": run_collectives}

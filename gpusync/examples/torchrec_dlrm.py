@@ -40,17 +40,21 @@ def _init_process_group(device: torch.device) -> bool:
 
 def make_workload(device="cpu", batch_size=512, num_tables=4, rows_per_table=10000,
                   embedding_dim=32, pooling=4, num_dense=13, num_batches=1000, lr=0.05,
-                  seed=0) -> Workload:
+                  seed=0, pipeline="sparse_dist", emb_lookup_stream="new",
+                  embedding_lookup_after_data_dist=False) -> Workload:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.datasets.utils import Batch
     from torchrec.distributed import DistributedModelParallel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.models.dlrm import DLRM
     from torchrec.optim.keyed import KeyedOptimizerWrapper
 
+    from ..integrations.torchrec import cpu_unavailable, make_pipeline
+
     device = torch.device(device)
+    if cpu_unavailable(pipeline, device):
+        make_pipeline(pipeline, None, None, device)  # raises the one-line reason
     started = _init_process_group(device)
     torch.manual_seed(seed)
     keys = [f"f{i}" for i in range(num_tables)]
@@ -90,12 +94,13 @@ def make_workload(device="cpu", batch_size=512, num_tables=4, rows_per_table=100
                 labels=(torch.rand(batch_size, generator=gen) < 0.25).float(),
             )
 
-    pipeline = TrainPipelineSparseDist(model, optimizer, device)
+    train_pipeline = make_pipeline(pipeline, model, optimizer, device, emb_lookup_stream,
+                                   embedding_lookup_after_data_dist)
     source = host_batches()
 
     def train_step(_):
         # The pipeline pulls its own batches (it copies the next one ahead of time).
-        return pipeline.progress(source)
+        return train_pipeline.progress(source)
 
     def close():
         if started and dist.is_initialized():

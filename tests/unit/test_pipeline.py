@@ -62,3 +62,35 @@ def test_bench_variants_parity_and_no_syncs():
     assert all(parity[n] == "identical" for n in parity if n.startswith(("sparse", "fused")))
     assert parity["semi_sync"].startswith("max abs diff")
     assert all(m.syncs_per_step == 0 for m in result.variants)
+
+
+@pytest.mark.torchrec
+def test_torchrec_pipelines_run_or_say_why_not():
+    from gpusync.bench.techniques import torchrec_pipeline_variants
+    from gpusync.integrations import torchrec as trec
+
+    if trec.available() is not None:
+        pytest.skip(trec.available())
+    result = run_technique("torchrec_pipeline", torchrec_pipeline_variants(DEVICE.type),
+                           DEVICE.type, steps=1, repeats=2, timer=lambda fn, s: (fn(), 1.0)[1])
+    names = [m.name for m in result.variants]
+    assert names[0] == "torchrec_sparse_dist"
+    assert result.variants[0].syncs_per_step > 0  # torchrec's own syncs (KJT tolist, ...)
+    if DEVICE.type == "cpu":
+        assert set(result.skipped) == {"torchrec_fused", "torchrec_fused_current",
+                                       "torchrec_fused_data_dist", "torchrec_semi_sync"}
+        assert all("needs CUDA streams" in why for why in result.skipped.values())
+
+
+def test_torchrec_profile_with_a_cpu_only_pipeline_is_a_clean_error(tmp_path):
+    from gpusync.errors import BadInput
+    from gpusync.integrations import torchrec as trec
+    from gpusync.scan import run_scan
+
+    if trec.available() is not None or DEVICE.type == "cuda":
+        pytest.skip("needs torchrec on a CPU machine")
+    profile = tmp_path / "p.yaml"
+    profile.write_text("name: p\nworkload: gpusync.examples.torchrec_dlrm:make_workload\n"
+                       "args: {pipeline: fused}\n")
+    with pytest.raises(BadInput, match="fused pipeline needs CUDA streams"):
+        run_scan(str(profile))
