@@ -16,7 +16,7 @@ import torch
 
 from ._version import __version__
 from .errors import BadInput
-from .fileio import write_atomic
+from .fileio import read_user_file, write_atomic
 
 BASELINE_SCHEMA = 1
 KIND = "gpusync-baseline"
@@ -89,11 +89,7 @@ def save(data: dict, path: str) -> None:
 
 def load(path: str) -> dict:
     """A baseline that is missing, unreadable or malformed is an error: it never passes."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise BadInput(f"cannot read baseline {path}: {e.strerror}") from None
+    text = read_user_file(path, "baseline")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

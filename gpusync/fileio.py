@@ -22,3 +22,13 @@ def write_atomic(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def read_user_file(path, what: str) -> str:
+    """The text of a file the user named; a one-line BadInput when it cannot be read."""
+    try:
+        with open(path) as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or str(e)
+        raise BadInput(f"cannot read {what} {path}: {reason}") from None

@@ -9,6 +9,7 @@ from pathlib import Path
 import yaml
 
 from .errors import BadInput
+from .fileio import read_user_file
 
 _KEYS = {"name": str, "description": str, "workload": str, "args": dict, "steps": int,
          "warmup": int, "tune": dict, "requires": list}
@@ -57,10 +58,7 @@ def find_builtin(name: str) -> Path | None:
 
 def load_profile(path: str | os.PathLike) -> Profile:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise BadInput(f"cannot read profile {path}: {e.strerror}") from None
+    text = read_user_file(path, "profile")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:

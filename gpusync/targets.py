@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import BadInput
+from .fileio import read_user_file
 from .profiles import Profile, builtin_names, find_builtin, load_profile
 
 DEFAULT_TARGET = "sparsenn"
@@ -145,12 +146,11 @@ def call_factory(fn: Callable[..., Any], args: dict, device: str):
 
 
 def compile_script(path: Path):
+    text = read_user_file(path, "script")
     try:
-        return compile(path.read_text(), str(path), "exec")
+        return compile(text, str(path), "exec")
     except SyntaxError as e:
         raise BadInput(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BadInput(f"cannot read script {path}: {e}") from None
 
 
 def script_dir(path: Path) -> str:

@@ -1,5 +1,7 @@
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,6 +20,12 @@ def expected_sites(path: pathlib.Path) -> set[tuple[int, str, str]]:
                 op, _, phase = item.strip().rpartition("@")
                 out.add((lineno, op, phase))
     return out
+
+
+def run_cli(*args, cwd=None):
+    """`python -m gpusync ARGS` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=300)
 
 
 def pytest_collection_modifyitems(config, items):

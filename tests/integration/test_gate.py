@@ -1,7 +1,5 @@
 """The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings."""
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -16,9 +14,7 @@ LOOP = textwrap.dedent('''
 ''')
 
 
-def run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+from tests.conftest import run_cli as run
 
 
 @pytest.fixture
