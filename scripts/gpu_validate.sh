@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU validation (developer tool, not imported by the package): run on a machine with CUDA.
+# Runs the GPU-marked tests, the CPU-vs-CUDA corpus comparison, the scanner's overhead in cuda
+# mode, and every technique with --device cuda; writes raw outputs under ${OUT:-gpu-results}/.
+# The lent GPU machines have torch but not torchrec / fbgemm-gpu: those parts report "not run".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+PY=${PYTHON:-python}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+$PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
+$PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu-tests.txt"
+$PY -m gpusync scan --mode cuda --format json -o "$OUT/scan-sparsenn-cuda.json"
+$PY -m gpusync scan --mode simulate --format json -o "$OUT/scan-sparsenn-simulate.json"
+$PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$OUT/overhead-cuda.json"
+$PY -m gpusync bench all --device cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
+$PY -m gpusync bench all --device cuda --format json > "$OUT/bench-all-cuda.json" 2>&1
+echo "results in $OUT/"
