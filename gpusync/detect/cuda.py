@@ -39,7 +39,7 @@ class CudaExtras:
         self.det = detector
         self._prev_mode = None
         self._catch = None
-        self._patched: list[tuple[object, str, object]] = []
+        self._patched: list[tuple[object, str, object, bool]] = []
 
     def install(self) -> None:
         self._owner = threading.get_ident()
@@ -66,8 +66,11 @@ class CudaExtras:
             if self._prev_mode is not None:
                 torch.cuda.set_sync_debug_mode(self._prev_mode)
         finally:
-            for owner, name, original in reversed(self._patched):
-                setattr(owner, name, original)
+            for owner, name, original, own in reversed(self._patched):
+                if own:
+                    setattr(owner, name, original)
+                else:  # it was inherited: remove ours, do not leave a copy behind
+                    delattr(owner, name)
             self._patched = []
             if self._catch is not None:
                 self._catch.__exit__(None, None, None)
@@ -81,14 +84,15 @@ class CudaExtras:
         self.det.record("sync")
 
     def _patch(self, owner, name: str, label: str) -> None:
-        original = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+        own = name in vars(owner)
+        original = vars(owner)[name] if own else getattr(owner, name)
         rec = self.rec
 
-        owner = self._owner
+        owner_thread = self._owner
 
         def timed(*args, **kwargs):
             # another host thread waiting (e.g. on an event) does not stall the training loop
-            if rec.suppressed() or threading.get_ident() != owner:
+            if rec.suppressed() or threading.get_ident() != owner_thread:
                 return original(*args, **kwargs)
             start = time.perf_counter()
             with rec.suppress():
@@ -98,4 +102,4 @@ class CudaExtras:
             return out
 
         setattr(owner, name, timed)
-        self._patched.append((owner, name, original))
+        self._patched.append((owner, name, original, own))
