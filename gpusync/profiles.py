@@ -12,7 +12,7 @@ from .errors import BadInput
 from .fileio import read_user_file
 
 _KEYS = {"name": str, "description": str, "workload": str, "args": dict, "steps": int,
-         "warmup": int, "tune": dict, "requires": list}
+         "warmup": int, "requires": list}
 _REQUIRED = ("name", "workload")
 
 
@@ -25,7 +25,6 @@ class Profile:
     steps: int = 5
     warmup: int = 1
     requires: list = field(default_factory=list)  # optional packages, e.g. [torchrec]
-    tune: dict = field(default_factory=dict)
     path: str = ""
 
 
@@ -81,7 +80,7 @@ def parse_profile(data, source: str) -> Profile:
             raise BadInput(f"profile {source}: missing required key '{key}'")
     for key, value in data.items():
         want = _KEYS[key]
-        if value is None and key in ("args", "tune", "requires"):
+        if value is None and key in ("args", "requires"):
             continue
         if not isinstance(value, want) or (want is int and isinstance(value, bool)):
             raise BadInput(f"profile {source}: key '{key}' must be a {want.__name__}, "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -30,11 +30,6 @@ class Site:
     detail: str = ""
 
     @property
-    def key(self) -> str:
-        """Stable across small code moves: file, function and op, not the line number."""
-        return f"{self.op}|{self.phase}|{self.module or ''}|{self.file}|{self.function}"
-
-    @property
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.file else "<unknown>"
 
@@ -56,7 +51,6 @@ class Report:
     created: str = ""
     error: str | None = None  # set when the scanned code raised part-way
     schema_version: int = SCHEMA_VERSION
-    extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         d = asdict(self)

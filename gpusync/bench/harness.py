@@ -6,14 +6,13 @@ statistics derive from them. The timer is injectable, so the harness is tested w
 from __future__ import annotations
 
 import datetime as _dt
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ..detect.session import Session
-from .timing import Samples
+from .timing import BlockTimer, Samples
 
 
 @dataclass
@@ -83,24 +82,6 @@ class TechniqueResult:
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
                 "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants],
                 "skipped": self.skipped}
-
-
-class BlockTimer:
-    """Times `steps` calls of fn; drains the device once before and once after."""
-
-    def __init__(self, cuda: bool, clock=time.perf_counter):
-        self.cuda = cuda
-        self.clock = clock
-
-    def __call__(self, fn: Callable[[], Any], steps: int) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        start = self.clock()
-        for _ in range(steps):
-            fn()
-        if self.cuda:
-            torch.cuda.synchronize()
-        return (self.clock() - start) * 1e3 / steps
 
 
 def _parity(reference, value) -> str:

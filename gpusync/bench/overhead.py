@@ -9,25 +9,25 @@ import torch
 from tabulate import tabulate
 
 from ..detect.session import Session, resolve_mode
-from .timing import Samples, WallTimer
+from .timing import BlockTimer, Samples
 from .workloads import build
 
 
 def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str = "auto",
-                     timer: WallTimer | None = None) -> dict:
+                     timer: BlockTimer | None = None) -> dict:
     mode = resolve_mode(mode)
-    timer = timer or WallTimer(cuda=mode == "cuda")
+    timer = timer or BlockTimer(cuda=mode == "cuda")
     workload, batches = build(profile, mode)
     for _ in range(warmup):
         workload.step(next(batches))
     plain, scanned = Samples("plain"), Samples("scanned")
 
     def run_plain():
-        plain.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+        plain.ms.append(timer(lambda: workload.step(next(batches))))
 
     def run_scanned():
         with Session(mode=mode, model=workload.model, auto_steps=False):
-            scanned.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+            scanned.ms.append(timer(lambda: workload.step(next(batches))))
 
     try:
         for i in range(steps):

@@ -31,22 +31,24 @@ class Samples:
         return percentile(self.ms, 90)
 
 
-class WallTimer:
-    """Host wall time; on a GPU it drains the device first and last, so the step is complete."""
+class BlockTimer:
+    """Mean milliseconds per call over `steps` calls of fn. On a GPU it drains the device once
+    before and once after the block, so the work is complete but no per-step sync is added."""
 
     def __init__(self, cuda: bool = False, clock=time.perf_counter):
         self.cuda = cuda
         self.clock = clock
 
-    def _drain(self):
+    def __call__(self, fn, steps: int = 1) -> float:
         if self.cuda:
             import torch
 
             torch.cuda.synchronize()
-
-    def time_ms(self, fn) -> float:
-        self._drain()
         start = self.clock()
-        fn()
-        self._drain()
-        return (self.clock() - start) * 1e3
+        for _ in range(steps):
+            fn()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return (self.clock() - start) * 1e3 / steps

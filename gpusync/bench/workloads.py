@@ -5,7 +5,7 @@ import itertools
 
 from ..errors import BadInput
 from ..targets import ScriptTarget, call_factory, check_requires, load_factory, parse_target
-from .timing import Samples, WallTimer
+from .timing import BlockTimer, Samples
 
 
 def build(target_text: str | None, mode: str, batches: int = 8):
@@ -23,15 +23,15 @@ def build(target_text: str | None, mode: str, batches: int = 8):
 
 
 def step_times(target_text: str | None, mode: str, steps: int, warmup: int,
-               timer: WallTimer | None = None) -> Samples:
+               timer: BlockTimer | None = None) -> Samples:
     workload, batches = build(target_text, mode)
-    timer = timer or WallTimer(cuda=mode == "cuda")
+    timer = timer or BlockTimer(cuda=mode == "cuda")
     try:
         for _ in range(warmup):
             workload.step(next(batches))
         samples = Samples("step")
         for _ in range(steps):
-            samples.ms.append(timer.time_ms(lambda: workload.step(next(batches))))
+            samples.ms.append(timer(lambda: workload.step(next(batches))))
         return samples
     finally:
         if workload.close is not None:

@@ -1,7 +1,7 @@
 """One SyncEvent per host<-device synchronization the detectors saw (or predicted)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,6 @@ class SyncEvent:
     stall_ms: float | None = None  # measured on a GPU only
     detail: str = ""  # e.g. "via IndexBackward0 (from forward)"
     fix: str = ""
-    extra: dict = field(default_factory=dict)
 
     @property
     def location(self) -> Frame | None:

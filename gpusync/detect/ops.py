@@ -46,9 +46,6 @@ class RealDevice:
     def on_device(self, t) -> bool:
         return isinstance(t, Tensor) and t.is_cuda
 
-    def is_host(self, t) -> bool:
-        return not t.is_cuda
-
     def mark_host(self, t) -> None:
         pass
 
@@ -69,9 +66,6 @@ class HostSet:
 
     def on_device(self, t) -> bool:
         return isinstance(t, Tensor) and id(t) not in self.ids
-
-    def is_host(self, t) -> bool:
-        return id(t) in self.ids
 
     def mark_host(self, t) -> None:
         key, ids = id(t), self.ids
@@ -133,7 +127,6 @@ class OpDetector:
         self.rec = recorder
         self.host = RealDevice() if real else HostSet()
         self.real = real
-        self.mode_name = "cuda" if real else "simulate"
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
         self.current_func = None  # the Python-level torch call being run (names labels)
         self._fmode = _FunctionMode(self)

@@ -172,15 +172,3 @@ DISPATCH_RULES: dict[Any, Rule] = {
     aten.equal: _equal,
     aten._coalesce: _self_on_dev("coalesce"),
 }
-
-# Ops that never sync but are tagged as data-dependent; listed so tests pin the decision.
-KNOWN_SYNC_FREE = (
-    "nonzero_static",
-    "_assert_async",
-    "where.self",
-    "index.Tensor (integer index)",
-    "repeat_interleave (output_size=)",
-    "masked_fill_",
-    "index_put_ (bool mask, one-element host value)",
-    "embedding_dense_backward (segment count stays on the device)",
-)
