@@ -45,24 +45,26 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
         click.echo(f"report written to {output}", err=True)
     else:
         click.echo(text, nl=False)
-    if result.error is not None:
-        click.echo(result.traceback, err=True, nl=False)
-        raise errors.UserCodeError(f"the scanned code raised {type(result.error).__name__}",
-                                   result.error)
+    _raise_user_error(result)
     if max_syncs_per_step is not None and result.report.max_syncs_per_step > max_syncs_per_step:
         raise GpusyncError(f"{result.report.max_syncs_per_step} syncs in one step, more than "
                            f"--max-syncs-per-step {max_syncs_per_step}",
                            errors.EXIT_REGRESSION)
 
 
-def _scan_or_fail(target, steps, warmup, mode):
-    from .scan import run_scan
-
-    result = run_scan(target, steps=steps, warmup=warmup, mode=mode)
+def _raise_user_error(result) -> None:
+    """The scanned code raised: its traceback goes to stderr, the exit code is 3."""
     if result.error is not None:
         click.echo(result.traceback, err=True, nl=False)
         raise errors.UserCodeError(f"the scanned code raised {type(result.error).__name__}",
                                    result.error)
+
+
+def _scan_or_fail(target, steps, warmup, mode):
+    from .scan import run_scan
+
+    result = run_scan(target, steps=steps, warmup=warmup, mode=mode)
+    _raise_user_error(result)
     return result.report
 
 
@@ -169,15 +171,24 @@ def bench():
     """Benchmarks (timings go to docs/benchmarks/, never into tests)."""
 
 
+def _technique_options(fn):
+    """The options every technique benchmark (and `bench all`) takes."""
+    for option in reversed([
+        click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+                     help="Default: cuda when available."),
+        click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+                     help="Steps per sample (a sample is their mean)."),
+        click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
+                     help="Samples per variant."),
+        click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
+                     default="table", show_default=True),
+    ]):
+        fn = option(fn)
+    return fn
+
+
 def _technique_command(name: str):
-    @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-                  help="Default: cuda when available.")
-    @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
-                  help="Steps per sample (a sample is their mean).")
-    @click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
-                  help="Samples per variant.")
-    @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
-                  default="table", show_default=True)
+    @_technique_options
     def command(device, steps, repeats, fmt):
         click.echo(_run_techniques([name], device, steps, repeats, fmt), nl=False)
 
@@ -220,11 +231,7 @@ def _register_techniques():
         _technique_command(name)
 
     @bench.command("all")
-    @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None)
-    @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
-    @click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True)
-    @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
-                  default="table", show_default=True)
+    @_technique_options
     def bench_all(device, steps, repeats, fmt):
         """Measure every technique."""
         click.echo(_run_techniques(list(TECHNIQUES), device, steps, repeats, fmt), nl=False)

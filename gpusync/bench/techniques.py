@@ -12,6 +12,12 @@ from ..techniques import writeback
 from .harness import Variant, run_technique
 
 
+def _initial_table(rows: int, dim: int, seed: int) -> torch.Tensor:
+    """The embedding table every variant starts from: parity (also with fbgemm's TBE) needs
+    them all to start from the same values."""
+    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)) * 0.01
+
+
 def _writeback_batches(device, rows, batch, num_batches, seed):
     """Bag mode (one id per bag, ~10% empty bags), Zipf-like ids: many duplicates per batch."""
     gen = torch.Generator().manual_seed(seed)
@@ -34,8 +40,7 @@ def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: in
     SGD row update. legacy / precompute / syncfree differ only in where and how dedup runs."""
     def make(variant):
         def build():
-            gen = torch.Generator().manual_seed(seed)
-            weight = (torch.randn(rows, dim, generator=gen) * 0.01).to(device).requires_grad_()
+            weight = _initial_table(rows, dim, seed).to(device).requires_grad_()
             batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
 
             def step():
@@ -65,10 +70,8 @@ def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: in
     if fbgemm.available() is None:
         def make_tbe(precompute):
             def build():
-                gen = torch.Generator().manual_seed(seed)
-                init = torch.randn(rows, dim, generator=gen) * 0.01
                 tbe = fbgemm.writeback_tbe(rows, dim, torch.device(device), precompute, 0.05,
-                                           init)
+                                           _initial_table(rows, dim, seed))
                 batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
 
                 def step():
@@ -91,8 +94,7 @@ def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int
     update) to a host consumer: not at all (reference), blocking, or async."""
     def make(variant):
         def build():
-            gen = torch.Generator().manual_seed(seed)
-            weight = (torch.randn(rows, dim, generator=gen) * 0.01).to(device).requires_grad_()
+            weight = _initial_table(rows, dim, seed).to(device).requires_grad_()
             batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
             shipped = []
 

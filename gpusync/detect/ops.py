@@ -400,17 +400,10 @@ class _DispatchMode(TorchDispatchMode):
             det.host.mark_host(out)
             return out
         # Outputs live on the host only when every tensor input does.
-        for a in args:
-            if isinstance(a, Tensor):
-                if id(a) not in ids:
-                    break
-            elif type(a) in (list, tuple) and not _all_host(a, ids):
-                break
-        else:
-            if not kwargs or _all_host(kwargs.values(), ids):
-                for t in _outputs(out):
-                    det.host.mark_host(t)
-                return out
+        if _all_host(args, ids) and (not kwargs or _all_host(kwargs.values(), ids)):
+            for t in _outputs(out):
+                det.host.mark_host(t)
+            return out
         if args and isinstance(args[0], Tensor) and id(args[0]) in ids:
             for t in _outputs(out):  # an in-place op on a host tensor with device inputs
                 if t is args[0]:
