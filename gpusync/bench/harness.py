@@ -22,7 +22,7 @@ class Variant:
     tensor or a list of them) with the baseline variant's."""
 
     name: str
-    make: Callable[[], Callable[[], Any]] | None
+    make: Callable[[], Callable[[], Any]]
     note: str = ""
     unavailable: str | None = None  # why it cannot run here; listed, not measured
 
@@ -33,7 +33,7 @@ class Measurement:
     samples_ms: list[float]
     syncs_per_step: float
     syncs_by_phase: dict
-    peak_alloc_mb: float | None
+    peak_alloc_mb: float | None  # GPU memory the variant needs beyond what was resident
     peak_reserved_mb: float | None
     parity: str
     note: str = ""
@@ -101,10 +101,18 @@ def _parity(reference, value) -> str:
     return "identical" if worst == 0.0 else f"max abs diff {worst:.3g}"
 
 
-def _count_syncs(make: Callable[[], Callable[[], Any]], mode: str,
-                 steps: int = 2) -> tuple[float, dict]:
-    """Build and warm up inside the session (tracked, not reported), so the scanner knows where
-    every tensor lives, then count the syncs of `steps` steps."""
+def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
+                steps: int = 2) -> tuple[float, dict, float | None, float | None]:
+    """One variant on its own: (syncs per step, by phase, peak MB allocated, reserved).
+
+    It is built and warmed up inside the session (tracked, not reported), so the scanner knows
+    where every tensor lives. Memory is measured here because only here is no other variant's
+    state resident: the peak over what was allocated before it was built."""
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated()
+        resident_reserved = torch.cuda.memory_reserved()
     session = Session(mode=mode, auto_steps=False, warmup=0)
     with session:
         with session.setup():
@@ -114,7 +122,12 @@ def _count_syncs(make: Callable[[], Callable[[], Any]], mode: str,
             step()
             session.end_step()
     report = session.report()
-    return report.syncs_per_step, report.syncs_by_phase
+    alloc = reserved = None
+    if cuda:
+        torch.cuda.synchronize()
+        alloc = round((torch.cuda.max_memory_allocated() - resident) / 2**20, 2)
+        reserved = round((torch.cuda.max_memory_reserved() - resident_reserved) / 2**20, 2)
+    return report.syncs_per_step, report.syncs_by_phase, alloc, reserved
 
 
 def run_technique(technique: str, variants: list[Variant], device: str, steps: int = 20,
@@ -136,9 +149,10 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
             step()
         result = getattr(step, "result", None)
         results[v.name] = result() if result is not None else None
+    del step  # its state must not count towards the next variant's memory
 
-    # syncs per step from the scanner (fresh state again, after a warm-up step)
-    syncs = {v.name: _count_syncs(v.make, mode) for v in variants}
+    # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
+    alone = {v.name: _scan_alone(v.make, mode, cuda) for v in variants}
 
     # timing: interleaved blocks, rotating the order so drift hits all variants alike
     steppers = {v.name: v.make() for v in variants}
@@ -146,29 +160,18 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
         for _ in range(warmup):
             step()
     samples: dict[str, list[float]] = {v.name: [] for v in variants}
-    peaks: dict[str, tuple] = {v.name: (None, None) for v in variants}
     names = [v.name for v in variants]
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for name in order:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
+        for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(timer(steppers[name], steps))
-            if cuda:
-                alloc = torch.cuda.max_memory_allocated() / 2**20
-                reserved = torch.cuda.max_memory_reserved() / 2**20
-                old = peaks[name]
-                peaks[name] = (max(alloc, old[0] or 0), max(reserved, old[1] or 0))
 
-    measurements = [
-        Measurement(name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs[v.name][0],
-                    syncs_by_phase=syncs[v.name][1],
-                    peak_alloc_mb=None if peaks[v.name][0] is None else round(peaks[v.name][0], 2),
-                    peak_reserved_mb=None if peaks[v.name][1] is None else round(
-                        peaks[v.name][1], 2),
-                    parity=_parity(results[baseline], results[v.name]), note=v.note)
-        for v in variants
-    ]
+    measurements = []
+    for v in variants:
+        syncs, by_phase, alloc, reserved = alone[v.name]
+        measurements.append(Measurement(
+            name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs,
+            syncs_by_phase=by_phase, peak_alloc_mb=alloc, peak_reserved_mb=reserved,
+            parity=_parity(results[baseline], results[v.name]), note=v.note))
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats,
                            skipped=skipped)
