@@ -12,6 +12,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu-tests.txt"
+# the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
+TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
+  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee "$OUT/csan-tests.txt"
 $PY -m gpusync scan --mode cuda --format json -o "$OUT/scan-sparsenn-cuda.json"
 $PY -m gpusync scan --mode simulate --format json -o "$OUT/scan-sparsenn-simulate.json"
 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$OUT/overhead-cuda.json"

@@ -10,17 +10,18 @@ DeferredCheck is the reusable half: record now, assert later, never block the CP
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .streams import Streams
+
 
 @dataclass
 class _Pending:
     flag: torch.Tensor  # host copy of the device-side verdict
-    event: object  # torch.cuda.Event, or None on CPU (already complete)
+    event: object  # a CUDA event, or None on CPU (already complete)
     message: str
     step: int
 
@@ -33,23 +34,20 @@ class DeferredCheck:
     """`record(ok, message)` with a 0-dim bool device tensor; `poll()` raises for any recorded
     check that has finished and failed, without waiting; `flush()` waits for all of them."""
 
-    def __init__(self, device: str | torch.device = "cpu"):
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+    def __init__(self, device: str | torch.device = "cpu", streams: Streams | None = None):
+        self.streams = streams if streams is not None else Streams(device)
+        self.stream = self.streams.new_stream()
         self._pending: list[_Pending] = []
         self.step = 0
 
     def record(self, ok: torch.Tensor, message: str) -> None:
-        flag = torch.empty((), dtype=torch.bool, pin_memory=self.cuda)
-        event = None
-        if self.cuda:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
-            flag.copy_(ok.detach().reshape(()).to(torch.bool), non_blocking=True)
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record(self.stream)
+        verdict = ok.detach().reshape(()).to(torch.bool)
+        flag = self.streams.host_empty((), dtype=torch.bool)
+        with self.streams.on(self.stream):
+            flag.copy_(verdict, non_blocking=True)
+        # the caller drops `verdict` at once, long before the side stream has copied it
+        self.streams.used_on(self.stream, verdict)
+        event = self.streams.record(self.stream)
         self._pending.append(_Pending(flag, event, message, self.step))
         self.step += 1
 

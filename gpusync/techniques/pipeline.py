@@ -11,17 +11,19 @@ TBE does), so after batch i's backward the embeddings are final for batch i+1:
   earlier launch, no overlap), "data_dist" (the copy stream); lookup_after_optimizer queues it
   after the optimizer instead. Same math as sparse_dist: bit-identical losses.
 - semi_sync: batch i+1's lookup runs before batch i's backward, on embeddings one update stale;
-  its losses differ from sparse_dist's (reported by the bench).
+  its losses differ from sparse_dist's (reported by the bench). The in-place update in backward
+  waits for that lookup's event, so the lookup overlaps the dense backward without racing it.
 On CPU there are no streams: every variant runs in program order (same numerics, no overlap).
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .streams import Streams
 
 LOOKUP_STREAMS = ("new", "current", "data_dist")
 
@@ -43,9 +45,8 @@ class PipelineBatch:
         return PipelineBatch(self.dense.pin_memory(), self.ids.pin_memory(),
                              self.offsets.pin_memory(), self.labels.pin_memory(), self.bounds)
 
-    def record_stream(self, stream) -> None:
-        for t in (self.dense, self.ids, self.offsets, self.labels):
-            t.record_stream(stream)
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.dense, self.ids, self.offsets, self.labels
 
 
 def host_batches(num_batches, batch_size, num_tables, rows, pooling, num_dense, seed=0,
@@ -83,10 +84,13 @@ class SparseDenseModel(nn.Module):
             self.top = nn.Sequential(nn.Linear(dim * (num_tables + 1), 1024), nn.ReLU(),
                                      nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 1))
         self.sparse_lr = sparse_lr
+        self.before_update = None  # set by a pipeline whose lookups read the rows ahead
         for p in self.tables:
             p.register_post_accumulate_grad_hook(self._sgd_in_backward)
 
     def _sgd_in_backward(self, p: torch.Tensor) -> None:
+        if self.before_update is not None:
+            self.before_update()
         # .data: the lookup of the next batch may already hold this weight (semi_sync)
         p.data.add_(p.grad, alpha=-self.sparse_lr)
         p.grad = None
@@ -109,41 +113,12 @@ class SparseDenseModel(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, batch.labels)
 
 
-class _Streams:
-    """CUDA streams where there are any; program order on the CPU."""
-
-    def __init__(self, device: torch.device, lookup: str):
-        self.cuda = device.type == "cuda"
-        self.data = torch.cuda.Stream(device) if self.cuda else None
-        if not self.cuda or lookup == "current":
-            self.lookup = None
-        elif lookup == "data_dist":
-            self.lookup = self.data
-        else:
-            self.lookup = torch.cuda.Stream(device)
-
-    def on(self, stream):
-        if stream is None:
-            return contextlib.nullcontext()
-        stream.wait_stream(torch.cuda.current_stream())
-        return torch.cuda.stream(stream)
-
-    def join(self, stream, *tensors_or_batches):
-        """Make the current stream wait for `stream`, and keep its outputs alive for it."""
-        if stream is None:
-            return
-        current = torch.cuda.current_stream()
-        current.wait_stream(stream)
-        for item in tensors_or_batches:
-            item.record_stream(current)
-
-
 class Pipeline:
     """`progress()` trains one batch and returns its loss (a device tensor)."""
 
     def __init__(self, model: SparseDenseModel, dense_opt: torch.optim.Optimizer, batches,
                  device, kind: str = "sparse_dist", emb_lookup_stream: str = "new",
-                 lookup_after_optimizer: bool = False):
+                 lookup_after_optimizer: bool = False, streams: Streams | None = None):
         if kind not in ("sparse_dist", "fused", "semi_sync"):
             raise ValueError(f"unknown pipeline {kind!r}")
         if emb_lookup_stream not in LOOKUP_STREAMS:
@@ -151,24 +126,35 @@ class Pipeline:
         self.model, self.opt, self.kind = model, dense_opt, kind
         self.device = torch.device(device)
         self.after_opt = lookup_after_optimizer
-        self.streams = _Streams(self.device, emb_lookup_stream)
+        self.streams = streams if streams is not None else Streams(self.device)
+        self.data_stream = self.streams.new_stream()
+        if emb_lookup_stream == "new":
+            self.lookup_stream = self.streams.new_stream()
+        elif emb_lookup_stream == "data_dist":
+            self.lookup_stream = self.data_stream
+        else:  # "current": launched earlier, but in line with everything else
+            self.lookup_stream = None
         self.source = iter(batches)
         self._next = self._copy_next()
         self._pending = None  # (batch, pooled) looked up ahead (fused / semi_sync)
+        self._lookup_done = None  # event after the lookup ahead (semi_sync)
+        if kind == "semi_sync":
+            # batch i+1's lookup reads the rows that batch i's backward updates in place
+            model.before_update = lambda: self.streams.wait(self._lookup_done)
 
     def _copy_next(self):
         """Start copying the next host batch; None when the source is exhausted."""
         host = next(self.source, None)
         if host is None:
             return None
-        with self.streams.on(self.streams.data):
+        with self.streams.on(self.data_stream):
             return host.to(self.device, non_blocking=True)
 
     def _take_batch(self) -> PipelineBatch:
         batch = self._next
         if batch is None:
             raise StopIteration
-        self.streams.join(self.streams.data, batch)
+        self.streams.join(self.data_stream, *batch.tensors())
         self._next = self._copy_next()
         return batch
 
@@ -177,10 +163,11 @@ class Pipeline:
         if batch is None:
             self._pending = None
             return
-        with self.streams.on(self.streams.lookup):
+        with self.streams.on(self.lookup_stream):
             pooled = self.model.lookup(batch)
-        if self.streams.lookup is not None:
-            batch.record_stream(self.streams.lookup)  # copied on the data stream, read here
+        self.streams.used_on(self.lookup_stream, *batch.tensors())
+        if self.kind == "semi_sync" and self.lookup_stream is not None:
+            self._lookup_done = self.streams.record(self.lookup_stream)
         self._pending = (batch, pooled)
 
     def _current(self):
@@ -188,7 +175,7 @@ class Pipeline:
             batch = self._take_batch()
             return batch, self.model.lookup(batch)
         batch, pooled = self._pending
-        self.streams.join(self.streams.lookup, pooled)
+        self.streams.join(self.lookup_stream, pooled)
         return batch, pooled
 
     def progress(self) -> torch.Tensor:

@@ -10,12 +10,13 @@ On CPU there are no streams or pinned memory: the same structure runs with plain
 """
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from typing import Callable
 
 import torch
+
+from .streams import Streams
 
 Consumer = Callable[[int, torch.Tensor, torch.Tensor], None]  # (step, ids, rows) on the host
 
@@ -25,22 +26,22 @@ def stream_blocking(consumer: Consumer, step: int, ids: torch.Tensor, rows: torc
 
 
 class _Slot:
-    def __init__(self, capacity: int, dim: int, ids_dtype, rows_dtype, device, pinned: bool):
+    def __init__(self, capacity: int, dim: int, ids_dtype, rows_dtype, streams: Streams):
         self.capacity = capacity
-        self.dev_ids = torch.empty(capacity, dtype=ids_dtype, device=device)
-        self.dev_rows = torch.empty(capacity, dim, dtype=rows_dtype, device=device)
-        self.host_ids = torch.empty(capacity, dtype=ids_dtype, pin_memory=pinned)
-        self.host_rows = torch.empty(capacity, dim, dtype=rows_dtype, pin_memory=pinned)
+        self.dev_ids = torch.empty(capacity, dtype=ids_dtype, device=streams.device)
+        self.dev_rows = torch.empty(capacity, dim, dtype=rows_dtype, device=streams.device)
+        self.host_ids = streams.host_empty(capacity, dtype=ids_dtype)
+        self.host_rows = streams.host_empty(capacity, dim, dtype=rows_dtype)
 
 
 class DeltaStreamer:
-    def __init__(self, consumer: Consumer, slots: int = 4, device: str | torch.device = "cpu"):
+    def __init__(self, consumer: Consumer, slots: int = 4, device: str | torch.device = "cpu",
+                 streams: Streams | None = None):
         if slots < 1:
             raise ValueError("DeltaStreamer needs at least one slot")
         self.consumer = consumer
-        self.device = torch.device(device)
-        self.cuda = self.device.type == "cuda"
-        self.stream = torch.cuda.Stream(device=self.device) if self.cuda else None
+        self.streams = streams if streams is not None else Streams(device)
+        self.stream = self.streams.new_stream()
         self._slots: list[_Slot | None] = [None] * slots
         self._free: queue.Queue[int] = queue.Queue()
         for i in range(slots):
@@ -66,20 +67,16 @@ class DeltaStreamer:
         n = ids.numel()  # a shape: known on the host, no sync
         slot = self._slots[index]
         if slot is None or slot.capacity < n or slot.dev_rows.shape[1:] != rows.shape[1:]:
-            slot = _Slot(max(n, 1), rows.shape[1], ids.dtype, rows.dtype, self.device, self.cuda)
+            slot = _Slot(max(n, 1), rows.shape[1], ids.dtype, rows.dtype, self.streams)
             self._slots[index] = slot
+        # the caller may overwrite ids / rows right after push: copy them on its stream first
         slot.dev_ids[:n].copy_(ids)
         slot.dev_rows[:n].copy_(rows)
-        event = None
-        if self.cuda:
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
         # one code path for both devices, so a CPU scan sees what a GPU run does
-        with torch.cuda.stream(self.stream) if self.cuda else contextlib.nullcontext():
+        with self.streams.on(self.stream):
             slot.host_ids[:n].copy_(slot.dev_ids[:n], non_blocking=True)
             slot.host_rows[:n].copy_(slot.dev_rows[:n], non_blocking=True)
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record(self.stream)
+        event = self.streams.record(self.stream)
         self._ready.put((index, n, self.pushed, event))
         self.pushed += 1
 
