@@ -33,7 +33,9 @@ class Samples:
 
 class BlockTimer:
     """Mean milliseconds per call over `steps` calls of fn. On a GPU it drains the device once
-    before and once after the block, so the work is complete but no per-step sync is added."""
+    before and once after the block, so the work is complete but no per-step sync is added.
+    Host clock, not CUDA events: an event on the current stream would not wait for side streams
+    (pipeline lookups, streamer copies), whose work is part of the cost."""
 
     def __init__(self, cuda: bool = False, clock=time.perf_counter):
         self.cuda = cuda
