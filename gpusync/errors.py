@@ -24,6 +24,11 @@ class BadInput(GpusyncError):
     exit_code = EXIT_BAD_INPUT
 
 
+class Unavailable(BadInput):
+    """An option this machine cannot run (no CUDA streams, a library not installed): a scan
+    stops with exit 2; bench and tune list it as not run and go on with the others."""
+
+
 class UserCodeError(GpusyncError):
     """The scanned code raised; `original` keeps its exception for the traceback."""
 

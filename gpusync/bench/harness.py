@@ -6,12 +6,15 @@ statistics derive from them. The timer is injectable, so the harness is tested w
 from __future__ import annotations
 
 import datetime as _dt
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from ..detect.session import Session
+from ..errors import Unavailable
+from ..workload import Workload
 from .timing import BlockTimer, Samples
 
 
@@ -19,7 +22,8 @@ from .timing import BlockTimer, Samples
 class Variant:
     """A technique variant: `make()` builds fresh state (same seed for every variant) and returns
     a step function; if the step has a `result` attribute, parity compares what it returns (a
-    tensor or a list of them) with the baseline variant's."""
+    tensor or a list of them) with the baseline variant's; a `close` attribute is called when
+    the harness is done with that state. `make()` may raise Unavailable: listed, not run."""
 
     name: str
     make: Callable[[], Callable[[], Any]]
@@ -37,6 +41,7 @@ class Measurement:
     peak_reserved_mb: float | None
     parity: str
     note: str = ""
+    max_diff: float | None = None  # largest difference from the baseline's results; None: n/a
 
     @property
     def p50_ms(self) -> float:
@@ -51,7 +56,9 @@ class Measurement:
                 "p90_ms": round(self.p90_ms, 4), "peak_alloc_mb": self.peak_alloc_mb,
                 "peak_reserved_mb": self.peak_reserved_mb, "syncs_per_step": self.syncs_per_step,
                 "syncs_by_phase": self.syncs_by_phase, "parity": self.parity,
-                "note": self.note, "samples_ms": [round(x, 4) for x in self.samples_ms]}
+                "max_diff": self.max_diff if self.max_diff != math.inf else None,
+                "note": self.note,
+                "samples_ms": [round(x, 4) for x in self.samples_ms]}
 
 
 @dataclass
@@ -65,6 +72,7 @@ class TechniqueResult:
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
     skipped: dict = field(default_factory=dict)  # variant -> why it could not run here
+    baseline_noise: float | None = None  # the baseline against itself (run_technique self_check)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TechniqueResult":
@@ -73,32 +81,88 @@ class TechniqueResult:
                                 syncs_by_phase=v["syncs_by_phase"],
                                 peak_alloc_mb=v["peak_alloc_mb"],
                                 peak_reserved_mb=v["peak_reserved_mb"], parity=v["parity"],
-                                note=v.get("note", "")) for v in d["variants"]]
+                                note=v.get("note", ""), max_diff=v.get("max_diff"))
+                    for v in d["variants"]]
         return cls(d["technique"], d["device"], d["baseline"], variants, d["steps"],
-                   d["repeats"], d["date"], d["torch"], d.get("skipped", {}))
+                   d["repeats"], d["date"], d["torch"], d.get("skipped", {}),
+                   d.get("baseline_noise"))
 
     def to_dict(self) -> dict:
         return {"technique": self.technique, "device": self.device, "baseline": self.baseline,
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
                 "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants],
-                "skipped": self.skipped}
+                "skipped": self.skipped, "baseline_noise": self.baseline_noise}
 
 
-def _parity(reference, value) -> str:
+def max_diff(reference, value) -> float | None:
+    """The largest absolute difference between two results (tensors or lists of them): 0.0 when
+    identical, inf when their shapes differ, None when either is missing."""
     if reference is None or value is None:
-        return "n/a"
+        return None
     refs = reference if isinstance(reference, (list, tuple)) else [reference]
     vals = value if isinstance(value, (list, tuple)) else [value]
     if len(refs) != len(vals):
-        return "different shape"
+        return math.inf
     worst = 0.0
     for r, v in zip(refs, vals):
         r, v = torch.as_tensor(r).detach().cpu(), torch.as_tensor(v).detach().cpu()
         if r.shape != v.shape:
-            return "different shape"
+            return math.inf
         if not torch.equal(r, v):
             worst = max(worst, (r.double() - v.double()).abs().max().item())
-    return "identical" if worst == 0.0 else f"max abs diff {worst:.3g}"
+    return worst
+
+
+def parity_text(diff: float | None) -> str:
+    if diff is None:
+        return "n/a"
+    if diff == math.inf:
+        return "different shape"
+    return "identical" if diff == 0.0 else f"max abs diff {diff:.3g}"
+
+
+def _close(step) -> None:
+    close = getattr(step, "close", None)
+    if close is not None:
+        close()
+
+
+def workload_step(workload: Workload, keep: int = 32):
+    """A Workload as a harness step: each call trains on the next batch (cycling the batches);
+    `result()` is what the first `keep` steps returned (their losses), for parity."""
+    batches = iter(workload.iter_batches())
+    outputs = []
+
+    def step():
+        nonlocal batches
+        batch = next(batches, _END)
+        if batch is _END:
+            batches = iter(workload.iter_batches())
+            batch = next(batches)
+        out = workload.step(batch)
+        if len(outputs) < keep:
+            first = out[0] if isinstance(out, (tuple, list)) and out else out
+            outputs.append(first.detach() if isinstance(first, torch.Tensor) else None)
+
+    def result():
+        return None if not outputs or any(o is None for o in outputs) else list(outputs)
+
+    step.result = result
+    step.close = workload.close or (lambda: None)
+    return step
+
+
+_END = object()
+
+
+def _results(step, steps: int):
+    try:
+        for _ in range(steps):
+            step()
+        result = getattr(step, "result", None)
+        return result() if result is not None else None
+    finally:
+        _close(step)
 
 
 def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
@@ -121,6 +185,7 @@ def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
         for _ in range(steps):
             step()
             session.end_step()
+    _close(step)
     report = session.report()
     alloc = reserved = None
     if cuda:
@@ -133,7 +198,9 @@ def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
 def run_technique(technique: str, variants: list[Variant], device: str, steps: int = 20,
                   repeats: int = 10, warmup: int = 3, parity_steps: int = 5,
                   timer: Callable[[Callable[[], Any], int], float] | None = None,
-                  scan_mode: str | None = None) -> TechniqueResult:
+                  scan_mode: str | None = None, self_check: bool = False) -> TechniqueResult:
+    """Measure `variants` (the first is the baseline). self_check: run the baseline's parity
+    steps twice and keep how far its own results differ (result.baseline_noise)."""
     cuda = device == "cuda"
     timer = timer or BlockTimer(cuda)
     mode = scan_mode or ("cuda" if cuda else "simulate")
@@ -144,12 +211,19 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     # parity: fresh state, same inputs, compare what each variant produced
     results = {}
     for v in variants:
-        step = v.make()
-        for _ in range(parity_steps):
-            step()
-        result = getattr(step, "result", None)
-        results[v.name] = result() if result is not None else None
-    del step  # its state must not count towards the next variant's memory
+        try:
+            step = v.make()
+        except Unavailable as e:
+            if v.name == baseline:
+                raise
+            skipped[v.name] = str(e)
+            continue
+        results[v.name] = _results(step, parity_steps)
+        del step  # its state must not count towards the next variant's memory
+    variants = [v for v in variants if v.name in results]
+    noise = None
+    if self_check:
+        noise = max_diff(results[baseline], _results(variants[0].make(), parity_steps))
 
     # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
     alone = {v.name: _scan_alone(v.make, mode, cuda) for v in variants}
@@ -164,14 +238,17 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(timer(steppers[name], steps))
+    for step in steppers.values():
+        _close(step)
 
     measurements = []
     for v in variants:
         syncs, by_phase, alloc, reserved = alone[v.name]
+        diff = max_diff(results[baseline], results[v.name])
         measurements.append(Measurement(
             name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs,
             syncs_by_phase=by_phase, peak_alloc_mb=alloc, peak_reserved_mb=reserved,
-            parity=_parity(results[baseline], results[v.name]), note=v.note))
+            parity=parity_text(diff), note=v.note, max_diff=diff))
     device_name = torch.cuda.get_device_name() if cuda else "cpu"
     return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats,
-                           skipped=skipped)
+                           skipped=skipped, baseline_noise=noise)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from ..integrations import fbgemm
 from ..techniques import streamer as streamer_mod
 from ..techniques import writeback
-from .harness import Variant, run_technique
+from .harness import Variant, run_technique, workload_step
 
 
 def _initial_table(rows: int, dim: int, seed: int) -> torch.Tensor:
@@ -134,24 +134,15 @@ def pipeline_variants(device: str, batch_size: int = 2048, num_tables: int = 8,
                       rows: int = 100_000, dim: int = 64, pooling: int = 8,
                       seed: int = 0) -> list[Variant]:
     """The built-in sparse + dense model under each pipeline; parity compares the losses."""
-    from ..techniques import pipeline as pl
+    from ..examples.pipeline import make_workload
 
     dev = torch.device(device)
 
     def make(kind, **options):
         def build():
-            model = pl.SparseDenseModel(num_tables, rows, dim, seed=seed).to(dev)
-            opt = torch.optim.Adagrad(model.dense_parameters(), lr=0.01)
-            batches = pl.host_batches(4, batch_size, num_tables, rows, pooling, 13, seed,
-                                      pin=dev.type == "cuda")
-            pipe = pl.Pipeline(model, opt, itertools.cycle(batches), dev, kind, **options)
-            losses = []
-
-            def step():
-                losses.append(pipe.progress())
-
-            step.result = lambda: torch.stack(losses)
-            return step
+            return workload_step(make_workload(
+                dev, kind, batch_size=batch_size, num_tables=num_tables, rows=rows, dim=dim,
+                pooling=pooling, seed=seed, **options))
         return build
 
     variants = [
@@ -184,15 +175,7 @@ def torchrec_pipeline_variants(device: str) -> list[Variant]:
         def build():
             from ..examples.torchrec_dlrm import make_workload
 
-            workload = make_workload(device=str(dev), pipeline=kind, **options)
-            losses = []
-
-            def step():
-                output = workload.step(None)
-                losses.append(output[0].detach() if isinstance(output, tuple) else output)
-
-            step.result = lambda: torch.stack(losses)
-            return step
+            return workload_step(make_workload(device=str(dev), pipeline=kind, **options))
         return build
 
     specs = [("torchrec_sparse_dist", "sparse_dist", {}),

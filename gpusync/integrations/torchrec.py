@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import BadInput
+from ..errors import BadInput, Unavailable
 from ..targets import is_installed
 
 PIPELINES = ("sparse_dist", "fused", "semi_sync")
@@ -37,7 +37,7 @@ def make_pipeline(kind: str, model, optimizer, device: torch.device,
         raise BadInput(f"pipeline must be one of {', '.join(PIPELINES)}, got {kind!r}")
     reason = cpu_unavailable(kind, device)
     if reason:
-        raise BadInput(reason)
+        raise Unavailable(reason)
     from torchrec.distributed.train_pipeline import (TrainPipelineFusedSparseDist,
                                                      TrainPipelineSparseDist)
     from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync

@@ -81,3 +81,60 @@ def test_streamer_bench_variants_train_identically():
     by = {m.name: m for m in result.variants}
     assert [m.parity for m in result.variants] == ["identical"] * 3
     assert by["blocking"].syncs_per_step == 2 and by["async"].syncs_per_step == 0
+
+
+def test_unavailable_variants_are_listed_not_run_and_an_unavailable_baseline_is_an_error():
+    import pytest
+
+    from gpusync.errors import Unavailable
+
+    def unavailable():
+        raise Unavailable("needs CUDA streams")
+
+    variants = [counter_variant("naive", 1.0), Variant("gpu_only", unavailable),
+                counter_variant("fast", 1.0)]
+    result = run_technique("demo", variants, "cpu", steps=1, repeats=2,
+                           timer=fake_timer([1.0]))
+    assert [m.name for m in result.variants] == ["naive", "fast"]
+    assert result.skipped == {"gpu_only": "needs CUDA streams"}
+    with pytest.raises(Unavailable):
+        run_technique("demo", [Variant("gpu_only", unavailable)], "cpu", steps=1, repeats=2,
+                      timer=fake_timer([1.0]))
+
+
+def test_self_check_measures_the_baseline_against_itself():
+    runs = itertools.count()
+
+    def noisy():
+        offset = next(runs) * 1e-3  # each build differs a little, like atomics on a GPU
+        state = torch.zeros(2)
+
+        def step():
+            state.add_(1.0 + offset)
+
+        step.result = lambda: state.clone()
+        return step
+
+    result = run_technique("demo", [Variant("base", noisy)], "cpu", steps=1, repeats=2,
+                           timer=fake_timer([1.0]), self_check=True, parity_steps=2)
+    assert result.baseline_noise is not None and 1e-3 < result.baseline_noise < 3e-3
+    assert run_technique("demo", [counter_variant("b", 1.0)], "cpu", steps=1, repeats=2,
+                         timer=fake_timer([1.0]), self_check=True).baseline_noise == 0.0
+
+
+def test_workload_step_cycles_batches_keeps_losses_and_closes():
+    from gpusync.bench.harness import workload_step
+    from gpusync.workload import Workload
+
+    closed = []
+    workload = Workload(step=lambda b: (torch.tensor(float(b)), "extra"), batches=[1, 2],
+                        close=lambda: closed.append(True))
+    step = workload_step(workload, keep=3)
+    for _ in range(5):
+        step()
+    assert [float(x) for x in step.result()] == [1.0, 2.0, 1.0]
+    step.close()
+    assert closed == [True]
+    silent = workload_step(Workload(step=lambda b: None, batches=[0]))
+    silent()
+    assert silent.result() is None
