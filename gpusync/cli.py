@@ -2,6 +2,8 @@
 place exceptions become exit codes (see errors.py and README "Exit codes")."""
 from __future__ import annotations
 
+import os
+
 import click
 
 from . import errors
@@ -156,6 +158,55 @@ class SystemExitCode(GpusyncError):
         super().__init__("", code)
 
 
+@cli.command("tune")
+@click.argument("target", required=False)
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Default: cuda when available.")
+@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Steps per sample (a sample is their mean).")
+@click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Samples per candidate.")
+@click.option("--allow-approximate", is_flag=True,
+              help="Also consider candidates marked approximate (e.g. semi_sync).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Largest difference from the baseline's losses a candidate may have.")
+@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.01,
+              show_default=True, help="Significance a candidate must reach to be chosen.")
+@click.option("--min-gain", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+              help="Smallest median speed-up a candidate must show to be chosen.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Write the tuned profile (YAML) here.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
+              default="table", show_default=True)
+def tune_cmd(target, device, steps, repeats, allow_approximate, tolerance, p_max, min_gain,
+             output, fmt):
+    """Measure a profile's tune.candidates and write the fastest that keeps the results.
+
+    TARGET: a profile (.yaml or built-in name) with a tune block. Default: sparsenn_pipeline.
+    """
+    from .fileio import write_atomic
+    from .tune import render, run_tune, tuned_profile_text
+
+    if output and not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise BadInput(f"cannot write {output}: its directory does not exist")
+    device = _device(device)
+    profile, result, decision = run_tune(target, device, steps, repeats, allow_approximate,
+                                         tolerance, p_max, min_gain)
+    click.echo(render(profile, result, decision, fmt), nl=False)
+    if output:
+        write_atomic(output, tuned_profile_text(profile, result, decision))
+        click.echo(f"tuned profile written to {output}", err=True)
+
+
+def _device(device: str | None) -> str:
+    import torch
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda needs a CUDA device, and torch sees none")
+    return device
+
+
 @cli.command("profiles")
 def profiles_cmd():
     """List the built-in profiles."""
@@ -199,14 +250,10 @@ def _technique_command(name: str):
 def _run_techniques(names, device, steps, repeats, fmt) -> str:
     import json
 
-    import torch
-
     from .bench.render import technique_table
     from .bench.techniques import TECHNIQUES
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda needs a CUDA device, and torch sees none")
+    device = _device(device)
     results, not_run = [], {}
     for name in names:
         try:

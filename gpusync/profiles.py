@@ -12,7 +12,18 @@ from .errors import BadInput
 from .fileio import read_user_file
 
 _KEYS = {"name": str, "description": str, "workload": str, "args": dict, "steps": int,
-         "warmup": int, "requires": list}
+         "warmup": int, "requires": list, "tune": dict, "tuned": dict}
+_TUNE_KEYS = {"candidates": list}
+_CANDIDATE_KEYS = {"name": str, "args": dict, "approximate": bool, "note": str}
+
+
+@dataclass
+class Candidate:
+    """One setting `gpusync tune` tries: the factory's args on top of the profile's."""
+    name: str
+    args: dict
+    approximate: bool = False  # may change the numerics (e.g. semi_sync): needs opt-in
+    note: str = ""
 _REQUIRED = ("name", "workload")
 
 
@@ -26,7 +37,9 @@ class Profile:
     warmup: int = 1
     requires: list = field(default_factory=list)  # optional packages, e.g. [torchrec]
     path: str = ""
-
+    tune: dict = field(default_factory=dict)  # {"candidates": [...]}, the first the baseline
+    tuned: dict = field(default_factory=dict)  # written by `gpusync tune`: what was measured
+    candidates: list = field(default_factory=list)  # tune's, parsed
 
 def profile_dirs() -> list[Path]:
     """The shipped profiles: the checkout's profiles/ or the installed gpusync.profiles."""
@@ -71,20 +84,12 @@ def load_profile(path: str | os.PathLike) -> Profile:
 def parse_profile(data, source: str) -> Profile:
     if not isinstance(data, dict):
         raise BadInput(f"profile {source}: expected a mapping at the top level")
-    for key in data:
-        if key not in _KEYS:
-            raise BadInput(f"profile {source}: unknown key '{key}' "
-                           f"(known: {', '.join(sorted(_KEYS))})")
+    # args: / requires: with nothing under them mean "none"
+    _check_keys({k: v for k, v in data.items() if not (v is None and k in ("args", "requires"))},
+                _KEYS, f"profile {source}")
     for key in _REQUIRED:
         if key not in data:
             raise BadInput(f"profile {source}: missing required key '{key}'")
-    for key, value in data.items():
-        want = _KEYS[key]
-        if value is None and key in ("args", "requires"):
-            continue
-        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
-            raise BadInput(f"profile {source}: key '{key}' must be a {want.__name__}, "
-                           f"got {type(value).__name__}")
     for key in ("steps", "warmup"):
         if key in data and data[key] < (1 if key == "steps" else 0):
             raise BadInput(f"profile {source}: key '{key}' must be >= "
@@ -92,4 +97,40 @@ def parse_profile(data, source: str) -> Profile:
     if ":" not in data["workload"]:
         raise BadInput(f"profile {source}: key 'workload' must look like 'pkg.module:factory'")
     fields = {k: v for k, v in data.items() if v is not None}
-    return Profile(path=source, **fields)
+    return Profile(path=source, candidates=_candidates(data.get("tune") or {}, source),
+                   **fields)
+
+
+def _check_keys(data: dict, known: dict, where: str) -> None:
+    for key, value in data.items():
+        if key not in known:
+            raise BadInput(f"{where}: unknown key '{key}' (known: {', '.join(sorted(known))})")
+        want = known[key]
+        if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+            raise BadInput(f"{where}: key '{key}' must be a {want.__name__}, "
+                           f"got {type(value).__name__}")
+
+
+def _candidates(tune: dict, source: str) -> list[Candidate]:
+    if not tune:
+        return []
+    _check_keys(tune, _TUNE_KEYS, f"profile {source}: tune")
+    raw = tune.get("candidates") or []
+    if not raw:
+        raise BadInput(f"profile {source}: tune.candidates must list at least one candidate "
+                       "(the first is the baseline)")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"profile {source}: tune.candidates[{i}]"
+        if not isinstance(item, dict):
+            raise BadInput(f"{where} must be a mapping with 'name' and 'args'")
+        _check_keys(item, _CANDIDATE_KEYS, where)
+        if "name" not in item:
+            raise BadInput(f"{where}: missing required key 'name'")
+        if any(c.name == item["name"] for c in out):
+            raise BadInput(f"{where}: duplicate candidate name '{item['name']}'")
+        out.append(Candidate(item["name"], dict(item.get("args") or {}),
+                             item.get("approximate", False), item.get("note", "")))
+    if out[0].approximate:
+        raise BadInput(f"profile {source}: the baseline (first candidate) cannot be approximate")
+    return out

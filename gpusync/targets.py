@@ -39,6 +39,7 @@ class FactoryTarget:
     steps: int | None = None
     warmup: int | None = None
     requires: tuple = ()
+    profile: Profile | None = None  # when it came from a profile
 
 
 def parse_target(text: str | None):
@@ -70,7 +71,7 @@ def parse_target(text: str | None):
 def _from_profile(profile: Profile, label: str) -> FactoryTarget:
     return FactoryTarget(spec=profile.workload, label=label, args=dict(profile.args),
                          steps=profile.steps, warmup=profile.warmup,
-                         requires=tuple(profile.requires))
+                         requires=tuple(profile.requires), profile=profile)
 
 
 def is_installed(name: str) -> bool:

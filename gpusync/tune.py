@@ -1,0 +1,185 @@
+"""`gpusync tune`: run a profile's candidate settings on its workload with the bench harness,
+keep those whose results match the baseline's (the parity guard), and pick the fastest, written
+out as a tuned profile (write, then rename) with what was measured.
+
+- Parity: every candidate's losses over the first steps, from the same seed, against the
+  baseline's (the first candidate). The allowance is --tolerance or, if larger, how far the
+  baseline differs from a second run of itself (non-deterministic kernels). Candidates marked
+  `approximate` (e.g. semi_sync) are considered only with --allow-approximate.
+- Speed: a candidate replaces the baseline only if a one-sided Mann-Whitney test says it is
+  faster (p < p_max) AND its median is at least min_gain lower: noise must not flip flags.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import traceback
+from dataclasses import dataclass, field
+
+import yaml
+
+from .bench.harness import TechniqueResult, Variant, run_technique, workload_step
+from .bench.render import technique_table
+from .errors import BadInput, GpusyncError, UserCodeError
+from .gate import mann_whitney_greater
+from .profiles import Candidate, Profile
+from .targets import FactoryTarget, call_factory, check_requires, load_factory, parse_target
+from .workload import Workload
+
+DEFAULT_TARGET = "sparsenn_pipeline"
+
+
+@dataclass
+class Decision:
+    chosen: str
+    verdicts: dict = field(default_factory=dict)  # candidate -> one line: why (not) chosen
+    p50_gain: float = 0.0  # 1 - chosen / baseline
+    p90_gain: float = 0.0
+    allowance: float = 0.0  # the parity allowance used
+
+
+def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_approximate: bool,
+           tolerance: float, p_max: float, min_gain: float) -> Decision:
+    """Pure: the measured result in, the choice and a verdict per candidate out."""
+    base = next(m for m in result.variants if m.name == result.baseline)
+    allowance = max(tolerance, result.baseline_noise or 0.0)
+    verdicts = {base.name: "baseline"}
+    best, best_gain = base, 0.0
+    for m in result.variants:
+        if m is base:
+            continue
+        if m.max_diff is None or m.max_diff > allowance:
+            if not candidates[m.name].approximate:
+                verdicts[m.name] = f"rejected: results differ from the baseline ({m.parity})"
+                continue
+            if not allow_approximate:
+                verdicts[m.name] = (f"not considered: approximate ({m.parity}); "
+                                    "--allow-approximate to consider it")
+                continue
+        gain = 1.0 - m.p50_ms / base.p50_ms
+        p = mann_whitney_greater(base.samples_ms, m.samples_ms)
+        if gain < min_gain or p >= p_max:
+            verdicts[m.name] = (f"not clearly faster: median {_speed(gain)}, p={p:.2g} "
+                                f"(needs {min_gain:.0%} faster and p < {p_max:g})")
+            continue
+        verdicts[m.name] = f"median {_speed(gain)}, p={p:.2g}"
+        if gain > best_gain:
+            best, best_gain = m, gain
+    if best is base:
+        verdicts[base.name] = "chosen: baseline (no candidate clearly faster with parity)"
+    else:
+        verdicts[best.name] = "chosen: " + verdicts[best.name]
+    return Decision(best.name, verdicts, best_gain, 1.0 - best.p90_ms / base.p90_ms, allowance)
+
+
+def _speed(gain: float) -> str:
+    return f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'} than the baseline"
+
+
+def load_tunable(target_text: str | None) -> tuple[FactoryTarget, Profile]:
+    target = parse_target(target_text or DEFAULT_TARGET)
+    profile = getattr(target, "profile", None)
+    if profile is None or not profile.candidates:
+        raise BadInput(f"'{target_text or DEFAULT_TARGET}' has no tune.candidates: tune needs "
+                       "a profile that lists the settings to try (see README, 'gpusync tune')")
+    check_requires(target)
+    return target, profile
+
+
+def _user_error(candidate: str, what: str, e: Exception) -> UserCodeError:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" at {frame.filename}:{frame.lineno}" if frame else ""
+    return UserCodeError(f"candidate '{candidate}': {what} raised {type(e).__name__}: {e}{where}",
+                         e)
+
+
+def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> list[Variant]:
+    factory = load_factory(target.spec)
+
+    def make(candidate: Candidate):
+        def build():
+            try:
+                workload = call_factory(factory, {**target.args, **candidate.args}, device)
+            except GpusyncError:
+                raise
+            except Exception as e:
+                raise _user_error(candidate.name, "the factory", e) from e
+            if not isinstance(workload, Workload):
+                raise BadInput(f"factory '{target.spec}' returned {type(workload).__name__}, "
+                               "expected gpusync.Workload")
+            inner = workload_step(workload)
+
+            def step():
+                try:
+                    inner()
+                except Exception as e:
+                    raise _user_error(candidate.name, "a training step", e) from e
+
+            step.result, step.close = inner.result, inner.close
+            return step
+        return build
+
+    return [Variant(c.name, make(c), c.note) for c in profile.candidates]
+
+
+def run_tune(target_text: str | None, device: str, steps: int, repeats: int,
+             allow_approximate: bool = False, tolerance: float = 0.0, p_max: float = 0.01,
+             min_gain: float = 0.02, timer=None) -> tuple[Profile, TechniqueResult, Decision]:
+    target, profile = load_tunable(target_text)
+    variants = candidate_variants(target, profile, device)
+    result = run_technique(profile.name, variants, device, steps=steps, repeats=repeats,
+                           warmup=max(profile.warmup, 1), timer=timer, self_check=True)
+    base = next(m for m in result.variants if m.name == result.baseline)
+    if base.max_diff is None:
+        raise BadInput(f"{profile.name}: the workload's step returns no tensor, so tune cannot "
+                       "check that a candidate keeps the results: return the loss from step()")
+    candidates = {c.name: c for c in profile.candidates}
+    return profile, result, decide(result, candidates, allow_approximate, tolerance, p_max,
+                                   min_gain)
+
+
+def tuned_args(profile: Profile, decision: Decision) -> dict:
+    chosen = next(c for c in profile.candidates if c.name == decision.chosen)
+    return {**profile.args, **chosen.args}
+
+
+def tuned_profile_text(profile: Profile, result: TechniqueResult, decision: Decision) -> str:
+    """A profile (scan, gate and tune take it) with the chosen args and what was measured."""
+    by = {m.name: m for m in result.variants}
+    base, chosen = by[result.baseline], by[decision.chosen]
+    data = {"name": f"{profile.name}-tuned",
+            "description": f"{profile.name} with tuned settings ({decision.chosen})",
+            "workload": profile.workload, "args": tuned_args(profile, decision),
+            "steps": profile.steps, "warmup": profile.warmup}
+    if profile.requires:
+        data["requires"] = list(profile.requires)
+    data["tune"] = profile.tune
+    data["tuned"] = {
+        "candidate": decision.chosen, "baseline": result.baseline, "device": result.device,
+        "date": result.date, "torch": str(result.torch_version),
+        "p50_ms": {base.name: round(base.p50_ms, 4), chosen.name: round(chosen.p50_ms, 4)},
+        "p90_ms": {base.name: round(base.p90_ms, 4), chosen.name: round(chosen.p90_ms, 4)},
+        "p50_gain": round(decision.p50_gain, 4), "p90_gain": round(decision.p90_gain, 4),
+        "samples": result.repeats, "steps_per_sample": result.steps,
+        "parity_allowance": decision.allowance, "verdicts": decision.verdicts,
+        "not_run": dict(result.skipped)}
+    head = (f"# written by gpusync tune on {_dt.date.today().isoformat()} from {profile.path}\n"
+            f"# use it like any profile: gpusync scan <this file>\n")
+    return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def render(profile: Profile, result: TechniqueResult, decision: Decision, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps({"result": result.to_dict(), "chosen": decision.chosen,
+                           "args": tuned_args(profile, decision),
+                           "p50_gain": decision.p50_gain, "p90_gain": decision.p90_gain,
+                           "parity_allowance": decision.allowance,
+                           "verdicts": decision.verdicts}, indent=2) + "\n"
+    lines = [f"- {name}: {verdict}" for name, verdict in decision.verdicts.items()]
+    args = ", ".join(f"{k}={v}" for k, v in tuned_args(profile, decision).items())
+    summary = f"tuned: {decision.chosen}\nargs: {args}\n"
+    if decision.chosen != result.baseline:
+        summary = (f"tuned: {decision.chosen}: median {_speed(decision.p50_gain)}, "
+                   f"P90 {_speed(decision.p90_gain)} ({result.baseline})\nargs: {args}\n")
+    sep = "\n" if fmt == "markdown" else ""
+    return technique_table(result, fmt) + "\n" + sep + "\n".join(lines) + "\n\n" + summary

@@ -1,0 +1,98 @@
+"""gpusync tune's choice, from fabricated measurements: parity first, then a significant and
+large enough speed-up; and its profile schema."""
+import pytest
+
+from gpusync.bench.harness import Measurement, TechniqueResult
+from gpusync.errors import BadInput
+from gpusync.profiles import Candidate, parse_profile
+from gpusync.tune import decide
+
+
+def measured(name, ms, diff=0.0):
+    return Measurement(name=name, samples_ms=list(ms), syncs_per_step=0, syncs_by_phase={},
+                       peak_alloc_mb=None, peak_reserved_mb=None,
+                       parity="identical" if diff == 0 else f"max abs diff {diff}", max_diff=diff)
+
+
+BASE = [10.0, 10.1, 9.9, 10.2, 10.0, 9.8, 10.1, 10.0, 9.9, 10.05]
+
+
+def scaled(factor):
+    return [x * factor for x in BASE]
+
+
+def result(*variants, noise=0.0):
+    return TechniqueResult("demo", "cpu", "base", [measured("base", BASE), *variants], 1,
+                           len(BASE), baseline_noise=noise)
+
+
+def cands(**approximate):
+    names = ["base", "fast", "faster", "wrong", "stale", "noisy"]
+    return {n: Candidate(n, {}, approximate.get(n, False)) for n in names}
+
+
+def choose(res, allow=False, tolerance=0.0, candidates=None):
+    return decide(res, candidates or cands(stale=True), allow, tolerance, p_max=0.01,
+                  min_gain=0.02)
+
+
+def test_the_largest_significant_gain_with_parity_wins():
+    d = choose(result(measured("fast", scaled(0.9)), measured("faster", scaled(0.8))))
+    assert d.chosen == "faster" and d.p50_gain == pytest.approx(0.2)
+    assert d.verdicts["faster"].startswith("chosen: median 20.0% faster")
+    assert d.verdicts["fast"].startswith("median 10.0% faster")
+
+
+def test_a_faster_candidate_with_different_results_is_rejected():
+    d = choose(result(measured("wrong", scaled(0.5), diff=1e-3)))
+    assert d.chosen == "base"
+    assert d.verdicts["wrong"] == ("rejected: results differ from the baseline "
+                                   "(max abs diff 0.001)")
+    assert choose(result(measured("wrong", scaled(0.5), diff=1e-3)), tolerance=1e-2).chosen \
+        == "wrong"
+
+
+def test_approximate_candidates_need_opt_in():
+    res = result(measured("stale", scaled(0.7), diff=1e-5))
+    assert choose(res).chosen == "base"
+    assert "--allow-approximate" in choose(res).verdicts["stale"]
+    assert choose(res, allow=True).chosen == "stale"
+
+
+def test_the_baselines_own_noise_is_allowed():
+    res = result(measured("fast", scaled(0.8), diff=1e-6), noise=2e-6)
+    assert choose(res).chosen == "fast" and choose(res).allowance == 2e-6
+
+
+def test_noise_and_small_gains_keep_the_baseline():
+    overlapping = [10.5, 9.0, 10.4, 9.2, 10.6, 9.1, 10.3, 9.3, 10.2, 9.4]
+    d = choose(result(measured("noisy", overlapping), measured("fast", scaled(0.99))))
+    assert d.chosen == "base" and d.p50_gain == 0.0
+    assert d.verdicts["noisy"].startswith("not clearly faster")
+    assert d.verdicts["fast"].startswith("not clearly faster: median 1.0% faster")
+    assert d.verdicts["base"].startswith("chosen: baseline")
+
+
+PROFILE = {"name": "p", "workload": "m:f"}
+
+
+@pytest.mark.parametrize("tune,message", [
+    ({"candidates": []}, "at least one candidate"),
+    ({"space": {}}, "unknown key 'space'"),
+    ({"candidates": ["fast"]}, r"candidates\[0\] must be a mapping"),
+    ({"candidates": [{"args": {}}]}, "missing required key 'name'"),
+    ({"candidates": [{"name": "a"}, {"name": "a"}]}, "duplicate candidate name 'a'"),
+    ({"candidates": [{"name": "a", "args": []}]}, "key 'args' must be a dict"),
+    ({"candidates": [{"name": "a", "speed": 1}]}, "unknown key 'speed'"),
+    ({"candidates": [{"name": "a", "approximate": True}]}, "baseline .* cannot be approximate"),
+])
+def test_bad_tune_blocks_are_one_line_errors(tune, message):
+    with pytest.raises(BadInput, match=message):
+        parse_profile({**PROFILE, "tune": tune}, "p.yaml")
+
+
+def test_tune_block_parses_into_candidates():
+    profile = parse_profile({**PROFILE, "tune": {"candidates": [
+        {"name": "a", "args": {"x": 1}}, {"name": "b", "approximate": True, "note": "n"}]}},
+        "p.yaml")
+    assert profile.candidates == [Candidate("a", {"x": 1}), Candidate("b", {}, True, "n")]
