@@ -6,32 +6,11 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from ..integrations import fbgemm
+from ..examples import pipeline as pipeline_example
+from ..examples import writeback as writeback_example
+from ..examples.writeback import bag_batches, initial_table
 from ..techniques import streamer as streamer_mod
-from ..techniques import writeback
 from .harness import Variant, run_technique, workload_step
-
-
-def _initial_table(rows: int, dim: int, seed: int) -> torch.Tensor:
-    """The embedding table every variant starts from: parity (also with fbgemm's TBE) needs
-    them all to start from the same values."""
-    return torch.randn(rows, dim, generator=torch.Generator().manual_seed(seed)) * 0.01
-
-
-def _writeback_batches(device, rows, batch, num_batches, seed):
-    """Bag mode (one id per bag, ~10% empty bags), Zipf-like ids: many duplicates per batch."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(num_batches):
-        lengths = (torch.rand(batch, generator=gen) > 0.1).long()
-        offsets = torch.zeros(batch + 1, dtype=torch.long)
-        offsets[1:] = lengths.cumsum(0)
-        n = int(lengths.sum())
-        ranks = torch.rand(n, generator=gen).pow(3)  # skewed towards popular ids
-        ids = (ranks * rows).long().clamp(max=rows - 1)
-        target = torch.randn(batch, 1, generator=gen)
-        out.append((ids.to(device), offsets.to(device), target.to(device)))
-    return out
 
 
 def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
@@ -40,52 +19,20 @@ def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: in
     SGD row update. legacy / precompute / syncfree differ only in where and how dedup runs."""
     def make(variant):
         def build():
-            weight = _initial_table(rows, dim, seed).to(device).requires_grad_()
-            batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
-
-            def step():
-                ids, offsets, target = next(batches)
-                if variant == "precompute":
-                    pre = writeback.keep_rows(ids, offsets, 1, "bag")
-                elif variant == "syncfree":
-                    pre = writeback.keep_mask(ids, offsets, 1, "bag")
-                else:
-                    pre = None
-                pooled = F.embedding_bag(ids, weight, offsets[:-1], mode="sum")
-                pooled.register_hook(lambda g: writeback.writeback_gradient(
-                    g, ids, offsets, 1, "bag", variant, pre))
-                (pooled * target).sum().backward()
-                with torch.no_grad():
-                    weight.add_(weight.grad, alpha=-0.05)
-                weight.grad = None
-
-            step.result = lambda: weight.detach()
+            workload = writeback_example.make_workload(device, variant, rows, dim, batch,
+                                                       seed=seed)
+            step = workload_step(workload)
+            step.result = workload.info["weights"]  # the whole table, not just the losses
             return step
         return build
 
-    variants = [
+    return [
         Variant("legacy", make("legacy"), "fbgemm's default: dedup in the backward hook"),
         Variant("precompute", make("precompute"), "fbgemm precompute_writeback: in forward"),
-        Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync")]
-    if fbgemm.available() is None:
-        def make_tbe(precompute):
-            def build():
-                tbe = fbgemm.writeback_tbe(rows, dim, torch.device(device), precompute, 0.05,
-                                           _initial_table(rows, dim, seed))
-                batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
-
-                def step():
-                    ids, offsets, target = next(batches)
-                    (tbe(ids, offsets) * target).sum().backward()
-
-                step.result = lambda: tbe.split_embedding_weights()[0].detach()
-                return step
-            return build
-        variants += [
-            Variant("fbgemm_tbe_legacy", make_tbe(False), "fbgemm TBE, writeback pre-hook"),
-            Variant("fbgemm_tbe_precompute", make_tbe(True),
-                    "fbgemm TBE, UserEnabledConfigDefinition(precompute_writeback=True)")]
-    return variants
+        Variant("syncfree", make("syncfree"), "gpusync: static-shape mask, no host sync"),
+        Variant("fbgemm_tbe_legacy", make("fbgemm_tbe_legacy"), "fbgemm TBE, writeback pre-hook"),
+        Variant("fbgemm_tbe_precompute", make("fbgemm_tbe_precompute"),
+                "fbgemm TBE, UserEnabledConfigDefinition(precompute_writeback=True)")]
 
 
 def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
@@ -94,8 +41,8 @@ def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int
     update) to a host consumer: not at all (reference), blocking, or async."""
     def make(variant):
         def build():
-            weight = _initial_table(rows, dim, seed).to(device).requires_grad_()
-            batches = itertools.cycle(_writeback_batches(device, rows, batch, 4, seed))
+            weight = initial_table(rows, dim, seed).to(device).requires_grad_()
+            batches = itertools.cycle(bag_batches(device, rows, batch, 4, seed))
             shipped = []
 
             def consume(step, ids, values):
@@ -134,13 +81,11 @@ def pipeline_variants(device: str, batch_size: int = 2048, num_tables: int = 8,
                       rows: int = 100_000, dim: int = 64, pooling: int = 8,
                       seed: int = 0) -> list[Variant]:
     """The built-in sparse + dense model under each pipeline; parity compares the losses."""
-    from ..examples.pipeline import make_workload
-
     dev = torch.device(device)
 
     def make(kind, **options):
         def build():
-            return workload_step(make_workload(
+            return workload_step(pipeline_example.make_workload(
                 dev, kind, batch_size=batch_size, num_tables=num_tables, rows=rows, dim=dim,
                 pooling=pooling, seed=seed, **options))
         return build

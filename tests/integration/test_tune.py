@@ -134,7 +134,26 @@ def test_builtin_tune_profiles_parse():
         profile = load_profile(find_builtin(name))
         assert profile.candidates[0].name == "sparse_dist"
         assert any(c.approximate for c in profile.candidates)
+    names = [c.name for c in load_profile(find_builtin("writeback")).candidates]
+    assert names == ["legacy", "precompute", "syncfree", "fbgemm_tbe_legacy",
+                     "fbgemm_tbe_precompute"]
     assert yaml.safe_load((find_builtin("sparsenn_pipeline")).read_text())["tune"]
+
+
+def test_builtin_writeback_tune_keeps_parity_across_implementations():
+    from gpusync.integrations import fbgemm
+
+    proc = gpusync("tune", "writeback", "--device", "cpu", "--steps", "1", "--repeats", "2",
+                   "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    by = {v["name"]: v for v in out["result"]["variants"]}
+    assert all(v["parity"] == "identical" for v in by.values())
+    assert by["syncfree"]["syncs_per_step"] == 0 and by["legacy"]["syncs_per_step"] > 0
+    if fbgemm.available() is None:
+        assert {"fbgemm_tbe_legacy", "fbgemm_tbe_precompute"} <= set(by)
+    else:
+        assert set(out["result"]["skipped"]) == {"fbgemm_tbe_legacy", "fbgemm_tbe_precompute"}
 
 
 @pytest.mark.slow
