@@ -2,8 +2,6 @@
 place exceptions become exit codes (see errors.py and README "Exit codes")."""
 from __future__ import annotations
 
-import os
-
 import click
 
 from . import errors
@@ -158,46 +156,6 @@ class SystemExitCode(GpusyncError):
         super().__init__("", code)
 
 
-@cli.command("tune")
-@click.argument("target", required=False)
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="Default: cuda when available.")
-@click.option("--steps", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Steps per sample (a sample is their mean).")
-@click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
-              help="Samples per candidate.")
-@click.option("--allow-approximate", is_flag=True,
-              help="Also consider candidates marked approximate (e.g. semi_sync).")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Largest difference from the baseline's losses a candidate may have.")
-@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.01,
-              show_default=True, help="Significance a candidate must reach to be chosen.")
-@click.option("--min-gain", type=click.FloatRange(0, 1), default=0.02, show_default=True,
-              help="Smallest median speed-up a candidate must show to be chosen.")
-@click.option("--output", "-o", type=click.Path(dir_okay=False),
-              help="Write the tuned profile (YAML) here.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
-              default="table", show_default=True)
-def tune_cmd(target, device, steps, repeats, allow_approximate, tolerance, p_max, min_gain,
-             output, fmt):
-    """Measure a profile's tune.candidates and write the fastest that keeps the results.
-
-    TARGET: a profile (.yaml or built-in name) with a tune block. Default: sparsenn_pipeline.
-    """
-    from .fileio import write_atomic
-    from .tune import render, run_tune, tuned_profile_text
-
-    if output and not os.path.isdir(os.path.dirname(os.path.abspath(output))):
-        raise BadInput(f"cannot write {output}: its directory does not exist")
-    device = _device(device)
-    profile, result, decision = run_tune(target, device, steps, repeats, allow_approximate,
-                                         tolerance, p_max, min_gain)
-    click.echo(render(profile, result, decision, fmt), nl=False)
-    if output:
-        write_atomic(output, tuned_profile_text(profile, result, decision))
-        click.echo(f"tuned profile written to {output}", err=True)
-
-
 def _device(device: str | None) -> str:
     import torch
 
@@ -282,6 +240,39 @@ def _register_techniques():
     def bench_all(device, steps, repeats, fmt):
         """Measure every technique."""
         click.echo(_run_techniques(list(TECHNIQUES), device, steps, repeats, fmt), nl=False)
+
+
+@cli.command("tune")
+@click.argument("target", required=False)
+@_technique_options
+@click.option("--allow-approximate", is_flag=True,
+              help="Also consider candidates marked approximate (e.g. semi_sync).")
+@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Largest difference from the baseline's losses a candidate may have.")
+@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.01,
+              show_default=True, help="Significance a candidate must reach to be chosen.")
+@click.option("--min-gain", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+              help="Smallest median speed-up a candidate must show to be chosen.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Write the tuned profile (YAML) here.")
+def tune_cmd(target, device, steps, repeats, fmt, allow_approximate, tolerance, p_max, min_gain,
+             output):
+    """Measure a profile's tune.candidates and write the fastest that keeps the results.
+
+    TARGET: a profile (.yaml or built-in name) with a tune block. Default: sparsenn_pipeline.
+    """
+    from .fileio import check_directory, write_atomic
+    from .tune import render, run_tune, tuned_profile_text
+
+    if output:
+        check_directory(output)  # before minutes of measuring, not after
+    device = _device(device)
+    profile, result, decision = run_tune(target, device, steps, repeats, allow_approximate,
+                                         tolerance, p_max, min_gain)
+    click.echo(render(profile, result, decision, fmt), nl=False)
+    if output:
+        write_atomic(output, tuned_profile_text(profile, result, decision))
+        click.echo(f"tuned profile written to {output}", err=True)
 
 
 @bench.command("overhead")

@@ -5,10 +5,16 @@ import tempfile
 from .errors import BadInput
 
 
-def write_atomic(path: str, text: str) -> None:
+def check_directory(path: str) -> str:
+    """The directory `path` would be written into; BadInput if it does not exist."""
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise BadInput(f"cannot write {path}: directory {directory} does not exist")
+    return directory
+
+
+def write_atomic(path: str, text: str) -> None:
+    directory = check_directory(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".gpusync-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:

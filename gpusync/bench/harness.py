@@ -127,6 +127,9 @@ def _close(step) -> None:
         close()
 
 
+_END = object()  # a batch may be None (workloads whose pipeline pulls its own batches)
+
+
 def workload_step(workload: Workload, keep: int = 32):
     """A Workload as a harness step: each call trains on the next batch (cycling the batches);
     `result()` is what the first `keep` steps returned (their losses), for parity."""
@@ -150,9 +153,6 @@ def workload_step(workload: Workload, keep: int = 32):
     step.result = result
     step.close = workload.close or (lambda: None)
     return step
-
-
-_END = object()
 
 
 def _results(step, steps: int):

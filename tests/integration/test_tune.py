@@ -108,7 +108,7 @@ def test_fake_clock_picks_the_fastest_candidate_that_keeps_the_results(project):
     ("name: x\nworkload: f.py:make\n", [], "has no tune.candidates"),
     (PROFILE.replace("{name: base, args: {}}", "{name: base, args: {silent: true}}"), [],
      "returns no tensor"),
-    (PROFILE, ["-o", "no/such/dir/t.yaml"], "its directory does not exist"),
+    (PROFILE, ["-o", "no/such/dir/t.yaml"], "does not exist"),
     (PROFILE, ["--device", "tpu"], "Invalid value for '--device'"),
 ])
 def test_tune_bad_input_is_one_line_exit_2(project, profile, args, message):
