@@ -7,9 +7,8 @@ from dataclasses import dataclass
 
 from .detect.session import Session, resolve_mode
 from .errors import BadInput
-from .targets import (FactoryTarget, ScriptTarget, call_factory, check_requires, compile_script,
-                      load_factory, parse_target, script_dir)
-from .workload import Workload
+from .targets import (FactoryTarget, ScriptTarget, call_factory, check_requires, check_workload,
+                      compile_script, load_factory, parse_target, script_dir)
 
 
 class _StopScan(BaseException):
@@ -63,9 +62,7 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str) -> 
                 raise
             except Exception as e:
                 return _result(session, e)
-        if not isinstance(workload, Workload):
-            raise BadInput(f"factory '{target.spec}' returned {type(workload).__name__}, "
-                           "expected gpusync.Workload")
+        check_workload(workload, target.spec)
         if workload.model is not None:
             session.mark_model(workload.model)
         try:

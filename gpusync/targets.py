@@ -146,6 +146,15 @@ def call_factory(fn: Callable[..., Any], args: dict, device: str):
     return fn(**kwargs)
 
 
+def check_workload(obj, spec: str):
+    from .workload import Workload
+
+    if not isinstance(obj, Workload):
+        raise BadInput(f"factory '{spec}' returned {type(obj).__name__}, "
+                       "expected gpusync.Workload")
+    return obj
+
+
 def compile_script(path: Path):
     text = read_user_file(path, "script")
     try:

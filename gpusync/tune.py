@@ -23,8 +23,8 @@ from .bench.render import technique_table
 from .errors import BadInput, GpusyncError, UserCodeError
 from .gate import mann_whitney_greater
 from .profiles import Candidate, Profile
-from .targets import FactoryTarget, call_factory, check_requires, load_factory, parse_target
-from .workload import Workload
+from .targets import (FactoryTarget, call_factory, check_requires, check_workload, load_factory,
+                      parse_target)
 
 DEFAULT_TARGET = "sparsenn_pipeline"
 
@@ -104,10 +104,7 @@ def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> 
                 raise
             except Exception as e:
                 raise _user_error(candidate.name, "the factory", e) from e
-            if not isinstance(workload, Workload):
-                raise BadInput(f"factory '{target.spec}' returned {type(workload).__name__}, "
-                               "expected gpusync.Workload")
-            inner = workload_step(workload)
+            inner = workload_step(check_workload(workload, target.spec))
 
             def step():
                 try:

@@ -1,7 +1,6 @@
 """Scan each corpus script and compare the reported sync lines with its `# expect:` comments:
 no misses, no false alarms, right phase."""
 import pytest
-import torch
 
 from gpusync.scan import run_scan
 from tests.conftest import CORPUS, expected_sites

@@ -5,7 +5,6 @@ import itertools
 import pytest
 import torch
 
-import gpusync
 from gpusync.bench.harness import run_technique
 from gpusync.bench.techniques import pipeline_variants
 from gpusync.techniques import pipeline as pl
