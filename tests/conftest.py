@@ -1,3 +1,4 @@
+import os
 import pathlib
 import re
 import subprocess
@@ -22,10 +23,15 @@ def expected_sites(path: pathlib.Path) -> set[tuple[int, str, str]]:
     return out
 
 
+# One BLAS / OpenMP thread: with several, a busy CI machine changes how float sums are split
+# between threads, and losses that the parity assertions expect identical differ by an ulp.
+DETERMINISTIC = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def run_cli(*args, cwd=None):
     """`python -m gpusync ARGS` in a subprocess, as a user runs it."""
     return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
+                          text=True, cwd=cwd, timeout=300, env={**os.environ, **DETERMINISTIC})
 
 
 def pytest_collection_modifyitems(config, items):

@@ -72,7 +72,7 @@ class TechniqueResult:
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
     skipped: dict = field(default_factory=dict)  # variant -> why it could not run here
-    baseline_noise: float | None = None  # the baseline against itself (run_technique self_check)
+    baseline_noise: float | None = None  # the baseline against itself (self_checks)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TechniqueResult":
@@ -198,9 +198,10 @@ def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
 def run_technique(technique: str, variants: list[Variant], device: str, steps: int = 20,
                   repeats: int = 10, warmup: int = 3, parity_steps: int = 5,
                   timer: Callable[[Callable[[], Any], int], float] | None = None,
-                  scan_mode: str | None = None, self_check: bool = False) -> TechniqueResult:
-    """Measure `variants` (the first is the baseline). self_check: run the baseline's parity
-    steps twice and keep how far its own results differ (result.baseline_noise)."""
+                  scan_mode: str | None = None, self_checks: int = 0) -> TechniqueResult:
+    """Measure `variants` (the first is the baseline). self_checks: run the baseline's parity
+    steps that many more times, from fresh state, and keep the largest difference from its
+    first run (result.baseline_noise: non-deterministic kernels, BLAS threading)."""
     cuda = device == "cuda"
     timer = timer or BlockTimer(cuda)
     mode = scan_mode or ("cuda" if cuda else "simulate")
@@ -222,8 +223,9 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
         del step  # its state must not count towards the next variant's memory
     variants = [v for v in variants if v.name in results]
     noise = None
-    if self_check:
-        noise = max_diff(results[baseline], _results(variants[0].make(), parity_steps))
+    for _ in range(self_checks):
+        diff = max_diff(results[baseline], _results(variants[0].make(), parity_steps))
+        noise = diff if noise is None or diff is None else max(noise, diff)
 
     # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
     alone = {v.name: _scan_alone(v.make, mode, cuda) for v in variants}

@@ -103,6 +103,8 @@ def test_unavailable_variants_are_listed_not_run_and_an_unavailable_baseline_is_
 
 
 def test_self_check_measures_the_baseline_against_itself():
+    import pytest
+
     runs = itertools.count()
 
     def noisy():
@@ -116,10 +118,10 @@ def test_self_check_measures_the_baseline_against_itself():
         return step
 
     result = run_technique("demo", [Variant("base", noisy)], "cpu", steps=1, repeats=2,
-                           timer=fake_timer([1.0]), self_check=True, parity_steps=2)
-    assert result.baseline_noise is not None and 1e-3 < result.baseline_noise < 3e-3
+                           timer=fake_timer([1.0]), self_checks=2, parity_steps=2)
+    assert result.baseline_noise == pytest.approx(2 * 2e-3, rel=1e-4)  # 3rd build: 2 steps
     assert run_technique("demo", [counter_variant("b", 1.0)], "cpu", steps=1, repeats=2,
-                         timer=fake_timer([1.0]), self_check=True).baseline_noise == 0.0
+                         timer=fake_timer([1.0]), self_checks=1).baseline_noise == 0.0
 
 
 def test_workload_step_cycles_batches_keeps_losses_and_closes():
