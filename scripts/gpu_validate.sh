@@ -3,6 +3,7 @@
 # Runs the GPU-marked tests, the CPU-vs-CUDA corpus comparison, the scanner's overhead in cuda
 # mode, and every technique with --device cuda; writes raw outputs under ${OUT:-gpu-results}/.
 # The lent GPU machines have torch but not torchrec / fbgemm-gpu: those parts report "not run".
+# Eight files at most: what the device tool brings back from $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -11,13 +12,16 @@ PY=${PYTHON:-python}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
-$PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/gpu-tests.txt"
+$PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
 # the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
 TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
-  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee "$OUT/csan-tests.txt"
+  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee -a "$OUT/tests.txt"
 $PY -m gpusync scan --mode cuda --format json -o "$OUT/scan-sparsenn-cuda.json"
 $PY -m gpusync scan --mode simulate --format json -o "$OUT/scan-sparsenn-simulate.json"
 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$OUT/overhead-cuda.json"
 $PY -m gpusync bench all --device cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
 $PY -m gpusync bench all --device cuda --format json > "$OUT/bench-all-cuda.json" 2>&1
+for profile in writeback sparsenn_pipeline; do
+  $PY -m gpusync tune $profile --device cuda --allow-approximate --format markdown
+done > "$OUT/tune-cuda.md" 2>&1
 echo "results in $OUT/"
