@@ -108,12 +108,21 @@ def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> 
             except Exception as e:
                 raise _user_error(candidate.name, "the factory", e) from e
             inner = workload_step(check_workload(workload, target.spec))
+            checked = False
 
             def step():
+                nonlocal checked
                 try:
                     inner()
                 except Exception as e:
                     raise _user_error(candidate.name, "a training step", e) from e
+                if not checked:  # at the first step, not after minutes of timing
+                    checked = True
+                    if inner.result() is None:
+                        raise BadInput(
+                            f"candidate '{candidate.name}': the workload's step returns no "
+                            "tensor, so tune cannot check that it keeps the results: return "
+                            "the loss from step()")
 
             step.result, step.close = inner.result, inner.close
             return step
@@ -130,10 +139,6 @@ def run_tune(target_text: str | None, device: str, steps: int, repeats: int,
     result = run_technique(profile.name, variants, device, steps=steps, repeats=repeats,
                            warmup=max(profile.warmup, 1), timer=timer,
                            self_checks=SELF_CHECKS)
-    base = next(m for m in result.variants if m.name == result.baseline)
-    if base.max_diff is None:
-        raise BadInput(f"{profile.name}: the workload's step returns no tensor, so tune cannot "
-                       "check that a candidate keeps the results: return the loss from step()")
     candidates = {c.name: c for c in profile.candidates}
     return profile, result, decide(result, candidates, allow_approximate, tolerance, p_max,
                                    min_gain)
