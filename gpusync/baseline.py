@@ -48,7 +48,10 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "") -> dict:
+def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "",
+                steps: int | None = None) -> dict:
+    """`steps`: the --steps the scan was asked for (None: the target's own default, or a
+    script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
     for s in report.sites:
         file = stable_file(s.file)
@@ -64,7 +67,7 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
         "mode": report.mode, "device": report.device, "torch": torch.__version__,
         "gpusync": __version__, "commit": _git_commit(),
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "steps": report.measured_steps, "warmup": report.warmup,
+        "steps": steps, "warmup": report.warmup, "measured_steps": report.measured_steps,
         "syncs_per_step": report.syncs_per_step,
         "max_syncs_per_step": report.max_syncs_per_step,
         "syncs_by_phase": dict(sorted(report.syncs_by_phase.items())),
@@ -119,7 +122,7 @@ def load(path: str) -> dict:
 def suggest(old: dict, report, old_path: str) -> str:
     """Write the baseline this run would record next to the old one, keeping the old margins
     and timing samples. Returns its path."""
-    new = from_report(report)
+    new = from_report(report, steps=old.get("steps"))
     margins = {s["key"]: s.get("margin", 0.0) for s in old["sites"]}
     for site in new["sites"]:
         site["margin"] = margins.get(site["key"], 0.0)

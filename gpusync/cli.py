@@ -36,36 +36,49 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     example (sparsenn).
     """
     from .fileio import write_atomic
-    from .scan import run_scan
 
-    result = run_scan(target, steps=steps, warmup=warmup, mode=mode, script_args=script_args)
-    text = render(result.report, fmt)
-    if output:
-        write_atomic(output, text)
-        click.echo(f"report written to {output}", err=True)
-    else:
-        click.echo(text, nl=False)
-    _raise_user_error(result)
-    if max_syncs_per_step is not None and result.report.max_syncs_per_step > max_syncs_per_step:
-        raise GpusyncError(f"{result.report.max_syncs_per_step} syncs in one step, more than "
+    outcome = _scan_isolated(target, steps, warmup, mode, script_args)
+    if outcome.report is not None:
+        text = render(outcome.report, fmt)
+        if output:
+            write_atomic(output, text)
+            click.echo(f"report written to {output}", err=True)
+        else:
+            click.echo(text, nl=False)
+    _raise_user_error(outcome)
+    report = outcome.report
+    if max_syncs_per_step is not None and report.max_syncs_per_step > max_syncs_per_step:
+        raise GpusyncError(f"{report.max_syncs_per_step} syncs in one step, more than "
                            f"--max-syncs-per-step {max_syncs_per_step}",
                            errors.EXIT_REGRESSION)
 
 
-def _raise_user_error(result) -> None:
-    """The scanned code raised: its traceback goes to stderr, the exit code is 3."""
-    if result.error is not None:
-        click.echo(result.traceback, err=True, nl=False)
-        raise errors.UserCodeError(f"the scanned code raised {type(result.error).__name__}",
-                                   result.error)
+def _scan_isolated(target, steps, warmup, mode, script_args=()):
+    """The scan runs in a child process (isolate.py): whatever the code does to its process,
+    gpusync reaches a verdict here. Bad targets and modes are refused before it starts."""
+    from . import isolate
+    from .detect.session import resolve_mode
+    from .targets import parse_target
+
+    parse_target(target)
+    try:
+        resolve_mode(mode)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    return isolate.scan(target, steps, warmup, mode, tuple(script_args))
+
+
+def _raise_user_error(outcome) -> None:
+    """The scanned code raised or ended the run: its traceback goes to stderr, exit 3."""
+    if outcome.failure is not None:
+        click.echo(outcome.traceback, err=True, nl=False)
+        raise errors.UserCodeError(outcome.failure)
 
 
 def _scan_or_fail(target, steps, warmup, mode):
-    from .scan import run_scan
-
-    result = run_scan(target, steps=steps, warmup=warmup, mode=mode)
-    _raise_user_error(result)
-    return result.report
+    outcome = _scan_isolated(target, steps, warmup, mode)
+    _raise_user_error(outcome)
+    return outcome.report
 
 
 @cli.command("baseline")
@@ -80,13 +93,13 @@ def _scan_or_fail(target, steps, warmup, mode):
 def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
     from . import baseline
-    from .bench.workloads import step_times
+    from .isolate import step_times
 
     report = _scan_or_fail(target, steps, warmup, mode)
     samples = None
     if timing:
-        samples = step_times(target, report.mode, timing_steps, warmup=3).ms
-    data = baseline.from_report(report, samples, timing_device=report.device)
+        samples = step_times(target, report.mode, timing_steps, warmup=3)
+    data = baseline.from_report(report, samples, timing_device=report.device, steps=steps)
     baseline.save(data, output)
     click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "
                f"{data['syncs_per_step']:g} syncs/step ({report.mode}, {report.device})")
@@ -115,7 +128,7 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
     import torch
 
     from . import baseline, gate
-    from .bench.workloads import step_times
+    from .isolate import step_times
 
     data = baseline.load(baseline_path)
     mode = mode or data.get("mode", "auto")
@@ -138,7 +151,7 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
             timing_result = (gate.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU")
         else:
             base = data["timing"]["samples_ms"]
-            now = step_times(target, "cuda", len(base), warmup=3).ms
+            now = step_times(target, "cuda", len(base), warmup=3)
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if problems:
@@ -316,6 +329,10 @@ def main(argv=None) -> int:
         return errors.EXIT_INTERRUPTED
     except SystemExitCode as e:
         return e.exit_code
+    except SystemExit as e:  # user code run in this process (tune's candidates) ended the run
+        click.echo(f"gpusync: the code being run called sys.exit({e.code!r}) before gpusync "
+                   "reached a verdict", err=True)
+        return errors.EXIT_USER_CODE
     except GpusyncError as e:
         prefix = "gpusync: error: " if isinstance(e, BadInput) else "gpusync: "
         click.echo(f"{prefix}{e}", err=True)

@@ -1,4 +1,5 @@
 """Exceptions that carry their exit code; cli.main is the one place they become exit codes."""
+from __future__ import annotations
 
 # Documented in README.md ("Exit codes").
 EXIT_OK = 0
@@ -30,11 +31,12 @@ class Unavailable(BadInput):
 
 
 class UserCodeError(GpusyncError):
-    """The scanned code raised; `original` keeps its exception for the traceback."""
+    """The scanned code raised or ended the run; `original` keeps its exception, when it was
+    raised in this process."""
 
     exit_code = EXIT_USER_CODE
 
-    def __init__(self, message: str, original: BaseException):
+    def __init__(self, message: str, original: BaseException | None = None):
         super().__init__(message)
         self.original = original
 

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
 from ._version import __version__
 from .detect.events import PHASES, Frame, SyncEvent
+from .detect.steps import UNIT_NOTES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: step_unit and notes
 
 
 @dataclass
@@ -50,6 +51,8 @@ class Report:
     gpusync_version: str = __version__
     created: str = ""
     error: str | None = None  # set when the scanned code raised part-way
+    step_unit: str = "optimizer"  # what a step is: detect/steps.py
+    notes: list[str] = field(default_factory=list)  # what the reader must know to trust it
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -73,17 +76,25 @@ def _device_name(mode: str) -> str:
     return "cpu"
 
 
-def _measured_range(steps: int, warmup: int) -> tuple[int, int, int]:
-    """(first, end, count) of the steps that per-step figures average over."""
+def _measured_range(steps: int, warmup: int) -> tuple[int, int, int, str | None]:
+    """(first, end, count) of the steps that per-step figures average over, and a note when
+    they include warm-up steps."""
     if steps <= 0:
-        return 0, 1, 1  # no step boundary seen: the whole run is one step
-    first = warmup if steps > warmup else 0
-    return first, steps, steps - first
+        return 0, 1, 1, None
+    if steps <= warmup:
+        return 0, steps, steps, (f"only {steps} step(s) ran, no more than the {warmup} warm-up "
+                                 "step(s): per-step figures include the warm-up")
+    return warmup, steps, steps - warmup, None
 
 
 def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
-                 target: str = "", error: str | None = None) -> Report:
-    first, end, n = _measured_range(steps, warmup)
+                 target: str = "", error: str | None = None, step_unit: str = "optimizer",
+                 notes: list[str] | None = None) -> Report:
+    """Events carry their step; `steps` whole steps ran (events past them are outside any
+    step: what a Workload's close() ran, or the step a --steps limit cut short)."""
+    first, end, n, range_note = _measured_range(steps, warmup)
+    notes = [*([UNIT_NOTES[step_unit]] if step_unit in UNIT_NOTES else []),
+             *([range_note] if range_note else []), *(notes or [])]
 
     def measured(e: SyncEvent) -> bool:
         return first <= e.step < end
@@ -116,6 +127,6 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         syncs_per_step=round(len(in_range) / n, 4),
         max_syncs_per_step=max(per_step_counts.values(), default=0),
         syncs_by_phase={p: round(by_phase[p] / n, 4) for p in PHASES if by_phase[p]},
-        sites=sites, target=target, error=error,
+        sites=sites, target=target, error=error, step_unit=step_unit, notes=notes,
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
     )

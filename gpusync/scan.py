@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import traceback
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from .detect.session import Session, resolve_mode
 from .errors import BadInput
@@ -12,97 +13,121 @@ from .targets import (FactoryTarget, ScriptTarget, call_factory, check_requires,
 
 
 class _StopScan(BaseException):
-    """Raised from the optimizer hook once enough steps ran; a BaseException so that a user's
+    """Raised from a step hook once enough steps ran; a BaseException so that a user's
     `except Exception` does not swallow it."""
+
+
+class EarlyExit(Exception):
+    """The scanned code ended the run before the scan did (sys.exit in a factory's step,
+    os._exit anywhere): what was measured is reported, and the verdict is exit 3."""
 
 
 @dataclass
 class ScanResult:
-    report: object
+    report: Any
     error: BaseException | None = None
     traceback: str = ""
 
 
 def run_scan(target_text: str | None, steps: int | None = None, warmup: int | None = None,
-             mode: str = "auto", script_args: tuple = ()) -> ScanResult:
+             mode: str = "auto", script_args: tuple = (),
+             on_session: Callable[[Session], None] | None = None) -> ScanResult:
+    """Scan a target in this process. `on_session` gets the live session first (the CLI's
+    child process uses it to save what was measured if the code kills the process)."""
     target = parse_target(target_text)
     try:
         mode = resolve_mode(mode)
     except ValueError as e:
         raise BadInput(str(e)) from None
     if isinstance(target, ScriptTarget):
-        return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args)
+        return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args,
+                            on_session)
     if script_args:
         raise BadInput("arguments after -- are only for script targets")
     check_requires(target)
     steps = steps if steps is not None else (target.steps or 5)
     warmup = warmup if warmup is not None else (target.warmup if target.warmup is not None else 1)
-    return _scan_factory(target, steps, warmup, mode)
+    return _scan_factory(target, steps, warmup, mode, on_session)
 
 
 def _result(session: Session, error: BaseException | None) -> ScanResult:
-    text = ""
+    text, summary = "", None
     if error is not None:
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         summary = f"{type(error).__name__}: {error}"
-    report = session.report(error=summary if error is not None else None)
+        if isinstance(error, SystemExit):
+            summary = f"the scanned code called sys.exit({error.code!r}) before the scan ended"
+    report = session.report(error=summary)
     return ScanResult(report=report, error=error, traceback=text)
 
 
-def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str) -> ScanResult:
+def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
+                  on_session) -> ScanResult:
     factory = load_factory(target.spec)
     device = "cuda" if mode == "cuda" else "cpu"
     session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label)
-    error = None
+    if on_session is not None:
+        on_session(session)
+    error: BaseException | None = None
     with session:
         with session.setup():
             try:
                 workload = call_factory(factory, target.args, device)
             except BadInput:
                 raise
-            except Exception as e:
+            except (Exception, SystemExit) as e:
                 return _result(session, e)
         check_workload(workload, target.spec)
         if workload.model is not None:
             session.mark_model(workload.model)
+        ran = 0
         try:
-            for i, batch in enumerate(workload.iter_batches()):
-                if i >= warmup + steps:
+            for batch in workload.iter_batches():
+                if ran >= warmup + steps:
                     break
                 workload.step(batch)
                 session.end_step()
-        except Exception as e:
+                ran += 1
+        except (Exception, SystemExit) as e:  # SystemExit: the step ended the run early
             error = e
         finally:
-            if workload.close is not None:
-                workload.close()
+            try:
+                if workload.close is not None:
+                    workload.close()
+            except Exception as e:  # the report of what ran is kept
+                error = error or e
+        if ran == 0 and error is None:
+            raise BadInput(f"workload '{target.label}' yields no batches: nothing to scan")
     return _result(session, error)
 
 
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
-                 args: tuple) -> ScanResult:
+                 args: tuple, on_session) -> ScanResult:
     code = compile_script(target.path)
     session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label)
+    if on_session is not None:
+        on_session(session)
     limit = None if steps is None else warmup + steps
 
-    def stop_when_done(step_index: int) -> None:
-        if limit is not None and step_index + 1 >= limit:
+    def stop_when_done(whole_steps: int) -> None:
+        if limit is not None and whole_steps >= limit:
+            session.stopped()
             raise _StopScan()
 
-    session.tracker.on_step_end = stop_when_done
+    session.on_step = stop_when_done
     saved_argv, saved_path0 = sys.argv, list(sys.path)
     sys.argv = [str(target.path), *args]
     sys.path.insert(0, script_dir(target.path))
     main_module = sys.modules["__main__"]
     globs = {"__name__": "__main__", "__file__": str(target.path), "__builtins__": __builtins__}
-    error = None
+    error: BaseException | None = None
     try:
         with session:
             try:
                 exec(code, globs)
             except _StopScan:
                 pass
-            except SystemExit as e:
+            except SystemExit as e:  # the script's own end, unless it reports a failure
                 if e.code not in (None, 0):
                     error = e
             except Exception as e:

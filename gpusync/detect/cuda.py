@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from . import patches
 from .recorder import Recorder
 
 _SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -33,48 +34,61 @@ class StallTimer:
             torch.cuda.set_sync_debug_mode(prev)
 
 
+def _warn_on_syncs():
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("warn")
+    warnings.filterwarnings("always", message=_SYNC_WARNING)
+    return previous, warnings.filters[0]
+
+
+def _stop_warning_on_syncs(saved) -> None:
+    previous, entry = saved
+    try:
+        torch.cuda.set_sync_debug_mode(previous)
+    finally:
+        if entry in warnings.filters:
+            warnings.filters.remove(entry)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+
+
+# One sync-debug setting for every session that needs it, restored when the last one ends.
+_SYNC_DEBUG = patches.Shared(_warn_on_syncs, _stop_warning_on_syncs)
+
+
 class CudaExtras:
     def __init__(self, recorder: Recorder, detector):
         self.rec = recorder
         self.det = detector
-        self._prev_mode = None
-        self._catch = None
-        self._patched: list[tuple[object, str, object, bool]] = []
+        self._handles: list = []
+        self._debug = False
+        self._owner = threading.get_ident()
 
     def install(self) -> None:
         self._owner = threading.get_ident()
-        self._prev_mode = torch.cuda.get_sync_debug_mode()
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.filterwarnings("always", message=_SYNC_WARNING)
-        previous_show = warnings.showwarning
-
-        def showwarning(message, category, filename, lineno, file=None, line=None):
-            if _SYNC_WARNING in str(message):
-                self._on_sync_warning()
-            else:
-                previous_show(message, category, filename, lineno, file, line)
-
-        warnings.showwarning = showwarning
-        torch.cuda.set_sync_debug_mode("warn")
-        self._patch(torch.cuda, "synchronize", "cuda.synchronize")
-        self._patch(torch.cuda.Event, "synchronize", "Event.synchronize")
-        self._patch(torch.cuda.Stream, "synchronize", "Stream.synchronize")
+        _SYNC_DEBUG.acquire()
+        self._debug = True
+        self._handles = [
+            patches.add_layer(warnings, "showwarning", self._showwarning),
+            self._patch(torch.cuda, "synchronize", "cuda.synchronize"),
+            self._patch(torch.cuda.Event, "synchronize", "Event.synchronize"),
+            self._patch(torch.cuda.Stream, "synchronize", "Stream.synchronize"),
+        ]
 
     def uninstall(self) -> None:
         try:
-            if self._prev_mode is not None:
-                torch.cuda.set_sync_debug_mode(self._prev_mode)
+            if self._debug:
+                self._debug = False
+                _SYNC_DEBUG.release()
         finally:
-            for owner, name, original, own in reversed(self._patched):
-                if own:
-                    setattr(owner, name, original)
-                else:  # it was inherited: remove ours, do not leave a copy behind
-                    delattr(owner, name)
-            self._patched = []
-            if self._catch is not None:
-                self._catch.__exit__(None, None, None)
-                self._catch = None
+            for h in reversed(self._handles):
+                h.remove()
+            self._handles = []
+
+    def _showwarning(self, call, message, *args, **kwargs):
+        if _SYNC_WARNING in str(message) and threading.get_ident() == self._owner:
+            self._on_sync_warning()
+        elif _SYNC_WARNING not in str(message):
+            call(message, *args, **kwargs)
 
     def _on_sync_warning(self) -> None:
         # Autograd replays device-thread warnings after backward returns, at the wrong place:
@@ -83,23 +97,18 @@ class CudaExtras:
             return
         self.det.record("sync")
 
-    def _patch(self, owner, name: str, label: str) -> None:
-        own = name in vars(owner)
-        original = vars(owner)[name] if own else getattr(owner, name)
-        rec = self.rec
+    def _patch(self, owner, name: str, label: str):
+        rec, owner_thread = self.rec, self._owner
 
-        owner_thread = self._owner
-
-        def timed(*args, **kwargs):
+        def timed(call, *args, **kwargs):
             # another host thread waiting (e.g. on an event) does not stall the training loop
             if rec.suppressed() or threading.get_ident() != owner_thread:
-                return original(*args, **kwargs)
+                return call(*args, **kwargs)
             start = time.perf_counter()
             with rec.suppress():
-                out = original(*args, **kwargs)
+                out = call(*args, **kwargs)
             stall = (time.perf_counter() - start) * 1e3
-            rec.record(label, skip=2, stall_ms=stall)
+            rec.record(label, skip=3, stall_ms=stall)
             return out
 
-        setattr(owner, name, timed)
-        self._patched.append((owner, name, original, own))
+        return patches.add_layer(owner, name, timed)

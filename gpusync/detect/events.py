@@ -26,7 +26,7 @@ class SyncEvent:
     phase: str = OTHER
     hook: str | None = None
     module: str | None = None  # module path inside the root nn.Module, e.g. "sparse_arch.tables.t0"
-    step: int = 0
+    step: int = 0  # set when the report is built (a step's end is known only later)
     stall_ms: float | None = None  # measured on a GPU only
     detail: str = ""  # e.g. "via IndexBackward0 (from forward)"
     fix: str = ""

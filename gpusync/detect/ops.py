@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import weakref
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from . import patches
 from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
@@ -131,8 +133,9 @@ class OpDetector:
         self.current_func = None  # the Python-level torch call being run (names labels)
         self._fmode = _FunctionMode(self)
         self._dmode = _DispatchMode(self)
-        self._handles = []
-        self._orig_next = None
+        self._handles: list = []
+        self._owner = threading.get_ident()
+        self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
 
     @property
     def current(self) -> str:
@@ -140,62 +143,46 @@ class OpDetector:
 
     # -- install / uninstall ---------------------------------------------------------------
     def install(self) -> None:
+        import torch.autograd as autograd
         from torch.optim import optimizer as optim_module
         from torch.utils.data import dataloader
 
+        self._owner = threading.get_ident()
         self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
-        self._orig_next = dataloader._BaseDataLoaderIter.__next__
-        detector, orig = self, self._orig_next
-
-        def __next__(it):
-            batch = orig(it)
-            for leaf in tree_leaves(batch):
-                if isinstance(leaf, Tensor):
-                    detector.host.mark_host(leaf)
-            return batch
-
         if not self.real:
-            dataloader._BaseDataLoaderIter.__next__ = __next__
-        else:
-            self._orig_next = None
-        self._wrap_engine()
+            self._handles.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
+                                                   self._next_batch))
+        self._handles.append(patches.add_layer(autograd, "_engine_run_backward",
+                                               self._backward_seen))
         self._fmode.__enter__()
         self._dmode.__enter__()
 
-    def _wrap_engine(self) -> None:
+    def _next_batch(self, call, it):
+        batch = call(it)
+        for leaf in tree_leaves(batch):
+            if isinstance(leaf, Tensor):
+                self.host.mark_host(leaf)  # DataLoader batches are made in host memory
+        return batch
+
+    def _backward_seen(self, call, *args, **kwargs):
         """A function mode is switched off while its own handler runs, so inside
         `loss.backward()` (handled by it) hooks would run unseen. backward() and grad() both
         call torch.autograd._engine_run_backward: switch the mode back on around it."""
-        import torch.autograd as autograd
-        from torch.overrides import _get_current_function_mode_stack
-
-        original, fmode = autograd._engine_run_backward, self._fmode
-
-        def _engine_run_backward(*args, **kwargs):
-            if fmode in _get_current_function_mode_stack():
-                return original(*args, **kwargs)
-            with fmode:
-                return original(*args, **kwargs)
-
-        autograd._engine_run_backward = _engine_run_backward
-        self._orig_engine = original
+        if threading.get_ident() != self._owner or self.closed:
+            return call(*args, **kwargs)
+        if self._fmode in _get_current_function_mode_stack():
+            return call(*args, **kwargs)
+        with self._fmode:
+            return call(*args, **kwargs)
 
     def uninstall(self) -> None:
-        import torch.autograd as autograd
-        from torch.utils.data import dataloader
-
-        if getattr(self, "_orig_engine", None) is not None:
-            autograd._engine_run_backward = self._orig_engine
-            self._orig_engine = None
+        self.closed = True
         try:
-            self._dmode.__exit__(None, None, None)
+            patches.exit_dispatch_mode(self._dmode)
         finally:
             try:
-                self._fmode.__exit__(None, None, None)
+                patches.exit_function_mode(self._fmode)
             finally:
-                if self._orig_next is not None:
-                    dataloader._BaseDataLoaderIter.__next__ = self._orig_next
-                    self._orig_next = None
                 for h in self._handles:
                     h.remove()
                 self._handles = []

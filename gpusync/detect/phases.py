@@ -5,14 +5,17 @@ Everything is installed through torch's removable global hooks; `uninstall` remo
 """
 from __future__ import annotations
 
+import threading
 from typing import Callable
 
 import torch
 from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
+from . import patches
 from .events import BACKWARD, FORWARD, HOOK, OPTIMIZER, OTHER, Frame
 from .frames import is_internal
+from .steps import StepCounter
 
 _ENGINE_FRAME = ("graph.py", "_engine_run_backward")
 _CUSTOM_FN_FRAME = ("function.py", "BackwardCFunction.apply")
@@ -21,25 +24,34 @@ NODE_KEY = "gpusync_forward"
 
 
 class PhaseTracker:
+    """Phases (which module runs, backward, optimizer) and step signals for a StepCounter.
+
+    Only the thread that installed it counts: another thread's forwards and optimizer steps
+    belong to another training loop (a second watch() in a thread has its own tracker)."""
+
     def __init__(self, root: torch.nn.Module | None = None, auto_steps: bool = True,
-                 on_step_end: Callable[[int], None] | None = None):
+                 position: Callable[[], int] = lambda: 0):
         self.root = root
-        self.auto_steps = auto_steps  # False when the caller marks steps itself (Workload runs)
-        self.on_step_end = on_step_end
-        self.step = 0
+        self.steps = StepCounter(position, explicit=not auto_steps)
         self._module_stack: list[torch.nn.Module] = []
         self._paths: dict[int, dict[int, str]] = {}
         self._in_optimizer = 0
-        self._forward_since_step = False
+        self._in_backward = 0
         self._handles: list = []
+        self._thread = threading.get_ident()
 
     # -- install / uninstall -------------------------------------------------------------
     def install(self) -> None:
+        import torch.autograd as autograd
+
+        self._thread = threading.get_ident()
         self._handles = [
             nn_module.register_module_forward_pre_hook(self._fwd_pre),
             nn_module.register_module_forward_hook(self._fwd_post, always_call=True),
             optim_module.register_optimizer_step_pre_hook(self._opt_pre),
             optim_module.register_optimizer_step_post_hook(self._opt_post),
+            patches.add_layer(optim_module.Optimizer, "__init__", self._optimizer_made),
+            patches.add_layer(autograd, "_engine_run_backward", self._backward),
         ]
 
     def uninstall(self) -> None:
@@ -48,33 +60,66 @@ class PhaseTracker:
         self._handles = []
         self._module_stack.clear()
         self._in_optimizer = 0
+        self._in_backward = 0
+
+    def _ours(self) -> bool:
+        return threading.get_ident() == self._thread
 
     # -- hooks -----------------------------------------------------------------------------
     def _fwd_pre(self, module, args):
+        if not self._ours():
+            return
+        if not self._module_stack and not self._in_optimizer and not self._in_backward:
+            self.steps.work_starts()
+            self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push
         self._module_stack.append(module)
-        self._forward_since_step = True
 
     def _fwd_post(self, module, args, output):
+        if not self._ours():
+            return
         # always_call=True: runs on exceptions too, so the stack cannot drift.
         if self._module_stack and self._module_stack[-1] is module:
             self._module_stack.pop()
         elif module in self._module_stack:
             del self._module_stack[self._module_stack.index(module):]
+        if not self._module_stack and not self._in_optimizer and not self._in_backward:
+            self.steps.end(FORWARD)
 
     def _opt_pre(self, optimizer, args, kwargs):
+        if not self._ours():
+            return
+        if self._in_optimizer == 0:  # an optimizer stepping others (torchrec's) is one step
+            self.steps.work_starts()
+            self.steps.begin(OPTIMIZER, id(optimizer))
         self._in_optimizer += 1
 
     def _opt_post(self, optimizer, args, kwargs):
+        if not self._ours():
+            return
         self._in_optimizer = max(0, self._in_optimizer - 1)
-        # Several optimizers stepped after one forward (dense + sparse) end one step.
-        if self.auto_steps and self._in_optimizer == 0 and self._forward_since_step:
-            self.end_step()
+        if self._in_optimizer == 0:
+            self.steps.end(OPTIMIZER)
+
+    def _optimizer_made(self, call, *args, **kwargs):
+        if self._ours():
+            self.steps.optimizers_made = True
+        return call(*args, **kwargs)
+
+    def _backward(self, call, *args, **kwargs):
+        outer = self._ours() and self._in_backward == 0
+        if outer:
+            self.steps.work_starts()
+            self.steps.begin(BACKWARD, BACKWARD)
+        self._in_backward += int(outer)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if outer:
+                self._in_backward -= 1
+                self.steps.end(BACKWARD)
 
     def end_step(self) -> None:
-        self._forward_since_step = False
-        if self.on_step_end is not None:
-            self.on_step_end(self.step)
-        self.step += 1
+        self.steps.end_step()
 
     # -- queries ---------------------------------------------------------------------------
     def module_path(self) -> str | None:

@@ -12,6 +12,7 @@ class Recorder:
         self.tracker = tracker
         self.events: list[SyncEvent] = []
         self.recording = True  # False while a factory builds the workload: track, do not report
+        self.closed = False  # the session ended: nothing more is recorded
         self._suppress = 0  # >0 while an outer detection covers the ops it runs
 
     @property
@@ -19,7 +20,7 @@ class Recorder:
         return len(self.events)
 
     def suppressed(self) -> bool:
-        return self._suppress > 0 or not self.recording
+        return self._suppress > 0 or not self.recording or self.closed
 
     def record(self, label: str, skip: int = 2, stall_ms: float | None = None,
                detail: str = "") -> SyncEvent | None:
@@ -40,7 +41,7 @@ class Recorder:
             frames, module = fwd_frames, fwd_module
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
-            step=self.tracker.step, stall_ms=stall_ms, detail=detail, fix=fix_for(label),
+            stall_ms=stall_ms, detail=detail, fix=fix_for(label),
         )
         self.events.append(event)
         return event

@@ -32,6 +32,8 @@ class Session:
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
         self.recorder = Recorder(self.tracker)
+        events = self.recorder.events
+        self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
         self.detector = OpDetector(self.recorder, real=real,
                                    stall_timer=StallTimer() if real else None)
@@ -56,7 +58,10 @@ class Session:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._uninstall()
+        try:
+            self._uninstall()
+        finally:
+            self.recorder.closed = True
 
     def _uninstall(self) -> None:
         errors = []
@@ -92,8 +97,26 @@ class Session:
     def events(self):
         return self.recorder.events
 
+    @property
+    def on_step(self):
+        """Called with the number of whole steps each time one completes; may raise to stop
+        the run (scan --steps)."""
+        return self.tracker.steps.on_boundary
+
+    @on_step.setter
+    def on_step(self, callback) -> None:
+        self.tracker.steps.on_boundary = callback
+
+    def stopped(self) -> None:
+        """The run was stopped at a step boundary: the step that just began is not whole."""
+        self.tracker.steps.stopped = True
+
     def report(self, **kwargs):
         from ..report import build_report
 
-        return build_report(self.events, steps=self.tracker.step, warmup=self.warmup,
-                            mode=self.mode, target=self.target, **kwargs)
+        steps = self.tracker.steps.result()
+        events = list(self.events)
+        for i, e in enumerate(events):
+            e.step = steps.step_of(i)
+        return build_report(events, steps=steps.count, warmup=self.warmup, mode=self.mode,
+                            target=self.target, step_unit=steps.unit, **kwargs)

@@ -77,3 +77,56 @@ def test_scan_cli_restores_state_when_user_code_raises(tmp_path):
     result = run_scan(str(script), mode="simulate")
     assert isinstance(result.error, ValueError)
     assert global_state() == before
+
+
+def test_two_watch_blocks_ending_out_of_order_restore_everything():
+    before = global_state()
+    first, second = gpusync.watch(mode="simulate"), gpusync.watch(mode="simulate")
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # not the innermost: must not take the other's modes
+    train_step()
+    assert len(second.report().sites) == 1  # the second still records
+    second.__exit__(None, None, None)
+    assert global_state() == before
+    from torch.utils import _python_dispatch
+
+    assert not _python_dispatch._is_in_torch_dispatch_mode
+
+
+def test_watch_blocks_in_two_threads_restore_everything():
+    import threading
+
+    before = global_state()
+    entered, leave = threading.Barrier(2), threading.Event()
+    reports = {}
+
+    def worker(name, wait):
+        with gpusync.watch(mode="simulate") as w:
+            entered.wait()
+            train_step()
+            if wait:
+                leave.wait(10)
+        reports[name] = w.report()
+
+    other = threading.Thread(target=worker, args=("other", False))
+    other.start()
+    with gpusync.watch(mode="simulate") as mine:
+        entered.wait()
+        other.join()  # the other thread's block ends first, inside this one
+        train_step()
+    assert global_state() == before
+    assert reports["other"].steps == 1 and mine.report().steps == 1
+
+
+def test_a_closed_session_records_nothing_more():
+    m = torch.nn.Linear(3, 1)
+    with gpusync.watch(mode="simulate") as w:
+        m(torch.randn(2, 3)).sum().item()
+    count = len(w.events)
+    w.detector._dmode.__enter__()  # a mode left behind somewhere must not record
+    try:
+        m(torch.randn(2, 3)).sum().item()
+    finally:
+        w.detector._dmode.__exit__(None, None, None)
+    assert len(w.events) == count == 1

@@ -22,8 +22,8 @@ def test_patches_are_undone_exactly_and_record_only_the_owner_thread():
     rec = Recorder(PhaseTracker())
     extras = CudaExtras(rec, detector=None)
     extras._owner = threading.get_ident()
-    extras._patch(module, "synchronize", "cuda.synchronize")
-    extras._patch(Child, "synchronize", "Event.synchronize")
+    extras._handles = [extras._patch(module, "synchronize", "cuda.synchronize"),
+                       extras._patch(Child, "synchronize", "Event.synchronize")]
     assert "synchronize" in vars(Child)
     assert module.synchronize() == "module" and Child().synchronize() == "base"
     assert [e.op for e in rec.events] == ["cuda.synchronize", "Event.synchronize"]

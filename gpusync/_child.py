@@ -1,0 +1,125 @@
+"""The child process of gpusync/isolate.py: runs one job on the user's code and keeps
+result.json in its folder up to date (see isolate.py for the protocol)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from typing import Any
+
+from . import isolate
+from .errors import GpusyncError
+
+_SNAPSHOT_SECONDS = 1.0
+
+
+class _Results:
+    """result.json, replaced whole each time (write, then rename)."""
+
+    def __init__(self, folder: str):
+        self.path = os.path.join(folder, isolate.RESULT)
+        self.lock = threading.Lock()
+        self.final = False
+
+    def write(self, data: dict[str, Any], final: bool = True) -> None:
+        with self.lock:
+            if self.final:
+                return
+            self.final = final
+            tmp = self.path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(data, f)
+            os.replace(tmp, self.path)
+
+
+def _report(session) -> dict | None:
+    try:
+        return session.report().to_dict() if session is not None else None
+    except Exception:  # a snapshot must never break the run it describes
+        return None
+
+
+def _scan(job: dict, results: _Results) -> None:
+    from .scan import run_scan
+
+    live: dict[str, Any] = {"session": None}
+    stop = threading.Event()
+
+    def snapshots() -> None:
+        while not stop.wait(_SNAPSHOT_SECONDS):
+            report = _report(live["session"])
+            if report is not None:
+                results.write({"status": isolate.RUNNING, "report": report}, final=False)
+
+    real_exit = os._exit
+
+    def os_exit(code: int) -> None:  # the code would end the process: save what it measured
+        stop.set()
+        results.write({"status": isolate.EARLY_EXIT, "code": code,
+                       "report": _report(live["session"])})
+        real_exit(code)
+
+    os._exit = os_exit
+    thread = threading.Thread(target=snapshots, name="gpusync-snapshots", daemon=True)
+    thread.start()
+    try:
+        result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
+                          mode=job["mode"], script_args=tuple(job["script_args"]),
+                          on_session=lambda s: live.__setitem__("session", s))
+    finally:
+        stop.set()
+        thread.join()
+        os._exit = real_exit
+    data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
+    if result.error is not None:
+        data.update(status=isolate.USER_ERROR, traceback=result.traceback,
+                    message=f"the scanned code raised {type(result.error).__name__}"
+                    if not isinstance(result.error, SystemExit) else result.report.error)
+    results.write(data)
+
+
+def _timing(job: dict, results: _Results) -> None:
+    import traceback
+
+    from .bench.workloads import step_times
+
+    real_exit = os._exit
+
+    def os_exit(code: int) -> None:
+        results.write({"status": isolate.EARLY_EXIT, "code": code})
+        real_exit(code)
+
+    os._exit = os_exit
+    try:
+        samples = step_times(job["target"], job["mode"], job["steps"], warmup=job["warmup"])
+    except GpusyncError:
+        raise
+    except (Exception, SystemExit) as e:
+        results.write({"status": isolate.USER_ERROR, "message": f"{type(e).__name__}: {e}",
+                       "traceback": "".join(traceback.format_exception(e))})
+        return
+    finally:
+        os._exit = real_exit
+    results.write({"status": isolate.DONE, "samples_ms": samples.ms})
+
+
+def main(folder: str) -> int:
+    results = _Results(folder)
+    with open(os.path.join(folder, isolate.JOB)) as f:
+        job = json.load(f)
+    os.dup2(2, 1)  # the code's prints go to stderr: stdout carries gpusync's report
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep their order
+    try:
+        {"scan": _scan, "timing": _timing}[job["kind"]](job, results)
+    except GpusyncError as e:
+        results.write({"status": isolate.FAILED, "message": str(e), "exit_code": e.exit_code})
+    except KeyboardInterrupt:
+        results.write({"status": isolate.INTERRUPTED})
+        return 130
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

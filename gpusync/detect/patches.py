@@ -1,0 +1,153 @@
+"""Global state that several sessions may share, undone exactly whatever order they end in.
+
+Two `watch()` blocks may overlap, end out of order, or run in two threads. Setting an attribute
+back to "what it was when I started" would then drop another session's patch or leave ours
+behind. So each patched attribute gets one wrapper, installed by the first session that needs
+it and removed by the last; sessions add and remove *layers* on it. Mode stacks are handled
+the same way: a session's mode is taken out of the stack wherever it sits, not popped from the
+top (which may be another session's).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+_lock = threading.RLock()
+_slots: dict[tuple[int, str], "_Slot"] = {}
+
+# A layer is called as layer(call_next, *args, **kwargs) and must call call_next to go on.
+Layer = Callable[..., Any]
+
+
+class _Slot:
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+        self.own = name in vars(owner)
+        self.original = vars(owner)[name] if self.own else getattr(owner, name)
+        self.layers: list[Layer] = []
+        slot = self
+
+        @functools.wraps(self.original)
+        def wrapper(*args, **kwargs):
+            call = slot.original
+            for layer in reversed(slot.layers):  # the first session's layer runs outermost
+                call = functools.partial(layer, call)
+            return call(*args, **kwargs)
+
+        self.wrapper = wrapper
+        setattr(owner, name, wrapper)
+
+    def restore(self) -> None:
+        if self.own:
+            setattr(self.owner, self.name, self.original)
+        else:  # it was inherited: remove ours, leave no copy behind
+            delattr(self.owner, self.name)
+
+
+class Handle:
+    """Removes one layer; safe to call twice."""
+
+    def __init__(self, key: tuple[int, str], layer: Layer):
+        self._key, self._layer = key, layer
+
+    def remove(self) -> None:
+        with _lock:
+            slot = _slots.get(self._key)
+            if slot is None or self._layer not in slot.layers:
+                return
+            slot.layers.remove(self._layer)
+            if not slot.layers:
+                del _slots[self._key]
+                slot.restore()
+
+
+def add_layer(owner: Any, name: str, layer: Layer) -> Handle:
+    """Wrap owner.name with `layer` until the handle is removed."""
+    key = (id(owner), name)
+    with _lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = _Slot(owner, name)
+        slot.layers.append(layer)
+    return Handle(key, layer)
+
+
+class Shared:
+    """A global setting several sessions need at once (e.g. the CUDA sync-debug mode): `enter`
+    runs for the first user and returns what `leave` gets back when the last one goes."""
+
+    def __init__(self, enter: Callable[[], Any], leave: Callable[[Any], None]):
+        self._enter, self._leave = enter, leave
+        self._users = 0
+        self._saved: Any = None
+
+    def acquire(self) -> None:
+        with _lock:
+            if self._users == 0:
+                self._saved = self._enter()
+            self._users += 1
+
+    def release(self) -> None:
+        with _lock:
+            if self._users == 0:
+                return
+            self._users -= 1
+            if self._users == 0:
+                self._leave(self._saved)
+                self._saved = None
+
+
+def exit_function_mode(mode) -> None:
+    """Take `mode` out of this thread's torch-function mode stack, wherever it sits."""
+    from torch._C import (_len_torch_function_stack, _pop_torch_function_stack,
+                          _push_on_torch_function_stack)
+    from torch.overrides import _get_current_function_mode_stack
+
+    if not any(m is mode for m in _get_current_function_mode_stack()):
+        return
+    above = []
+    while _len_torch_function_stack() > 0:
+        top = _pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        _push_on_torch_function_stack(m)
+
+
+_FLAG_DEQUES = ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",
+                "old_without_ignore_compile_internals_dispatch_mode_flags")
+
+
+def exit_dispatch_mode(mode) -> None:
+    """Take `mode` out of this thread's torch-dispatch mode stack, wherever it sits.
+
+    On top, it exits as usual. Below another mode, it is unlinked: the global "in a dispatch
+    mode" flags it saved on entry are handed to the mode just above it, which will restore
+    them when it exits, so no flag stays set once every mode is gone."""
+    from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack, _pop_mode,
+                                              _push_mode)
+
+    stack = _get_current_dispatch_mode_stack()
+    if not any(m is mode for m in stack):
+        return
+    if stack[-1] is mode:
+        mode.__exit__(None, None, None)
+        return
+    above = []
+    while True:
+        top = _pop_mode()
+        if top is mode:
+            break
+        above.append(top)
+    successor = above[-1]  # the mode that was pushed right after ours
+    depth = sum(m is successor for m in above)  # its entries newer than that push
+    for name in _FLAG_DEQUES:
+        ours, theirs = getattr(mode, name, None), getattr(successor, name, None)
+        if ours and theirs and len(theirs) >= depth:
+            theirs[-depth] = ours.pop()
+        elif ours:
+            ours.pop()
+    for m in reversed(above):
+        _push_mode(m)

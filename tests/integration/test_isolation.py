@@ -1,0 +1,82 @@
+"""The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
+and the code's own prints never mix with the report on stdout."""
+import json
+import textwrap
+
+from tests.conftest import run_cli as gpusync
+
+LOOP = textwrap.dedent('''
+    import torch
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for i in range(4):
+        loss = m(torch.randn(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(f"step {i} loss {loss.item():.3f}")
+''')
+
+FACTORY = textwrap.dedent('''
+    import torch
+    import gpusync
+
+    def make():
+        m = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(batch):
+            loss = m(batch).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+            loss.item()
+            if batch.sum().item() > 100:
+                raise SystemExit(0)
+
+        batches = [torch.zeros(4, 3), torch.zeros(4, 3), torch.full((4, 3), 10.0)]
+        return gpusync.Workload(step=step, batches=batches, model=m, optimizer=opt)
+''')
+
+
+def test_os_exit_zero_is_exit_3_with_what_was_measured(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(0)\n")
+    proc = gpusync("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
+    assert proc.returncode == 3, proc.stderr
+    assert "os._exit(0)" in proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["steps"] == 4 and [s["op"] for s in report["sites"]] == ["item"]
+    assert "os._exit(0)" in report["error"]
+
+
+def test_os_exit_fails_baseline_and_gate_too(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP)
+    assert gpusync("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(0)\n")
+    gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+    assert gate.returncode == 3 and "os._exit(0)" in gate.stderr
+    base = gpusync("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
+    assert base.returncode == 3 and not (tmp_path / "new.json").exists()
+
+
+def test_a_killed_scan_is_exit_3(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP + "import os, signal\nos.kill(os.getpid(), "
+                                       "signal.SIGKILL)\n")
+    proc = gpusync("scan", "train.py", cwd=tmp_path)
+    assert proc.returncode == 3 and "killed by SIGKILL" in proc.stderr
+
+
+def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path):
+    (tmp_path / "work.py").write_text(FACTORY)
+    proc = gpusync("scan", "work.py:make", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "sys.exit(0)" in proc.stderr and "item" in proc.stdout
+    gate = gpusync("baseline", "work.py:make", "--steps", "2", "-o", "b.json", cwd=tmp_path)
+    assert gate.returncode == 3
+
+
+def test_the_scripts_prints_never_reach_stdout(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP)
+    proc = gpusync("scan", "train.py", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # what `| python -m json.tool` reads
+    assert report["sites"][0]["op"] == "item"
+    assert "step 3 loss" in proc.stderr
+    proc = gpusync("scan", "train.py", "--format", "markdown", cwd=tmp_path)
+    assert proc.stdout.startswith("## gpusync scan") and "step 0 loss" not in proc.stdout

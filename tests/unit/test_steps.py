@@ -1,0 +1,238 @@
+"""What a step is: --steps N measures N whole steps, each with what runs after its optimizer
+step; two optimizers stepped once per iteration make one step; scripts without an optimizer
+are counted by backward passes (and say so); a Workload's steps are its step() calls."""
+import textwrap
+
+import pytest
+import torch
+
+import gpusync
+from gpusync.detect.steps import BACKWARD, FORWARD, NONE, OPTIMIZER, StepCounter
+from gpusync.errors import BadInput
+from gpusync.scan import run_scan
+from gpusync.workload import Workload
+
+LOOP = '''
+import torch
+m = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+ran = []
+for i in range({n}):
+    loss = m(torch.randn(4, 3)).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    ran.append(i)
+    if i == 0:
+        loss.tolist()  # only in the warm-up step
+    loss.item()  # logging after the optimizer step belongs to this step
+'''
+
+
+def scan_script(tmp_path, text, **kw):
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(text))
+    result = run_scan(str(path), mode="simulate", **kw)
+    assert result.error is None, result.traceback
+    return result.report
+
+
+def per_step(report):
+    return {s.op: s.per_step for s in report.sites if s.per_step}
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_steps_n_measures_n_whole_steps(tmp_path, steps):
+    report = scan_script(tmp_path, LOOP.format(n=10), steps=steps)
+    assert report.measured_steps == steps and report.steps == steps + 1
+    assert per_step(report) == {"item": 1.0}  # the warm-up's tolist is not averaged in
+    assert report.max_syncs_per_step == 1 and report.step_unit == OPTIMIZER
+    assert report.notes == []
+
+
+def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):
+    report = scan_script(tmp_path, LOOP.format(n=4))
+    assert report.steps == 4 and report.measured_steps == 3
+    assert per_step(report) == {"item": 1.0}
+
+
+def test_fewer_steps_than_asked_uses_what_ran_and_says_so(tmp_path):
+    report = scan_script(tmp_path, LOOP.format(n=1), steps=5)
+    assert report.steps == 1 and report.measured_steps == 1
+    assert any("include the warm-up" in n for n in report.notes)
+
+
+GAN = '''
+import torch
+d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+opt_g = torch.optim.SGD(g.parameters(), lr=0.1)
+for i in range(5):
+    fake = g(torch.randn(4, 2))
+    loss_d = d(torch.randn(4, 2)).mean() - d(fake.detach()).mean()
+    opt_d.zero_grad(); loss_d.backward(); opt_d.step()
+    loss_g = -d(fake).mean()
+    opt_g.zero_grad(); loss_g.backward(); opt_g.step()
+    print(loss_d.item(), loss_g.item())
+'''
+
+
+def test_two_optimizers_stepped_once_per_iteration_make_one_step(tmp_path):
+    report = scan_script(tmp_path, GAN)
+    assert report.steps == 5 and report.measured_steps == 4
+    assert report.syncs_per_step == 2.0 and report.max_syncs_per_step == 2
+
+
+def test_two_optimizers_with_steps_limit(tmp_path):
+    report = scan_script(tmp_path, GAN, steps=2)
+    assert report.steps == 3 and report.measured_steps == 2 and report.syncs_per_step == 2.0
+
+
+ACCUMULATE = '''
+import torch
+m = torch.nn.Linear(3, 1)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(3):
+    for micro in range(4):  # gradient accumulation: 4 backward passes per optimizer step
+        m(torch.randn(2, 3)).sum().backward()
+    opt.step(); opt.zero_grad()
+    m.weight.sum().item()
+'''
+
+
+def test_gradient_accumulation_waits_for_the_optimizer_step(tmp_path):
+    report = scan_script(tmp_path, ACCUMULATE, steps=1)
+    assert report.step_unit == OPTIMIZER
+    assert report.steps == 2 and per_step(report) == {"item": 1.0}
+
+
+NO_OPTIMIZER = '''
+import torch
+m = torch.nn.Linear(3, 1)
+ran = 0
+for i in range(50):
+    ran += 1
+    loss = m(torch.randn(2, 3)).sum()
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p -= 0.1 * p.grad
+            p.grad = None
+    loss.item()
+assert ran < 10, "--steps did not stop the script"
+'''
+
+
+def test_a_script_without_optimizer_is_counted_by_backward_passes(tmp_path):
+    report = scan_script(tmp_path, NO_OPTIMIZER, steps=2)
+    assert report.step_unit == BACKWARD and report.steps == 3
+    assert per_step(report) == {"item": 1.0}
+    assert any("no optimizer step ran" in n for n in report.notes)
+
+
+def test_inference_is_counted_by_forwards_and_no_work_is_one_step(tmp_path):
+    report = scan_script(tmp_path, '''
+        import torch
+        m = torch.nn.Linear(3, 1)
+        with torch.no_grad():
+            for i in range(4):
+                m(torch.randn(2, 3)).sum().item()
+    ''')
+    assert report.step_unit == FORWARD and report.steps == 4 and per_step(report) == {"item": 1.0}
+    report = scan_script(tmp_path, "import torch\ntorch.ones(2).sum().item()\n")
+    assert report.step_unit == NONE and report.steps == 1
+    assert any("whole run counts as one step" in n for n in report.notes)
+
+
+def test_watch_counts_syncs_after_the_last_optimizer_step():
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with gpusync.watch(mode="simulate") as w:
+        for _ in range(3):
+            loss = m(torch.randn(4, 3)).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+            loss.item()
+    report = w.report()
+    assert report.steps == 3 and report.max_syncs_per_step == 1
+    assert sum(s.count for s in report.sites) == 3
+
+
+def test_step_counter_places_a_round_boundary_at_the_first_new_work():
+    events = []
+    c = StepCounter(lambda: len(events))
+    for _ in range(3):  # iteration: forward, D step, forward, G step, logging
+        c.work_starts()
+        events.append("fwd")
+        c.work_starts(); c.begin(OPTIMIZER, "D"); c.end(OPTIMIZER)
+        c.work_starts()
+        events.append("fwd g")
+        c.work_starts(); c.begin(OPTIMIZER, "G"); c.end(OPTIMIZER)
+        events.append("log")
+    steps = c.result()
+    assert steps.unit == OPTIMIZER and steps.count == 3 and steps.boundaries == [3, 6]
+    assert [steps.step_of(i) for i in range(len(events))] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+
+
+# -- Workload targets ----------------------------------------------------------------------
+def _workload(batches, step=None, close=None):
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def train(batch):
+        loss = m(batch).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        loss.item()
+        if step is not None:
+            step()
+        return loss
+
+    return Workload(step=train, batches=batches, model=m, optimizer=opt, close=close)
+
+
+def make_ten():
+    return _workload([torch.randn(4, 3) for _ in range(10)])
+
+
+def make_none():
+    return _workload([])
+
+
+def make_exits():
+    def leave():
+        raise SystemExit(0)
+
+    return _workload([torch.randn(4, 3)] * 3, step=leave)
+
+
+def make_bad_close():
+    def close():
+        raise RuntimeError("close failed")
+
+    return _workload([torch.randn(4, 3)] * 3, close=close)
+
+
+def factory(name):
+    return f"{__file__}:{name}"
+
+
+def test_factory_steps_are_whole_steps():
+    result = run_scan(factory("make_ten"), steps=3, warmup=1, mode="simulate")
+    assert result.error is None
+    assert result.report.measured_steps == 3 and result.report.steps == 4
+    assert result.report.step_unit == "workload" and result.report.syncs_per_step == 1.0
+
+
+def test_a_workload_without_batches_is_an_error():
+    with pytest.raises(BadInput, match="yields no batches"):
+        run_scan(factory("make_none"), mode="simulate")
+
+
+def test_sys_exit_in_a_step_is_an_error_with_the_report():
+    result = run_scan(factory("make_exits"), steps=2, mode="simulate")
+    assert isinstance(result.error, SystemExit)
+    assert "sys.exit(0)" in result.report.error
+    assert result.report.sites  # what ran before it is kept
+
+
+def test_close_raising_keeps_the_report():
+    result = run_scan(factory("make_bad_close"), steps=1, mode="simulate")
+    assert isinstance(result.error, RuntimeError) and "close failed" in str(result.error)
+    assert result.report.syncs_per_step == 1.0
