@@ -10,8 +10,11 @@ from .errors import SyncsFound
 def watch(model=None, mode: str = "auto", warmup: int = 0) -> Session:
     """`with gpusync.watch() as w: ...train steps...` then `w.report()`.
 
-    Steps are delimited by optimizer steps. Tensors that exist before the block are taken to be
-    on the device, except optimizer step counters; pass `model` for module paths rooted at it.
+    A step is a round of optimizer steps with what follows it (the logging after
+    `optimizer.step()`, and after the last one, whatever runs until the block ends); see
+    README "Steps". Tensors that exist before the block are taken to be on the device, except
+    optimizer step counters; pass `model` for module paths rooted at it. Blocks may overlap,
+    end in any order, or run in several threads (each counts its own thread's steps).
     """
     return Session(model=model, mode=mode, warmup=warmup, target="watch")
 

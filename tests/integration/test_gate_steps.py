@@ -1,0 +1,28 @@
+"""The gate asks for the steps its baseline was recorded with, so the same code passes."""
+import json
+import textwrap
+
+from tests.conftest import run_cli as gpusync
+
+LOOP = textwrap.dedent('''
+    import torch
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for i in range(8):
+        loss = m(torch.randn(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print(loss.item())
+''')
+
+
+def test_a_baseline_with_steps_gates_the_same_code_as_a_pass(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP)
+    proc = gpusync("baseline", "train.py", "--steps", "3", "-o", "base.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "base.json").read_text())
+    assert data["steps"] == 3 and data["measured_steps"] == 3
+    assert [(s["op"], s["per_step"]) for s in data["sites"]] == [("item", 1.0)]
+    for _ in range(2):
+        gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+    assert not (tmp_path / "base.suggested.json").exists()
