@@ -104,6 +104,22 @@ def _timing(job: dict, results: _Results) -> None:
     results.write({"status": isolate.DONE, "samples_ms": samples.ms})
 
 
+def _candidate(job: dict, results: _Results) -> None:
+    from .tune_script import candidate_job
+
+    real_exit = os._exit
+
+    def os_exit(code: int) -> None:
+        results.write({"status": isolate.EARLY_EXIT, "code": code})
+        real_exit(code)
+
+    os._exit = os_exit
+    try:
+        results.write(candidate_job(job))
+    finally:
+        os._exit = real_exit
+
+
 def main(folder: str) -> int:
     results = _Results(folder)
     with open(os.path.join(folder, isolate.JOB)) as f:
@@ -111,7 +127,7 @@ def main(folder: str) -> int:
     os.dup2(2, 1)  # the code's prints go to stderr: stdout carries gpusync's report
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep their order
     try:
-        {"scan": _scan, "timing": _timing}[job["kind"]](job, results)
+        {"scan": _scan, "timing": _timing, "candidate": _candidate}[job["kind"]](job, results)
     except GpusyncError as e:
         results.write({"status": isolate.FAILED, "message": str(e), "exit_code": e.exit_code})
     except KeyboardInterrupt:

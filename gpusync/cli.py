@@ -257,7 +257,10 @@ def _register_techniques():
 
 @cli.command("tune")
 @click.argument("target", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @_technique_options
+@click.option("--warmup", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Steps each candidate runs before it is timed (scripts and factories).")
 @click.option("--allow-approximate", is_flag=True,
               help="Also consider candidates marked approximate (e.g. semi_sync).")
 @click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -266,26 +269,108 @@ def _register_techniques():
               show_default=True, help="Significance a candidate must reach to be chosen.")
 @click.option("--min-gain", type=click.FloatRange(0, 1), default=0.02, show_default=True,
               help="Smallest median speed-up a candidate must show to be chosen.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+              help="Seconds one candidate run may take before it is stopped as failed.")
+@click.option("--emit", type=click.Choice(["env", "python", "yaml"]),
+              help="Print only the chosen settings, in this form (scripts and factories).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
-              help="Write the tuned profile (YAML) here.")
-def tune_cmd(target, device, steps, repeats, fmt, allow_approximate, tolerance, p_max, min_gain,
-             output):
-    """Measure a profile's tune.candidates and write the fastest that keeps the results.
+              help="Write the tuned settings (YAML) here.")
+def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_approximate,
+             tolerance, p_max, min_gain, timeout, emit, output):
+    """Measure settings of TARGET and keep the fastest that keeps its results.
 
-    TARGET: a profile (.yaml or built-in name) with a tune block. Default: sparsenn_pipeline.
+    TARGET: your training script (train.py, run unchanged; its arguments after --) or
+    file.py:factory: gpusync finds the torchrec pipeline and fbgemm TBE knobs it builds and
+    tries them. A profile (.yaml or built-in name) with a tune block: its candidates.
+    Default: the built-in profile sparsenn_pipeline.
     """
     from .fileio import check_directory, write_atomic
-    from .tune import render, run_tune, tuned_profile_text
 
     if output:
         check_directory(output)  # before minutes of measuring, not after
     device = _device(device)
-    profile, result, decision = run_tune(target, device, steps, repeats, allow_approximate,
-                                         tolerance, p_max, min_gain)
-    click.echo(render(profile, result, decision, fmt), nl=False)
+    rule = {"allow_approximate": allow_approximate, "tolerance": tolerance, "p_max": p_max,
+            "min_gain": min_gain}
+    _warn_unreachable(repeats, p_max)
+    if _has_candidates(target):
+        if script_args:
+            raise BadInput("arguments after -- are only for script targets")
+        from .tune import render, run_tune, tuned_profile_text
+
+        profile, result, decision = run_tune(target, device, steps, repeats, **rule)
+        click.echo(render(profile, result, decision, fmt), nl=False)
+        if output:
+            write_atomic(output, tuned_profile_text(profile, result, decision))
+            click.echo(f"tuned profile written to {output}", err=True)
+        return
+    from . import tune_script
+
+    plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
+                            block=steps, repeats=repeats, warmup=warmup, timeout=timeout)
+    tuned = tune_script.tune_script(plan, rule)
+    if tuned.decision is None:
+        base = tuned.runs[0]
+        raise errors.UserCodeError(f"the script as it is could not be timed: {base.reason}"
+                                   + (f"\n{base.output}" if base.output else ""))
+    click.echo(tune_script.emit_text(tuned, emit) if emit else tune_script.render(tuned, fmt),
+               nl=False)
     if output:
-        write_atomic(output, tuned_profile_text(profile, result, decision))
-        click.echo(f"tuned profile written to {output}", err=True)
+        write_atomic(output, tune_script.tuned_text(tuned))
+        click.echo(f"tuned settings written to {output}", err=True)
+
+
+def _has_candidates(target) -> bool:
+    """A profile with a tune block is tuned by its candidates; anything else by knobs."""
+    from .targets import parse_target
+    from .tune import DEFAULT_TARGET
+
+    parsed = parse_target(target or DEFAULT_TARGET)
+    profile = getattr(parsed, "profile", None)
+    return profile is not None and bool(profile.candidates)
+
+
+def _warn_unreachable(repeats: int, p_max: float) -> None:
+    from .gate import mann_whitney_greater
+
+    best = mann_whitney_greater([2.0 + i for i in range(repeats)], [float(-i) for i in
+                                                                    range(repeats)])
+    if best >= p_max:
+        click.echo(f"gpusync: warning: with {repeats} samples per candidate no difference can "
+                   f"reach p < {p_max:g} (the best possible is p={best:.2g}): the script's own "
+                   "settings will be kept; use more --repeats", err=True)
+
+
+@cli.command("run", context_settings={"ignore_unknown_options": True})
+@click.argument("tuned")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+def run_cmd(tuned, command):
+    """Run a script with the settings `gpusync tune -o TUNED` chose, without editing it.
+
+    COMMAND: `python train.py ARGS` (or `train.py ARGS`).
+    """
+    import runpy
+    import sys
+
+    from . import knobs
+    from .tune_script import load_tuned
+
+    settings = load_tuned(tuned)
+    words = list(command)
+    if words and words[0] in ("python", "python3", sys.executable):
+        words = words[1:]
+    if not words or not words[0].endswith(".py"):
+        raise BadInput("gpusync run takes a script: gpusync run TUNED -- python train.py ARGS")
+    script = words[0]
+    from .targets import parse_target
+
+    parse_target(script)  # a clear error for a missing script
+    saved = sys.argv
+    sys.argv = words
+    try:
+        with knobs.applied(settings, {}):
+            runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = saved
 
 
 @bench.command("overhead")

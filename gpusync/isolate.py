@@ -13,6 +13,7 @@ with {"status": ..., ...}. A status of "running" left behind means the child die
 """
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +43,8 @@ class ScanOutcome:
 
 
 def _describe_death(returncode: int) -> str:
+    if returncode == TIMED_OUT:
+        return "ran past its time limit and was stopped"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -50,18 +54,51 @@ def _describe_death(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def run_child(job: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """Run one job in a child process: (the child's last result, its return code)."""
+class Output:
+    """The last lines a captured child printed (for a failed tune candidate's reason)."""
+
+    def __init__(self, keep: int = 20):
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+
+    def read(self, stream) -> None:
+        for raw in iter(stream.readline, b""):
+            self.lines.append(raw.decode(errors="replace").rstrip())
+
+    @property
+    def tail(self) -> str:
+        return "\n".join(self.lines)
+
+
+TIMED_OUT = -999  # run_child's return code when the job ran past its timeout
+
+
+def run_child(job: dict[str, Any], timeout: float | None = None,
+              output: Output | None = None) -> tuple[dict[str, Any], int]:
+    """Run one job in a child process: (the child's last result, its return code). With
+    `output`, what the child prints is kept there instead of shown; past `timeout` seconds the
+    child is stopped and the return code is TIMED_OUT."""
     folder = tempfile.mkdtemp(prefix="gpusync-")
     try:
         with open(os.path.join(folder, JOB), "w") as f:
             json.dump(job, f)
-        proc = subprocess.Popen([sys.executable, "-m", "gpusync._child", folder])
+        pipe = subprocess.PIPE if output is not None else None
+        proc = subprocess.Popen([sys.executable, "-m", "gpusync._child", folder], stdout=pipe,
+                                stderr=subprocess.STDOUT if pipe else None)
+        reader = None
+        if output is not None:
+            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
+            reader.start()
         try:
-            returncode = proc.wait()
+            returncode = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(proc, wait_first=False)
+            returncode = TIMED_OUT
         except KeyboardInterrupt:
             returncode = _stop(proc)
             raise
+        finally:
+            if reader is not None:
+                reader.join(timeout=10)
         try:
             with open(os.path.join(folder, RESULT)) as f:
                 result = json.load(f)
@@ -72,9 +109,10 @@ def run_child(job: dict[str, Any]) -> tuple[dict[str, Any], int]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _stop(proc: subprocess.Popen) -> int:
-    """Ctrl-C reached the child too (same process group): let it clean up, then insist."""
-    for sig in (None, signal.SIGINT, signal.SIGKILL):
+def _stop(proc: subprocess.Popen, wait_first: bool = True) -> int:
+    """Stop a child: give it time to clean up (Ctrl-C reaches it too, in the same process
+    group), then insist."""
+    for sig in ((None,) if wait_first else ()) + (signal.SIGINT, signal.SIGKILL):
         if sig is not None:
             proc.send_signal(sig)
         try:

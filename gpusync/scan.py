@@ -31,9 +31,11 @@ class ScanResult:
 
 def run_scan(target_text: str | None, steps: int | None = None, warmup: int | None = None,
              mode: str = "auto", script_args: tuple = (),
-             on_session: Callable[[Session], None] | None = None) -> ScanResult:
+             on_session: Callable[[Session], None] | None = None,
+             detect: bool = True) -> ScanResult:
     """Scan a target in this process. `on_session` gets the live session first (the CLI's
-    child process uses it to save what was measured if the code kills the process)."""
+    child process uses it to save what was measured if the code kills the process, tune to
+    time steps); detect=False runs the steps without sync detection (timed runs)."""
     target = parse_target(target_text)
     try:
         mode = resolve_mode(mode)
@@ -41,13 +43,13 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
         raise BadInput(str(e)) from None
     if isinstance(target, ScriptTarget):
         return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args,
-                            on_session)
+                            on_session, detect)
     if script_args:
         raise BadInput("arguments after -- are only for script targets")
     check_requires(target)
     steps = steps if steps is not None else (target.steps or 5)
     warmup = warmup if warmup is not None else (target.warmup if target.warmup is not None else 1)
-    return _scan_factory(target, steps, warmup, mode, on_session)
+    return _scan_factory(target, steps, warmup, mode, on_session, detect)
 
 
 def _result(session: Session, error: BaseException | None) -> ScanResult:
@@ -62,10 +64,11 @@ def _result(session: Session, error: BaseException | None) -> ScanResult:
 
 
 def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
-                  on_session) -> ScanResult:
+                  on_session, detect: bool) -> ScanResult:
     factory = load_factory(target.spec)
     device = "cuda" if mode == "cuda" else "cpu"
-    session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label)
+    session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label,
+                      detect=detect)
     if on_session is not None:
         on_session(session)
     error: BaseException | None = None
@@ -102,14 +105,18 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
 
 
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
-                 args: tuple, on_session) -> ScanResult:
+                 args: tuple, on_session, detect: bool) -> ScanResult:
     code = compile_script(target.path)
-    session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label)
+    session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label,
+                      detect=detect)
     if on_session is not None:
         on_session(session)
     limit = None if steps is None else warmup + steps
+    observer = session.on_step  # set by on_session (tune's step clock)
 
     def stop_when_done(whole_steps: int) -> None:
+        if observer is not None:
+            observer(whole_steps)
         if limit is not None and whole_steps >= limit:
             session.stopped()
             raise _StopScan()

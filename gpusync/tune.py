@@ -39,6 +39,7 @@ class Decision:
     p50_gain: float = 0.0  # 1 - chosen / baseline
     p90_gain: float = 0.0
     allowance: float = 0.0  # the parity allowance used
+    qualified: list = field(default_factory=list)  # parity kept and clearly faster
 
 
 def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_approximate: bool,
@@ -47,6 +48,7 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
     base = next(m for m in result.variants if m.name == result.baseline)
     allowance = max(tolerance, NOISE_HEADROOM * (result.baseline_noise or 0.0))
     verdicts = {base.name: "baseline"}
+    qualified: list[str] = []
     best, best_gain = base, 0.0
     for m in result.variants:
         if m is base:
@@ -66,13 +68,15 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
                                 f"(needs {min_gain:.0%} faster and p < {p_max:g})")
             continue
         verdicts[m.name] = f"median {_speed(gain)}, p={p:.2g}"
+        qualified.append(m.name)
         if gain > best_gain:
             best, best_gain = m, gain
     if best is base:
         verdicts[base.name] = "chosen: baseline (no candidate clearly faster with parity)"
     else:
         verdicts[best.name] = "chosen: " + verdicts[best.name]
-    return Decision(best.name, verdicts, best_gain, 1.0 - best.p90_ms / base.p90_ms, allowance)
+    return Decision(best.name, verdicts, best_gain, 1.0 - best.p90_ms / base.p90_ms, allowance,
+                    qualified)
 
 
 def _speed(gain: float) -> str:

@@ -28,7 +28,9 @@ class Session:
     """Use as `with Session(...) as s:`; `s.report()` afterwards (or inside)."""
 
     def __init__(self, model: torch.nn.Module | None = None, mode: str = "auto",
-                 auto_steps: bool = True, warmup: int = 0, target: str = ""):
+                 auto_steps: bool = True, warmup: int = 0, target: str = "",
+                 detect: bool = True):
+        """detect=False: steps and phases only, no sync detection (timed runs)."""
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
         self.recorder = Recorder(self.tracker)
@@ -36,8 +38,8 @@ class Session:
         self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
         self.detector = OpDetector(self.recorder, real=real,
-                                   stall_timer=StallTimer() if real else None)
-        self.extras = CudaExtras(self.recorder, self.detector) if real else None
+                                   stall_timer=StallTimer() if real else None) if detect else None
+        self.extras = CudaExtras(self.recorder, self.detector) if real and detect else None
         self.model = model
         self.warmup = warmup
         self.target = target
@@ -50,7 +52,7 @@ class Session:
                     continue
                 part.install()
                 self._installed.append(part)
-            if self.model is not None:
+            if self.model is not None and self.detector is not None:
                 self.detector.mark_model(self.model)
         except BaseException:
             self._uninstall()
@@ -90,7 +92,8 @@ class Session:
     def mark_model(self, model: torch.nn.Module) -> None:
         if self.tracker.root is None:
             self.tracker.root = model
-        self.detector.mark_model(model)
+        if self.detector is not None:
+            self.detector.mark_model(model)
 
     # -- results ---------------------------------------------------------------------------
     @property

@@ -1,0 +1,159 @@
+"""Knobs: settings gpusync can apply to an unmodified script where the library reads them, and
+spell for the user afterwards.
+
+A knob knows what it acts on (the script must build it: a torchrec train pipeline, an fbgemm
+TBE with the writeback hook), the value the script uses itself (the baseline), which values
+cannot serve what the script built (with fbgemm's or torchrec's own reason), which need a GPU,
+and how to install a value in a process before the script runs. Knobs of one group (e.g. the
+pipeline class and its stream) are tuned together; the registry is KNOBS, one module per
+library.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+Builds = dict  # what the script built, recorded by the knob modules: {"pipelines": [...], ...}
+Settings = dict  # knob name -> value
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    values: tuple
+    group: str
+    doc: str
+    script_value: Callable[[Builds], Any]  # None: the script builds nothing this acts on
+    not_applicable: Callable[[Builds, Any, Settings], str | None] = lambda b, v, s: None
+    needs_cuda: Callable[[Any, Settings], str | None] = lambda v, s: None
+    approximate: Callable[[Any], bool] = lambda v: False
+
+
+@dataclass
+class Candidate:
+    name: str
+    settings: Settings  # the full setting of every discovered knob
+    changed: dict = field(default_factory=dict)  # what differs from the script's own
+    approximate: bool = False
+    unavailable: str | None = None  # why it cannot run here (listed, not run)
+    not_applicable: str | None = None  # why it cannot serve what the script built
+
+
+def registry() -> list[Knob]:
+    from . import fbgemm, torchrec
+
+    return [*torchrec.KNOBS, *fbgemm.KNOBS]
+
+
+@contextlib.contextmanager
+def applied(settings: Settings, builds: Builds) -> Iterator[Builds]:
+    """Install `settings` (knob name -> value) for the code run inside, recording what it
+    builds into `builds`; everything is undone on exit."""
+    from . import fbgemm, torchrec
+
+    with contextlib.ExitStack() as stack:
+        for module in (torchrec, fbgemm):
+            stack.enter_context(module.install(settings, builds))
+        yield builds
+
+
+def discovered(builds: Builds) -> dict[str, Any]:
+    """The knobs that act on what the script built, with the script's own values."""
+    out = {}
+    for knob in registry():
+        value = knob.script_value(builds)
+        if value is not None:
+            out[knob.name] = value
+    return out
+
+
+def candidates(builds: Builds, cuda: bool) -> list[Candidate]:
+    """The baseline (the script as it is), then every setting of each group with the other
+    groups as the script has them. Settings of a group that only differ in knobs that do not
+    apply to them (the stream of a pipeline that has none) are one candidate."""
+    knobs = {k.name: k for k in registry()}
+    base = discovered(builds)
+    out = [Candidate("baseline", dict(base))]
+    seen = {_key(base, knobs)}
+    groups: dict[str, list[Knob]] = {}
+    for name in base:
+        groups.setdefault(knobs[name].group, []).append(knobs[name])
+    for group in groups.values():
+        for values in _product([k.values for k in group]):
+            settings = {**base, **{k.name: v for k, v in zip(group, values, strict=True)}}
+            key = _key(settings, knobs)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(_candidate(settings, base, knobs, builds, cuda))
+    return out
+
+
+def combined(chosen: list[Candidate], builds: Builds, cuda: bool) -> Candidate | None:
+    """One candidate with every group's winner, when more than one group has one."""
+    winners = [c for c in chosen if c.changed]
+    if len(winners) < 2:
+        return None
+    knobs = {k.name: k for k in registry()}
+    base = discovered(builds)
+    settings = dict(base)
+    for c in winners:
+        settings.update(c.changed)
+    return _candidate(settings, base, knobs, builds, cuda)
+
+
+def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
+    changed = {k: v for k, v in settings.items() if base.get(k) != v and _active(k, settings)}
+    name = ", ".join(f"{k}={_text(v)}" for k, v in changed.items())
+    cand = Candidate(name, settings, changed,
+                     approximate=any(knobs[k].approximate(v) for k, v in changed.items()))
+    for k in settings:
+        reason = knobs[k].not_applicable(builds, settings[k], settings)
+        if reason:
+            cand.not_applicable = f"{k}={_text(settings[k])}: {reason}"
+            break
+        if not cuda:
+            reason = knobs[k].needs_cuda(settings[k], settings)
+            if reason:
+                cand.unavailable = reason
+    return cand
+
+
+def _active(name: str, settings: Settings) -> bool:
+    """Knobs that only mean something under another one's value (the fused pipeline's stream,
+    fbgemm's precompute when gpusync dedups instead)."""
+    from . import fbgemm, torchrec
+
+    return torchrec.active(name, settings) and fbgemm.active(name, settings)
+
+
+def _key(settings: Settings, knobs) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in settings.items() if _active(k, settings)))
+
+
+def _product(lists):
+    if not lists:
+        yield ()
+        return
+    for head in lists[0]:
+        for tail in _product(lists[1:]):
+            yield (head, *tail)
+
+
+def _text(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def emit(settings: Settings, builds: Builds) -> dict[str, Any]:
+    """The chosen settings in the libraries' own spelling: {"env": {...}, "python": str}."""
+    from . import fbgemm, torchrec
+
+    env: dict[str, str] = {}
+    python = []
+    for module in (torchrec, fbgemm):
+        part = module.spell(settings, builds)
+        env.update(part.get("env", {}))
+        if part.get("python"):
+            python.append(part["python"])
+    return {"env": env, "python": "\n\n".join(python)}

@@ -1,0 +1,417 @@
+"""`gpusync tune train.py`: tune the knobs (gpusync/knobs) of the user's own, unchanged script.
+
+1. The baseline runs under a scan in a child process, recording what the script builds
+   (pipelines, TBEs): that decides which knobs exist, and which values cannot serve it.
+2. Every candidate setting runs in child processes of its own, with a time limit: one scanned
+   (syncs per step by phase), one timed without detection (step times, and the losses the
+   script calls backward() on, for parity). A crash, a hang or an out-of-memory marks that
+   candidate failed with its reason and last output lines, and tuning goes on.
+3. The choice is tune.decide's: parity first, then a one-sided Mann-Whitney test and a minimum
+   gain. When winners of several knob groups differ from the script's settings, their
+   combination is measured too before it can be chosen.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import isolate, knobs
+from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
+
+PARITY_LOSSES = 5
+
+
+# -- in the child ----------------------------------------------------------------------------
+def candidate_job(job: dict) -> dict:
+    """Run the target with the job's knob settings: scanned, or timed without detection."""
+    import torch
+
+    from .detect import patches
+    from .scan import run_scan
+
+    cuda = job["mode"] == "cuda"
+    builds: dict = {}
+    losses: list = []
+    stamps: list[float] = []
+
+    def capture(call, roots, *args, **kwargs):
+        if len(losses) < 64:
+            losses.extend(t.detach().clone() for t in roots
+                          if isinstance(t, torch.Tensor) and t.numel() == 1)
+        return call(roots, *args, **kwargs)
+
+    block, warmup = job["block"], job["warmup"]
+
+    def clock(whole_steps: int) -> None:
+        # a sample is the mean of `block` steps; on a GPU the device is drained at block ends
+        if whole_steps < warmup or (whole_steps - warmup) % block:
+            return
+        if cuda:
+            torch.cuda.synchronize()
+        stamps.append(time.perf_counter())
+
+    def on_session(session) -> None:
+        if not job["scan"]:
+            session.on_step = clock
+
+    handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
+    try:
+        with knobs.applied(job["settings"], builds):
+            result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
+                              mode=job["mode"], script_args=tuple(job["script_args"]),
+                              on_session=on_session, detect=job["scan"])
+    finally:
+        handle.remove()
+    samples = [(b - a) * 1e3 / block for a, b in zip(stamps, stamps[1:], strict=False)]
+    data: dict[str, Any] = {
+        "status": isolate.DONE, "builds": builds,
+        "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": samples,
+        "report": result.report.to_dict() if job["scan"] else None}
+    if result.error is not None:
+        data.update(status=isolate.USER_ERROR, message=f"{type(result.error).__name__}: "
+                    f"{result.error}", traceback=result.traceback)
+    return data
+
+
+# -- in the parent ---------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One candidate's outcome."""
+
+    candidate: knobs.Candidate
+    status: str = "not_run"  # run | failed | not_applicable | not_run (then chosen/rejected)
+    reason: str = ""
+    samples_ms: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    report: dict | None = None
+    output: str = ""
+
+
+@dataclass
+class ScriptTune:
+    target: str
+    command: str
+    device: str
+    builds: dict
+    runs: list[Run]
+    block: int = 1
+    result: TechniqueResult | None = None
+    decision: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    """What every candidate runs: `repeats` samples of `block` steps after `warmup` steps
+    (a scanned run: `scan_steps` steps after the warm-up)."""
+
+    target: str
+    script_args: tuple
+    mode: str
+    block: int
+    repeats: int
+    warmup: int
+    timeout: float
+    scan_steps: int = 3
+
+    def job(self, settings: dict, scan: bool) -> dict:
+        return {"kind": "candidate", "target": self.target, "script_args": list(self.script_args),
+                "settings": settings, "scan": scan, "mode": self.mode, "warmup": self.warmup,
+                "steps": self.scan_steps if scan else self.block * self.repeats,
+                "block": self.block}
+
+
+def _run(job: dict, timeout: float) -> tuple[dict, str, str | None]:
+    """(result, output tail, failure reason or None)."""
+    output = isolate.Output()
+    result, code = isolate.run_child(job, timeout=timeout, output=output)
+    status = result.get("status")
+    if status == isolate.DONE:
+        return result, output.tail, None
+    if status == isolate.FAILED:
+        from .errors import GpusyncError
+
+        raise GpusyncError(result.get("message", "failed"), result.get("exit_code", 2))
+    if status == isolate.INTERRUPTED:
+        raise KeyboardInterrupt
+    if status == isolate.USER_ERROR:
+        return result, output.tail, f"raised {result.get('message')}"
+    if status == isolate.EARLY_EXIT:
+        return result, output.tail, f"ended the process with os._exit({result.get('code')})"
+    return result, output.tail, f"the process {isolate._describe_death(code)}"
+
+
+def progress(text: str) -> None:
+    print(f"gpusync tune: {text}", file=sys.stderr, flush=True)
+
+
+def tune_script(plan: Plan, rule: dict) -> ScriptTune:
+    """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain."""
+    cuda = plan.mode == "cuda"
+    target, timeout = plan.target, plan.timeout
+    command = " ".join(["gpusync tune", target,
+                        *(["--", *plan.script_args] if plan.script_args else [])])
+    start = time.monotonic()
+    progress("baseline: discovering what the script builds (scanned run)")
+    base_scan, tail, failure = _run(plan.job({}, True), timeout)
+    if failure:
+        from .errors import UserCodeError
+
+        raise UserCodeError(f"the script as it is {failure}" + (f"\n{tail}" if tail else ""))
+    builds = base_scan["builds"]
+    cands = knobs.candidates(builds, cuda)
+    tune = ScriptTune(target, command, "cuda" if cuda else "cpu", builds,
+                      [Run(c) for c in cands], block=plan.block)
+    if len(cands) == 1:
+        tune.notes.append("the script builds nothing gpusync has knobs for (a torchrec train "
+                          "pipeline, an fbgemm EXACT_SGD TBE with the writeback hook)")
+    tune.runs[0].report = base_scan["report"]
+    todo = [r for r in tune.runs if not (r.candidate.not_applicable or r.candidate.unavailable)]
+    for r in tune.runs:
+        if r.candidate.not_applicable:
+            r.status, r.reason = "not_applicable", r.candidate.not_applicable
+        elif r.candidate.unavailable:
+            r.status, r.reason = "not_run", r.candidate.unavailable
+    for k, run in enumerate(todo, 1):
+        _measure(run, k, len(todo), plan, start)
+    # the baseline against itself: how far its losses move from run to run
+    noise = None
+    if tune.runs[0].status == "run":
+        progress("baseline again: its own run-to-run difference (parity allowance)")
+        again, _, failure = _run(plan.job({}, False), timeout)
+        if failure is None:
+            noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
+    tune.result, tune.decision = _decide(tune, noise, rule)
+    extra = knobs.combined(_group_winners(tune), builds, cuda)
+    if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
+        run = Run(extra)
+        tune.runs.append(run)
+        _measure(run, 1, 1, plan, start)
+        tune.result, tune.decision = _decide(tune, noise, rule)
+    if not cuda:
+        tune.notes.append("no GPU: step times are CPU times and host stalls are not measured; "
+                          "parity and syncs per step are exact")
+    return tune
+
+
+def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
+    name = run.candidate.name
+    elapsed = time.monotonic() - start
+    left = f", about {elapsed / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
+    progress(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps "
+             f"({elapsed:.0f}s elapsed{left})")
+    timed, tail, failure = _run(plan.job(run.candidate.settings, False), plan.timeout)
+    if failure is None and run.report is None:
+        progress(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
+        scanned, tail, failure = _run(plan.job(run.candidate.settings, True), plan.timeout)
+        run.report = scanned.get("report")
+    if failure is not None:
+        run.status, run.reason, run.output = "failed", failure, tail
+        progress(f"candidate {k}/{n} {name}: failed: {failure}")
+        return
+    run.status, run.samples_ms, run.losses = "run", timed["samples_ms"], timed["losses"]
+    if len(run.samples_ms) < plan.repeats:
+        run.status, run.reason = "failed", (
+            f"only {len(run.samples_ms)} of {plan.repeats} samples: the script ran too few "
+            f"steps (it needs {plan.warmup + plan.block * plan.repeats})")
+
+
+def _group_winners(tune: ScriptTune) -> list[knobs.Candidate]:
+    """Per knob group, the fastest candidate that kept parity and clearly beat the baseline."""
+    if tune.decision is None or tune.result is None:
+        return []
+    p50 = {m.name: m.p50_ms for m in tune.result.variants}
+    best: dict[str, knobs.Candidate] = {}
+    for run in tune.runs:
+        c = run.candidate
+        if c.name not in tune.decision.qualified:
+            continue
+        for group in {k.group for k in knobs.registry() if k.name in c.changed}:
+            if group not in best or p50[c.name] < p50[best[group].name]:
+                best[group] = c
+    return list(best.values())
+
+
+def _decide(tune: ScriptTune, noise: float | None, rule: dict):
+    from .profiles import Candidate
+    from .tune import decide
+
+    measured = [r for r in tune.runs if r.status == "run"]
+    if not measured or measured[0] is not tune.runs[0]:
+        return None, None
+    base = measured[0]
+    variants = []
+    for r in measured:
+        diff = _loss_diff(base.losses, r.losses)
+        report = r.report or {}
+        variants.append(Measurement(
+            name=r.candidate.name, samples_ms=r.samples_ms,
+            syncs_per_step=report.get("syncs_per_step", math.nan),
+            syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=None,
+            peak_reserved_mb=None, parity=parity_text(diff), max_diff=diff))
+    result = TechniqueResult("tune", tune.device, base.candidate.name, variants,
+                             steps=tune.block, repeats=len(base.samples_ms), baseline_noise=noise)
+    cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
+             for r in measured}
+    return result, decide(result, cands, **rule)
+
+
+def _loss_diff(base: list[float], other: list[float]) -> float | None:
+    if not base or not other:
+        return None
+    if len(base) != len(other):
+        return math.inf
+    if not all(math.isfinite(x) for x in base + other):
+        return math.inf  # a NaN or Inf loss never matches
+    return max(abs(a - b) for a, b in zip(base, other, strict=True))
+
+
+# -- what the user reads and pastes ------------------------------------------------------------
+SCHEMA_VERSION = 1
+
+
+def _status(tune: ScriptTune, run: Run) -> str:
+    if run.status != "run":
+        return run.status
+    if tune.decision is not None and run.candidate.name == tune.decision.chosen:
+        return "chosen"
+    verdict = tune.decision.verdicts.get(run.candidate.name, "") if tune.decision else ""
+    return "rejected" if verdict.startswith(("rejected", "not considered")) else "run"
+
+
+def chosen_settings(tune: ScriptTune) -> dict:
+    name = tune.decision.chosen if tune.decision else "baseline"
+    run = next(r for r in tune.runs if r.candidate.name == name)
+    return {k: v for k, v in run.candidate.settings.items() if knobs._active(k, run.candidate.settings)}
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "gpusync"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def to_dict(tune: ScriptTune) -> dict:
+    measured = {m.name: m for m in tune.result.variants} if tune.result else {}
+    settings = chosen_settings(tune)
+    base = {k: v for k, v in tune.runs[0].candidate.settings.items() if k in settings}
+    changes = {k: v for k, v in settings.items() if base.get(k) != v}
+    candidates = []
+    for run in tune.runs:
+        m = measured.get(run.candidate.name)
+        reason = run.reason or (tune.decision.verdicts.get(run.candidate.name, "")
+                                if tune.decision else "")
+        reason = reason.removeprefix("chosen: ")
+        if run.candidate.name == "baseline":
+            reason = "the script as it is"
+        candidates.append({
+            "name": run.candidate.name, "settings": run.candidate.settings,
+            "status": _status(tune, run), "reason": reason,
+            "p50_ms": round(m.p50_ms, 4) if m else None,
+            "p90_ms": round(m.p90_ms, 4) if m else None,
+            "syncs_per_step": (run.report or {}).get("syncs_per_step"),
+            "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
+            "parity": m.parity if m else None, "output": run.output or None})
+    return {"schema_version": SCHEMA_VERSION, "kind": "gpusync-tune", "device": tune.device,
+            "target": tune.target, "command": tune.command, "baseline": "baseline",
+            "chosen": tune.decision.chosen if tune.decision else "baseline",
+            "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
+            "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
+            "settings": settings, "changes": changes,
+            "emit": knobs.emit(changes, tune.builds),
+            "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
+            "versions": versions(), "date": time.strftime("%Y-%m-%d")}
+
+
+def render(tune: ScriptTune, fmt: str) -> str:
+    import json
+
+    from .bench.render import technique_table
+
+    data = to_dict(tune)
+    if fmt == "json":
+        return json.dumps(data, indent=2) + "\n"
+    md = fmt == "markdown"
+    out = [f"## gpusync tune of {tune.target}" if md else f"gpusync tune of {tune.target}"]
+    if tune.result is not None:
+        out.append(technique_table(tune.result, fmt))
+    for c in data["candidates"]:
+        out.append(f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else ""))
+    for note in tune.notes:
+        out.append(f"note: {note}")
+    gain = ""
+    if data["chosen"] != "baseline":
+        gain = (f" (median {data['p50_gain']:.1%} faster, P90 {data['p90_gain']:.1%} faster "
+                "than the script as it is)")
+    out.append(f"\nchosen: {data['chosen']}{gain}")
+    out.append("change: " + (", ".join(f"{k}={knobs._text(v)}" for k, v in
+                                       data["changes"].items()) or "nothing (keep the script's "
+                             "own settings)"))
+    if data["emit"]["python"]:
+        fence = "```" if md else ""
+        out += ["\nin your code:", *([fence + "python"] if md else []), data["emit"]["python"],
+                *([fence] if md else [])]
+    for k, v in data["emit"]["env"].items():
+        out.append(f"export {k}={v}")
+    return "\n".join(out) + "\n"
+
+
+def emit_text(tune: ScriptTune, form: str) -> str:
+    import yaml
+
+    data = to_dict(tune)
+    if form == "env":
+        env = data["emit"]["env"]
+        return "".join(f"export {k}={v}\n" for k, v in env.items()) or (
+            "# no environment variable carries these settings in the installed libraries\n")
+    if form == "python":
+        return data["emit"]["python"] + "\n"
+    return yaml.safe_dump({"settings": data["settings"]}, sort_keys=False)
+
+
+def tuned_text(tune: ScriptTune) -> str:
+    import yaml
+
+    data = to_dict(tune)
+    data.pop("builds")
+    head = ("# written by gpusync tune; run the script with these settings:\n"
+            f"#   gpusync run <this file> -- python {tune.target} ...\n")
+    return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def load_tuned(path: str) -> dict:
+    """The settings of a file written by `gpusync tune -o`."""
+    import yaml
+
+    from .errors import BadInput
+    from .fileio import read_user_file
+
+    try:
+        data = yaml.safe_load(read_user_file(path, "tuned settings"))
+    except yaml.YAMLError as e:
+        raise BadInput(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(data, dict) or data.get("kind") != "gpusync-tune":
+        raise BadInput(f"{path} was not written by gpusync tune -o")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise BadInput(f"{path} has schema_version {data.get('schema_version')!r}; this "
+                       f"gpusync reads {SCHEMA_VERSION}")
+    settings = data.get("settings")
+    known = {k.name: k for k in knobs.registry()}
+    if not isinstance(settings, dict):
+        raise BadInput(f"{path}: 'settings' must be a mapping of knob to value")
+    for name, value in settings.items():
+        if name not in known:
+            raise BadInput(f"{path}: unknown knob '{name}' (known: {', '.join(sorted(known))})")
+        if value not in known[name].values:
+            raise BadInput(f"{path}: knob '{name}' cannot be {value!r} "
+                           f"(one of {', '.join(map(repr, known[name].values))})")
+    return settings
