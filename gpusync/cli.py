@@ -273,10 +273,12 @@ def _register_techniques():
               help="Seconds one candidate run may take before it is stopped as failed.")
 @click.option("--emit", type=click.Choice(["env", "python", "yaml"]),
               help="Print only the chosen settings, in this form (scripts and factories).")
+@click.option("--knob", "knob_specs", multiple=True, metavar="env:NAME=V1,V2|arg:--FLAG=V1,V2",
+              help="Also try your own setting: an environment variable or a script flag.")
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
               help="Write the tuned settings (YAML) here.")
 def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_approximate,
-             tolerance, p_max, min_gain, timeout, emit, output):
+             tolerance, p_max, min_gain, timeout, emit, knob_specs, output):
     """Measure settings of TARGET and keep the fastest that keeps its results.
 
     TARGET: your training script (train.py, run unchanged; its arguments after --) or
@@ -293,6 +295,9 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
             "min_gain": min_gain}
     _warn_unreachable(repeats, p_max)
     if _has_candidates(target):
+        if knob_specs or emit:
+            raise BadInput("--knob and --emit are for scripts and factories; a profile's tune "
+                           "block lists its own candidates")
         if script_args:
             raise BadInput("arguments after -- are only for script targets")
         from .tune import render, run_tune, tuned_profile_text
@@ -304,9 +309,12 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
             click.echo(f"tuned profile written to {output}", err=True)
         return
     from . import tune_script
+    from .knobs import user
 
+    extra = tuple(user.parse(spec, tuple(script_args)) for spec in knob_specs)
     plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
-                            block=steps, repeats=repeats, warmup=warmup, timeout=timeout)
+                            block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
+                            extra=extra)
     tuned = tune_script.tune_script(plan, rule)
     if tuned.decision is None:
         base = tuned.runs[0]

@@ -104,6 +104,8 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
                 result = json.load(f)
         except (OSError, ValueError):
             result = {"status": RUNNING}
+        if returncode == TIMED_OUT:  # what it wrote when we stopped it is not its verdict
+            result = {"status": RUNNING, "report": result.get("report")}
         return result, returncode
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import isolate, knobs
+from .knobs import user
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 
 PARITY_LOSSES = 5
@@ -60,8 +61,9 @@ def candidate_job(job: dict) -> dict:
     handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
     try:
         with knobs.applied(job["settings"], builds):
+            args = user.script_args(job["settings"], tuple(job["script_args"]))
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
-                              mode=job["mode"], script_args=tuple(job["script_args"]),
+                              mode=job["mode"], script_args=args,
                               on_session=on_session, detect=job["scan"])
     finally:
         handle.remove()
@@ -116,6 +118,7 @@ class Plan:
     warmup: int
     timeout: float
     scan_steps: int = 3
+    extra: tuple = ()  # the user's own knobs (knobs.user)
 
     def job(self, settings: dict, scan: bool) -> dict:
         return {"kind": "candidate", "target": self.target, "script_args": list(self.script_args),
@@ -138,7 +141,8 @@ def _run(job: dict, timeout: float) -> tuple[dict, str, str | None]:
     if status == isolate.INTERRUPTED:
         raise KeyboardInterrupt
     if status == isolate.USER_ERROR:
-        return result, output.tail, f"raised {result.get('message')}"
+        trace = result.get("traceback", "").rstrip().splitlines()[-12:]
+        return result, "\n".join([output.tail, *trace]).strip(), f"raised {result.get('message')}"
     if status == isolate.EARLY_EXIT:
         return result, output.tail, f"ended the process with os._exit({result.get('code')})"
     return result, output.tail, f"the process {isolate._describe_death(code)}"
@@ -162,7 +166,7 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
 
         raise UserCodeError(f"the script as it is {failure}" + (f"\n{tail}" if tail else ""))
     builds = base_scan["builds"]
-    cands = knobs.candidates(builds, cuda)
+    cands = knobs.candidates(builds, cuda, plan.extra)
     tune = ScriptTune(target, command, "cuda" if cuda else "cpu", builds,
                       [Run(c) for c in cands], block=plan.block)
     if len(cands) == 1:
@@ -185,7 +189,7 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
         if failure is None:
             noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
     tune.result, tune.decision = _decide(tune, noise, rule)
-    extra = knobs.combined(_group_winners(tune), builds, cuda)
+    extra = knobs.combined(_group_winners(tune, plan.extra), builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
         run = Run(extra)
         tune.runs.append(run)
@@ -219,7 +223,7 @@ def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
             f"steps (it needs {plan.warmup + plan.block * plan.repeats})")
 
 
-def _group_winners(tune: ScriptTune) -> list[knobs.Candidate]:
+def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
     """Per knob group, the fastest candidate that kept parity and clearly beat the baseline."""
     if tune.decision is None or tune.result is None:
         return []
@@ -229,7 +233,7 @@ def _group_winners(tune: ScriptTune) -> list[knobs.Candidate]:
         c = run.candidate
         if c.name not in tune.decision.qualified:
             continue
-        for group in {k.group for k in knobs.registry() if k.name in c.changed}:
+        for group in {k.group for k in knobs.registry(extra) if k.name in c.changed}:
             if group not in best or p50[c.name] < p50[best[group].name]:
                 best[group] = c
     return list(best.values())
@@ -310,12 +314,13 @@ def to_dict(tune: ScriptTune) -> dict:
         m = measured.get(run.candidate.name)
         reason = run.reason or (tune.decision.verdicts.get(run.candidate.name, "")
                                 if tune.decision else "")
-        reason = reason.removeprefix("chosen: ")
+        status = _status(tune, run)
+        reason = reason.removeprefix("chosen: ").removeprefix(f"{status}: ")
         if run.candidate.name == "baseline":
             reason = "the script as it is"
         candidates.append({
             "name": run.candidate.name, "settings": run.candidate.settings,
-            "status": _status(tune, run), "reason": reason,
+            "status": status, "reason": reason,
             "p50_ms": round(m.p50_ms, 4) if m else None,
             "p90_ms": round(m.p90_ms, 4) if m else None,
             "syncs_per_step": (run.report or {}).get("syncs_per_step"),
@@ -409,6 +414,8 @@ def load_tuned(path: str) -> dict:
     if not isinstance(settings, dict):
         raise BadInput(f"{path}: 'settings' must be a mapping of knob to value")
     for name, value in settings.items():
+        if name.startswith((user.ENV, user.ARG)) and isinstance(value, str):
+            continue
         if name not in known:
             raise BadInput(f"{path}: unknown knob '{name}' (known: {', '.join(sorted(known))})")
         if value not in known[name].values:

@@ -40,40 +40,41 @@ class Candidate:
     not_applicable: str | None = None  # why it cannot serve what the script built
 
 
-def registry() -> list[Knob]:
+def registry(extra: tuple = ()) -> list[Knob]:
+    """The built-in knobs, and a user's own (`extra`, from knobs.user)."""
     from . import fbgemm, torchrec
 
-    return [*torchrec.KNOBS, *fbgemm.KNOBS]
+    return [*torchrec.KNOBS, *fbgemm.KNOBS, *extra]
 
 
 @contextlib.contextmanager
 def applied(settings: Settings, builds: Builds) -> Iterator[Builds]:
     """Install `settings` (knob name -> value) for the code run inside, recording what it
     builds into `builds`; everything is undone on exit."""
-    from . import fbgemm, torchrec
+    from . import fbgemm, torchrec, user
 
     with contextlib.ExitStack() as stack:
-        for module in (torchrec, fbgemm):
+        for module in (torchrec, fbgemm, user):
             stack.enter_context(module.install(settings, builds))
         yield builds
 
 
-def discovered(builds: Builds) -> dict[str, Any]:
+def discovered(builds: Builds, extra: tuple = ()) -> dict[str, Any]:
     """The knobs that act on what the script built, with the script's own values."""
     out = {}
-    for knob in registry():
+    for knob in registry(extra):
         value = knob.script_value(builds)
         if value is not None:
             out[knob.name] = value
     return out
 
 
-def candidates(builds: Builds, cuda: bool) -> list[Candidate]:
+def candidates(builds: Builds, cuda: bool, extra: tuple = ()) -> list[Candidate]:
     """The baseline (the script as it is), then every setting of each group with the other
     groups as the script has them. Settings of a group that only differ in knobs that do not
     apply to them (the stream of a pipeline that has none) are one candidate."""
-    knobs = {k.name: k for k in registry()}
-    base = discovered(builds)
+    knobs = {k.name: k for k in registry(extra)}
+    base = discovered(builds, extra)
     out = [Candidate("baseline", dict(base))]
     seen = {_key(base, knobs)}
     groups: dict[str, list[Knob]] = {}
@@ -90,13 +91,14 @@ def candidates(builds: Builds, cuda: bool) -> list[Candidate]:
     return out
 
 
-def combined(chosen: list[Candidate], builds: Builds, cuda: bool) -> Candidate | None:
+def combined(chosen: list[Candidate], builds: Builds, cuda: bool,
+             extra: tuple = ()) -> Candidate | None:
     """One candidate with every group's winner, when more than one group has one."""
     winners = [c for c in chosen if c.changed]
     if len(winners) < 2:
         return None
-    knobs = {k.name: k for k in registry()}
-    base = discovered(builds)
+    knobs = {k.name: k for k in registry(extra)}
+    base = discovered(builds, extra)
     settings = dict(base)
     for c in winners:
         settings.update(c.changed)
@@ -147,11 +149,11 @@ def _text(value) -> str:
 
 def emit(settings: Settings, builds: Builds) -> dict[str, Any]:
     """The chosen settings in the libraries' own spelling: {"env": {...}, "python": str}."""
-    from . import fbgemm, torchrec
+    from . import fbgemm, torchrec, user
 
     env: dict[str, str] = {}
     python = []
-    for module in (torchrec, fbgemm):
+    for module in (torchrec, fbgemm, user):
         part = module.spell(settings, builds)
         env.update(part.get("env", {}))
         if part.get("python"):

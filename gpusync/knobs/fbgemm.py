@@ -28,22 +28,31 @@ def _writeback_tbes(builds: Builds) -> list[dict]:
 
 
 def _script_precompute(builds: Builds):
-    tbes = _writeback_tbes(builds)
-    return any(t["precompute"] for t in tbes) if tbes else None
+    if not builds.get("tbes"):
+        return None
+    return any(t["precompute"] for t in _writeback_tbes(builds))
 
 
 def _script_writeback(builds: Builds):
-    return "fbgemm" if _writeback_tbes(builds) else None
+    return "fbgemm" if builds.get("tbes") else None
 
 
 def _fbgemm_limits(builds: Builds, value, settings: Settings) -> str | None:
     """fbgemm 1.8's own conditions for its writeback hook (split_table_batched_embeddings_ops
-    _training.py): EXACT_SGD only, no VBE."""
+    _training.py and utils/writeback_util.py): EXACT_SGD only, no VBE, and bag mode with
+    several tables in one TBE only with writeback_first_feature_only."""
+    if not _writeback_tbes(builds):
+        optimizers = sorted({t["optimizer"] for t in builds.get("tbes") or []})
+        return (f"no TBE uses fbgemm's writeback (its TBEs: {', '.join(optimizers)}, without "
+                "use_writeback_bwd_prehook): there is no writeback dedup to change")
     for t in _writeback_tbes(builds):
         if t["optimizer"] != "EXACT_SGD":
             return f"a TBE uses {t['optimizer']}: fbgemm's writeback is EXACT_SGD only"
         if t.get("vbe"):
             return "a TBE runs with variable batch sizes (VBE), which fbgemm's writeback refuses"
+        if t["features"] > 1 and not (t["first_feature_only"] or t["nobag"]):
+            return ("a TBE holds several features in bag mode: fbgemm's writeback serves that "
+                    "only with writeback_first_feature_only=True")
     return None
 
 

@@ -1,0 +1,84 @@
+"""Knobs a user names on the command line: an environment variable or a script flag.
+
+    --knob env:OMP_NUM_THREADS=1,2,4     --knob arg:--prefetch=2,4
+
+The baseline is the script as it is run (the variable as inherited, the flag as given);
+each listed value is a candidate of its own group.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+from ..errors import BadInput
+from . import Builds, Knob, Settings
+
+ENV, ARG = "env:", "arg:"
+
+
+def parse(spec: str, script_args: tuple) -> Knob:
+    kind = spec[:4]
+    name, _, values = spec[4:].partition("=")
+    if kind not in (ENV, ARG) or not name or not values:
+        raise BadInput(f"--knob {spec!r} must look like env:NAME=v1,v2 or arg:--flag=v1,v2")
+    own = os.environ.get(name, "") if kind == ENV else _flag_value(script_args, name)
+    choices = tuple(dict.fromkeys([own, *values.split(",")]))
+    return Knob(kind + name, choices, kind + name, f"user knob {kind + name}",
+                lambda builds, own=own: own)
+
+
+def _flag_value(args, flag: str) -> str:
+    args = list(args)
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return ""
+
+
+def script_args(settings: Settings, args: tuple) -> tuple:
+    """The script's arguments with the arg: knobs' values put in."""
+    out = list(args)
+    for key, value in settings.items():
+        if not key.startswith(ARG) or value == "":
+            continue
+        flag = key[len(ARG):]
+        for i, a in enumerate(out):
+            if a == flag and i + 1 < len(out):
+                out[i + 1] = value
+                break
+            if a.startswith(flag + "="):
+                out[i] = f"{flag}={value}"
+                break
+        else:
+            out += [flag, value]
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def install(settings: Settings, builds: Builds) -> Iterator[None]:
+    saved = {}
+    for key, value in settings.items():
+        if key.startswith(ENV):
+            name = key[len(ENV):]
+            saved[name] = os.environ.get(name)
+            if value == "":
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def spell(settings: Settings, builds: Builds) -> dict:
+    env = {k[len(ENV):]: v for k, v in settings.items() if k.startswith(ENV)}
+    flags = [f"{k[len(ARG):]} {v}" for k, v in settings.items() if k.startswith(ARG)]
+    return {"env": env, "python": f"# run the script with: {' '.join(flags)}" if flags else ""}

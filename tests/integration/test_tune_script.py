@@ -1,0 +1,89 @@
+"""`gpusync tune SCRIPT` end to end, in subprocesses as a user runs it: knobs found in an
+unmodified script, candidates that crash, hang or change results, the JSON contract, the
+emitted settings, and `gpusync run` applying a tuned file."""
+import json
+import os
+import textwrap
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli as gpusync
+
+TOY = textwrap.dedent('''
+    import os, sys, time, torch
+    mode = os.environ.get("TOY", "")
+    print("TOY is", repr(mode), file=sys.stderr)
+    torch.manual_seed(0)
+    m = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1 * (2 if mode == "changed" else 1))
+    for i in range(40):
+        if mode == "crash" and i == 3:
+            raise RuntimeError("toy crash")
+        if mode == "hang" and i == 3:
+            time.sleep(1000)
+        loss = m(torch.randn(16, 8)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        loss.item()
+''')
+
+
+def test_candidates_that_crash_hang_or_change_results(tmp_path):
+    (tmp_path / "toy.py").write_text(TOY)
+    proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast,changed,crash,hang", "--steps", "1",
+                   "--repeats", "5", "--timeout", "20", "--format", "json", "-o", "tuned.yaml",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["kind"] == "gpusync-tune" and data["schema_version"] == 1
+    for key in ("device", "target", "baseline", "chosen", "settings", "emit", "candidates"):
+        assert key in data
+    by = {c["name"]: c for c in data["candidates"]}
+    assert by["env:TOY=crash"]["status"] == "failed"
+    assert "toy crash" in by["env:TOY=crash"]["reason"]
+    assert "toy crash" in by["env:TOY=crash"]["output"]  # the last lines it printed
+    assert by["env:TOY=hang"]["status"] == "failed"
+    assert "time limit" in by["env:TOY=hang"]["reason"]
+    assert by["env:TOY=changed"]["status"] == "rejected"
+    assert "differ" in by["env:TOY=changed"]["reason"]
+    assert by["env:TOY=fast"]["parity"] == "identical"
+    assert by["baseline"]["syncs_per_step"] == 1.0
+    for c in data["candidates"]:
+        for key in ("name", "settings", "status", "reason", "p50_ms", "p90_ms",
+                    "syncs_per_step", "parity"):
+            assert key in c
+    assert "candidate 5/5" in proc.stderr  # progress on stderr
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    assert tuned["settings"] == data["settings"] and tuned["command"].startswith("gpusync tune")
+    # gpusync run applies the tuned settings to the unmodified script
+    tuned["settings"] = {"env:TOY": "fast"}
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump(tuned))
+    run = gpusync("run", "tuned.yaml", "--", "python", "toy.py", cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "TOY is 'fast'" in run.stderr
+
+
+def test_fbgemm_script_gets_only_writeback_knobs_with_parity():
+    pytest.importorskip("fbgemm_gpu")
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "gpusync", "examples",
+                           "fbgemm_train.py")
+    proc = gpusync("tune", example, "--steps", "2", "--repeats", "5", "--format", "json", "--",
+                   "--steps", "40", "--batch-size", "128")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    by = {c["name"]: c for c in data["candidates"]}
+    assert set(by) == {"baseline", "fbgemm.precompute_writeback=true",
+                       "gpusync.writeback=syncfree"}
+    assert all(c["parity"] == "identical" for c in by.values())
+    assert by["baseline"]["syncs_by_phase"] == {"hook": 1.0}  # fbgemm's writeback hook
+    assert by["fbgemm.precompute_writeback=true"]["syncs_by_phase"] == {"forward": 1.0}
+    assert by["gpusync.writeback=syncfree"]["syncs_per_step"] == 0
+    assert not any(k.startswith("torchrec.") for k in data["settings"])
+
+
+def test_emit_prints_only_the_settings(tmp_path):
+    (tmp_path / "toy.py").write_text(TOY)
+    proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast", "--steps", "1", "--repeats", "5",
+                   "--emit", "yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list(yaml.safe_load(proc.stdout)) == ["settings"]
