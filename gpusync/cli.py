@@ -422,10 +422,6 @@ def main(argv=None) -> int:
         return errors.EXIT_INTERRUPTED
     except SystemExitCode as e:
         return e.exit_code
-    except SystemExit as e:  # user code run in this process (tune's candidates) ended the run
-        click.echo(f"gpusync: the code being run called sys.exit({e.code!r}) before gpusync "
-                   "reached a verdict", err=True)
-        return errors.EXIT_USER_CODE
     except GpusyncError as e:
         prefix = "gpusync: error: " if isinstance(e, BadInput) else "gpusync: "
         click.echo(f"{prefix}{e}", err=True)

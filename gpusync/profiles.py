@@ -42,13 +42,13 @@ class Profile:
     candidates: list = field(default_factory=list)  # tune's, parsed
 
 def profile_dirs() -> list[Path]:
-    """The shipped profiles: the checkout's profiles/ or the installed gpusync.profiles."""
+    """The shipped profiles: the checkout's profiles/ or the installed gpusync.builtin_profiles."""
     dirs = []
     checkout = Path(__file__).resolve().parent.parent / "profiles"
     if checkout.is_dir():
         dirs.append(checkout)
     try:
-        installed = Path(str(resources.files("gpusync.profiles")))
+        installed = Path(str(resources.files("gpusync.builtin_profiles")))
         if installed.is_dir() and installed not in dirs:
             dirs.append(installed)
     except (ModuleNotFoundError, TypeError):

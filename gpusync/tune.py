@@ -93,7 +93,7 @@ def load_tunable(target_text: str | None) -> tuple[FactoryTarget, Profile]:
     return target, profile
 
 
-def _user_error(candidate: str, what: str, e: Exception) -> UserCodeError:
+def _user_error(candidate: str, what: str, e: BaseException) -> UserCodeError:
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     where = f" at {frame.filename}:{frame.lineno}" if frame else ""
     return UserCodeError(f"candidate '{candidate}': {what} raised {type(e).__name__}: {e}{where}",
@@ -109,7 +109,7 @@ def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> 
                 workload = call_factory(factory, {**target.args, **candidate.args}, device)
             except GpusyncError:
                 raise
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # sys.exit in user code is no verdict
                 raise _user_error(candidate.name, "the factory", e) from e
             inner = workload_step(check_workload(workload, target.spec))
             checked = False
@@ -118,7 +118,7 @@ def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> 
                 nonlocal checked
                 try:
                     inner()
-                except Exception as e:
+                except (Exception, SystemExit) as e:
                     raise _user_error(candidate.name, "a training step", e) from e
                 if not checked:  # at the first step, not after minutes of timing
                     checked = True

@@ -1,1 +1,1 @@
-"""Built-in workload profiles (YAML), installed as the gpusync.profiles package."""
+"""Built-in workload profiles (YAML), installed as the gpusync.builtin_profiles package."""

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAMP=.venv/.gpusync-setup
-WANT=$(cat requirements/pinned.txt requirements/torchrec-nodeps.txt setup.cfg | sha256sum | cut -c1-16)
+WANT=$(cat requirements/pinned.txt requirements/torchrec-nodeps.txt setup.cfg setup.py | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && .venv/bin/python -c "import gpusync, torchrec" 2>/dev/null; then
   exit 0
 fi
