@@ -18,7 +18,7 @@ from ._version import __version__
 from .errors import BadInput
 from .fileio import read_user_file, write_atomic
 
-BASELINE_SCHEMA = 1
+BASELINE_SCHEMA = 2  # 2: steps are whole steps (README "Steps"); steps may be null
 KIND = "gpusync-baseline"
 
 
@@ -90,32 +90,42 @@ def save(data: dict, path: str) -> None:
     write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number a baseline may hold")
+
+
+def _schema() -> dict:
+    from importlib import resources
+
+    return json.loads(resources.files("gpusync.schemas").joinpath(
+        "baseline.schema.json").read_text())
+
+
 def load(path: str) -> dict:
-    """A baseline that is missing, unreadable or malformed is an error: it never passes."""
+    """A baseline that is missing, unreadable or malformed is an error: it never passes.
+    It is checked against gpusync/schemas/baseline.schema.json (types, ranges, required keys;
+    NaN and Infinity, which Python's json would accept, are refused)."""
+    import jsonschema
+
     text = read_user_file(path, "baseline")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constants)
     except json.JSONDecodeError as e:
         raise BadInput(f"baseline {path} is corrupt: {e.msg} at line {e.lineno}") from None
+    except ValueError as e:
+        raise BadInput(f"baseline {path} is corrupt: {e}") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"baseline {path} is not a gpusync baseline")
     if data.get("schema_version") != BASELINE_SCHEMA:
         raise BadInput(f"baseline {path} has schema_version {data.get('schema_version')!r}; "
-                       f"this gpusync reads {BASELINE_SCHEMA}")
-    sites = data.get("sites")
-    if not isinstance(sites, list):
-        raise BadInput(f"baseline {path} is corrupt: 'sites' must be a list")
-    for i, site in enumerate(sites):
-        if not isinstance(site, dict) or not isinstance(site.get("key"), str) or not isinstance(
-                site.get("per_step"), (int, float)):
-            raise BadInput(f"baseline {path} is corrupt: site {i} needs 'key' and 'per_step'")
-        margin = site.get("margin", 0)
-        if not isinstance(margin, (int, float)) or margin < 0:
-            raise BadInput(f"baseline {path} is corrupt: site {i} has a bad 'margin'")
-    timing = data.get("timing")
-    if timing is not None and not (isinstance(timing, dict) and isinstance(
-            timing.get("samples_ms"), list)):
-        raise BadInput(f"baseline {path} is corrupt: 'timing' needs 'samples_ms'")
+                       f"this gpusync reads {BASELINE_SCHEMA} (record it again with "
+                       "`gpusync baseline`)")
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise BadInput(f"baseline {path} is corrupt: {where.lstrip('.') or 'top level'}: "
+                       f"{error.message}")
     return data
 
 

@@ -154,9 +154,8 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
             now = step_times(target, "cuda", len(base), warmup=3)
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
-    if problems:
-        suggested = baseline.suggest(data, report, baseline_path)
-        verdict.suggested_baseline = suggested
+    if verdict.only_improvements:
+        verdict.suggested_baseline = baseline.suggest(data, report, baseline_path)
     click.echo(gate.render(verdict, fmt), nl=False)
     if verdict.exit_code:
         raise SystemExitCode(verdict.exit_code)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import errors
@@ -26,6 +27,14 @@ class Problem:
     file: str = ""
     line: int = 0
     key: str = ""
+    fix: str = ""
+
+    @property
+    def improvement(self) -> bool:
+        return self.kind in IMPROVEMENTS
+
+
+IMPROVEMENTS = ("fewer syncs", "site gone")
 
 
 @dataclass
@@ -40,13 +49,21 @@ class Verdict:
         return {PASS: errors.EXIT_OK, REGRESSION: errors.EXIT_REGRESSION,
                 CANNOT_JUDGE: errors.EXIT_CANNOT_JUDGE}[self.status]
 
+    @property
+    def only_improvements(self) -> bool:
+        """Every problem is a win: the suggested baseline records it. A regression is never
+        written into a suggestion (that would rubber-stamp it)."""
+        return bool(self.problems) and all(p.improvement for p in self.problems)
+
 
 def compare_counts(baseline: dict, report) -> list[Problem]:
+    """Exact per-step counts. A site's margin tolerates that many MORE syncs per step, never
+    fewer: fewer syncs than recorded is a win to write into the baseline."""
     current = per_step_by_key(report)
-    lines = {}
+    now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
     for s in report.sites:
-        lines.setdefault(site_key(s.op, s.phase, s.module, stable_file(s.file), s.function),
-                         (stable_file(s.file), s.line))
+        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function)
+        now_lines[key][s.line] = (stable_file(s.file), s.per_step, s.fix)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):
@@ -54,20 +71,33 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
         entry = base.get(key)
         was = entry["per_step"] if entry else 0.0
         margin = entry.get("margin", 0.0) if entry else 0.0
-        file, line = lines.get(key, (entry.get("file", "") if entry else "",
-                                     (entry.get("lines") or [0])[0] if entry else 0))
+        file, line, fix = _where(now_lines.get(key, {}), entry)
         if entry is None:
             if now > 0:
                 problems.append(Problem("new site", f"new sync site: {key} ({now:g}/step)",
-                                        file, line, key))
+                                        file, line, key, fix))
         elif now > was + margin + 1e-9:
             problems.append(Problem("more syncs", f"more syncs: {key}: {was:g} -> {now:g}/step",
-                                    file, line, key))
-        elif now < was - margin - 1e-9:
+                                    file, line, key, fix))
+        elif now < was - 1e-9:
             kind = "site gone" if now == 0 else "fewer syncs"
             problems.append(Problem(kind, f"fewer syncs (update the baseline): {key}: "
-                                          f"{was:g} -> {now:g}/step", file, line, key))
+                                          f"{was:g} -> {now:g}/step", file, line, key, fix))
     return problems
+
+
+def _where(lines: dict[int, tuple[str, float, str]], entry: dict | None) -> tuple[str, int, str]:
+    """The line to point at: one the baseline did not have (what is new), else the busiest
+    line of the site now, else the baseline's first line (a site gone)."""
+    if lines:
+        known = set(entry.get("lines") or []) if entry else set()
+        new = sorted(n for n in lines if n not in known)
+        line = new[0] if new else max(lines, key=lambda n: (lines[n][1], -n))
+        file, _, fix = lines[line]
+        return file, line, fix
+    if entry:
+        return entry.get("file", ""), (entry.get("lines") or [0])[0], entry.get("fix", "")
+    return "", 0, ""
 
 
 # -- timing ------------------------------------------------------------------------------------
@@ -136,6 +166,24 @@ def combine(problems: list[Problem], timing: tuple[str, str] | None) -> Verdict:
     return verdict
 
 
+def _escape_data(text: str) -> str:
+    """GitHub workflow command data: %, CR and LF are encoded."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    """GitHub workflow command property values: also : and , are encoded."""
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(level: str, message: str, title: str = "gpusync", file: str = "",
+                line: int = 0) -> str:
+    props = [f"title={_escape_property(title)}"]
+    if file:
+        props = [f"file={_escape_property(file)}", f"line={line}", *props]
+    return f"::{level} {','.join(props)}::{_escape_data(message)}"
+
+
 def render(verdict: Verdict, fmt: str) -> str:
     if fmt == "json":
         import json
@@ -148,17 +196,18 @@ def render(verdict: Verdict, fmt: str) -> str:
     out = []
     for p in verdict.problems:
         if fmt == "github":
-            level = "warning" if p.kind in ("fewer syncs", "site gone") else "error"
-            where = f" file={p.file},line={p.line}" if p.file else ""
-            out.append(f"::{level}{where}::gpusync: {p.message}")
+            level = "warning" if p.improvement else "error"
+            message = f"{p.message}" + (f"\nfix: {p.fix}" if p.fix and not p.improvement else "")
+            out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
         else:
             where = f" ({p.file}:{p.line})" if p.file else ""
-            out.append(f"FAIL {p.message}{where}")
+            fix = f"\n  fix: {p.fix}" if p.fix and not p.improvement else ""
+            out.append(f"FAIL {p.message}{where}{fix}")
     for note in verdict.notes:
-        out.append(f"::notice::gpusync: {note}" if fmt == "github" else f"note: {note}")
+        out.append(_annotation("notice", note) if fmt == "github" else f"note: {note}")
     if verdict.suggested_baseline:
         msg = f"suggested new baseline written to {verdict.suggested_baseline}"
-        out.append(f"::notice::gpusync: {msg}" if fmt == "github" else msg)
+        out.append(_annotation("notice", msg) if fmt == "github" else msg)
     if fmt != "github":
         out.append(f"gate: {verdict.status}")
     return "\n".join(out) + "\n"

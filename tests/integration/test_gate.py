@@ -35,7 +35,7 @@ def gate(project, *extra):
 
 def test_baseline_is_readable_and_stable(project):
     data = json.loads((project / "base.json").read_text())
-    assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 1
+    assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 2
     assert [s["key"] for s in data["sites"]] == ["item | other | - | train.py | <module>"]
     assert data["sites"][0]["per_step"] == 1.0 and data["syncs_by_phase"] == {"other": 1.0}
     for key in ("device", "torch", "gpusync", "commit", "created", "steps", "warmup"):
@@ -58,8 +58,11 @@ def test_new_site_fails_with_github_annotation(project):
     edit(project, "    v = loss.item()\n    w = loss.detach().cpu()\n")
     proc = gate(project, "--format", "github")
     assert proc.returncode == 1
-    assert "::error file=train.py,line=9::gpusync: new sync site: D2H copy" in proc.stdout
-    assert (project / "base.suggested.json").exists()
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("::error"))
+    assert line.startswith("::error file=train.py,line=9,title=gpusync%3A new site::"
+                           "new sync site: D2H copy")
+    assert "%0Afix: " in line  # the fix travels with the annotation
+    assert not (project / "base.suggested.json").exists()  # a regression is not suggested
 
 
 def test_more_syncs_fail(project):
@@ -95,8 +98,10 @@ def test_margin_in_baseline_allows_extra_syncs(project):
     (None, "cannot read baseline"),
     ("{not json", "is corrupt"),
     ('{"kind": "other"}', "is not a gpusync baseline"),
-    ('{"kind": "gpusync-baseline", "schema_version": 1, "sites": [{"key": 1}]}', "is corrupt"),
+    ('{"kind": "gpusync-baseline", "schema_version": 2, "sites": [{"key": 1}]}', "is corrupt"),
     ('{"kind": "gpusync-baseline", "schema_version": 7, "sites": []}', "schema_version 7"),
+    ('{"kind": "gpusync-baseline", "schema_version": 1, "sites": []}', "schema_version 1"),
+    ('{"kind": "gpusync-baseline", "schema_version": "2", "sites": []}', "schema_version '2'"),
 ])
 def test_missing_or_corrupt_baseline_never_passes(project, content, message):
     path = project / "base.json"
@@ -130,3 +135,46 @@ def test_count_regression_wins_over_cannot_judge(project):
     (project / "base.json").write_text(json.dumps(data))
     edit(project, "    v = loss.item()\n    v = loss.tolist()\n")
     assert gate(project).returncode == 1
+
+
+def _set(project, mutate):
+    data = json.loads((project / "base.json").read_text())
+    mutate(data)
+    return data
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d["sites"][0].update(per_step=float("nan")), "NaN is not a number"),
+    (lambda d: d.update(syncs_per_step=float("inf")), "Infinity is not a number"),
+    (lambda d: d["sites"][0].update(per_step=True), "sites[0].per_step: True is not of type"),
+    (lambda d: d["sites"][0].update(margin=-1), "sites[0].margin: -1"),
+    (lambda d: d["sites"][0].update(margin=False), "sites[0].margin: False"),
+    (lambda d: d.update(steps=0), "steps: 0"),
+    (lambda d: d.pop("warmup"), "'warmup' is a required property"),
+    (lambda d: d.update(timing={"samples_ms": [1.0, "x"]}), "timing.samples_ms[1]"),
+])
+def test_a_baseline_that_breaks_its_schema_never_passes(project, mutate, message):
+    data = _set(project, mutate)
+    (project / "base.json").write_text(json.dumps(data))  # json writes NaN / Infinity as such
+    proc = gate(project)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
+
+
+def test_a_margin_never_tolerates_fewer_syncs(project):
+    data = _set(project, lambda d: d["sites"][0].update(margin=1.0, per_step=2.0))
+    (project / "base.json").write_text(json.dumps(data))
+    proc = gate(project)  # 1 sync/step now, 2 recorded: a win to record, margin or not
+    assert proc.returncode == 1 and "fewer syncs" in proc.stdout
+    assert (project / "base.suggested.json").exists()
+
+
+def test_no_suggestion_when_a_win_comes_with_a_regression(project):
+    data = _set(project, lambda d: d["sites"][0].update(per_step=2.0))
+    (project / "base.json").write_text(json.dumps(data))
+    edit(project, "    v = loss.item()\n    w = loss.detach().cpu()\n")
+    proc = gate(project)
+    assert proc.returncode == 1
+    assert "fewer syncs" in proc.stdout and "new sync site" in proc.stdout
+    assert not (project / "base.suggested.json").exists()

@@ -54,3 +54,14 @@ def test_timer_uses_the_injected_clock():
     timer = BlockTimer(clock=lambda: next(ticks))
     assert timer(lambda: None) == pytest.approx(250.0)
     assert timer.cuda is False
+
+
+def test_github_annotations_escape_what_workflow_commands_require():
+    from gpusync.gate import Problem, Verdict, render
+
+    verdict = Verdict(status="regression", problems=[Problem(
+        "new site", "new sync site: 100% of steps\nsecond line", "dir,a/b:c.py", 7,
+        fix="keep it on the device")])
+    line = render(verdict, "github").splitlines()[0]
+    assert line == ("::error file=dir%2Ca/b%3Ac.py,line=7,title=gpusync%3A new site::"
+                    "new sync site: 100%25 of steps%0Asecond line%0Afix: keep it on the device")

@@ -1,0 +1,1 @@
+"""JSON Schemas of what gpusync writes and reads back (loaded with importlib.resources)."""
