@@ -29,9 +29,32 @@ DETERMINISTIC = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def run_cli(*args, cwd=None):
-    """`python -m gpusync ARGS` in a subprocess, as a user runs it."""
+    """`python -m gpusync ARGS` in a subprocess, as a user runs it (where the process
+    boundary is what is tested)."""
     return subprocess.run([sys.executable, "-m", "gpusync", *args], capture_output=True,
                           text=True, cwd=cwd, timeout=300, env={**os.environ, **DETERMINISTIC})
+
+
+def run_main(*args, cwd=None):
+    """The click entry point in this process, output captured like run_cli's. The code it
+    scans still runs in gpusync's child process, which inherits DETERMINISTIC."""
+    import contextlib
+    import io
+
+    from gpusync.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_cwd, saved_env = os.getcwd(), dict(os.environ)
+    os.chdir(cwd or saved_cwd)
+    os.environ.update(DETERMINISTIC)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
 def pytest_collection_modifyitems(config, items):

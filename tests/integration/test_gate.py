@@ -14,14 +14,23 @@ LOOP = textwrap.dedent('''
 ''')
 
 
-from tests.conftest import run_cli as run
+from tests.conftest import run_main as run
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One recorded baseline, copied into each test's own folder."""
+    folder = tmp_path_factory.mktemp("recorded")
+    (folder / "train.py").write_text(LOOP + "    v = loss.item()\n")
+    proc = run("baseline", "train.py", "-o", "base.json", cwd=folder)
+    assert proc.returncode == 0, proc.stderr
+    return folder
 
 
 @pytest.fixture
-def project(tmp_path):
-    (tmp_path / "train.py").write_text(LOOP + "    v = loss.item()\n")
-    proc = run("baseline", "train.py", "-o", "base.json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+def project(recorded, tmp_path):
+    for name in ("train.py", "base.json"):
+        (tmp_path / name).write_bytes((recorded / name).read_bytes())
     return tmp_path
 
 

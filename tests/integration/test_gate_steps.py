@@ -2,7 +2,7 @@
 import json
 import textwrap
 
-from tests.conftest import run_cli as gpusync
+from tests.conftest import run_main as gpusync
 
 LOOP = textwrap.dedent('''
     import torch
