@@ -18,7 +18,6 @@ import pytest
 
 from .api import format_sites
 from .detect.session import Session
-from .errors import SyncsFound
 
 _SESSION = pytest.StashKey[Session]()
 
@@ -47,16 +46,50 @@ def gpusync(request):
     return GpusyncHandle(request.node)
 
 
+_MARKER_ARGS = {"max_syncs_per_step": "an int >= 0", "mode": "one of auto, simulate, cuda",
+                "warmup": "an int >= 0"}
+
+
+def _marker_options(marker) -> dict:
+    """The marker's arguments, checked: a typo or a positional argument would otherwise make
+    the test pass without the check it asks for."""
+    name = "@pytest.mark.gpusync"
+    if marker.args:
+        raise pytest.UsageError(
+            f"{name}: positional arguments ({', '.join(map(repr, marker.args))}) are not "
+            f"accepted; name them: {', '.join(f'{k}=...' for k in _MARKER_ARGS)}")
+    unknown = sorted(set(marker.kwargs) - set(_MARKER_ARGS))
+    if unknown:
+        raise pytest.UsageError(f"{name}: unknown argument(s) {', '.join(unknown)} (known: "
+                                f"{', '.join(_MARKER_ARGS)})")
+    options = dict(marker.kwargs)
+    for key in ("max_syncs_per_step", "warmup"):
+        value = options.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or value < 0):
+            raise pytest.UsageError(f"{name}: {key} must be {_MARKER_ARGS[key]}, got {value!r}")
+    if options.get("mode", "auto") not in ("auto", "simulate", "cuda"):
+        raise pytest.UsageError(f"{name}: mode must be {_MARKER_ARGS['mode']}, "
+                                f"got {options['mode']!r}")
+    return options
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     marker = item.get_closest_marker("gpusync")
     if marker is None and "gpusync" not in getattr(item, "fixturenames", ()):
         yield
         return
-    options = dict(marker.kwargs) if marker is not None else {}
+    try:
+        options = _marker_options(marker) if marker is not None else {}
+    except pytest.UsageError as e:
+        problem = str(e)
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(problem, pytrace=False)  # before the body runs: it is not run unchecked
     limit = options.pop("max_syncs_per_step", None)
-    # One warm-up step, as in `gpusync scan`: what runs after optimizer.step() (logging) counts
-    # in the next step, so the first step is not a steady-state one.
+    # One warm-up step, as in `gpusync scan`: the first step builds state (optimizer slots).
     session = Session(mode=options.pop("mode", "auto"), warmup=options.pop("warmup", 1),
                       target=item.nodeid)
     item.stash[_SESSION] = session
@@ -66,6 +99,7 @@ def pytest_runtest_call(item):
         return
     report = session.report()
     if report.max_syncs_per_step > limit:
-        outcome.force_exception(SyncsFound(
-            f"{report.max_syncs_per_step} host<-device sync(s) in one step, at most {limit} "
-            f"allowed ({report.mode} mode):\n" + format_sites(report), report))
+        # pytrace=False: gpusync's message, not pluggy's and pytest's frames
+        outcome.force_exception(pytest.fail.Exception(
+            f"SyncsFound: {report.max_syncs_per_step} host<-device sync(s) in one step, at most "
+            f"{limit} allowed ({report.mode} mode):\n" + format_sites(report), pytrace=False))

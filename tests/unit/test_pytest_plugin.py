@@ -30,5 +30,47 @@ def test_marker_and_fixture(pytester):
     pytester.makepyfile(test_user=TEST_FILE)
     result = pytester.runpytest()  # enabled through the pytest11 entry point
     result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(["*SyncsFound*1 host<-device sync(s) in one step*",
+    result.stdout.fnmatch_lines(["*SyncsFound: 1 host<-device sync(s) in one step*",
                                  "*item x3*test_user.py:10*", "*fix:*"])
+    text = result.stdout.str()  # gpusync's message, without pluggy's and pytest's frames
+    failures = text.split("= FAILURES =", 1)[1]
+    assert "pluggy" not in failures and "_pytest" not in failures
+    assert "During handling" not in failures and len(failures.splitlines()) < 12
+
+
+BAD_MARKERS = '''
+import pytest
+
+RAN = []
+
+@pytest.mark.gpusync(max_sync_per_step=0)
+def test_typo():
+    RAN.append("typo")
+
+@pytest.mark.gpusync(0)
+def test_positional():
+    RAN.append("positional")
+
+@pytest.mark.gpusync(max_syncs_per_step=True)
+def test_bool():
+    RAN.append("bool")
+
+@pytest.mark.gpusync(mode="gpu")
+def test_mode():
+    RAN.append("mode")
+
+def test_zz_no_body_ran():
+    assert RAN == []
+'''
+
+
+def test_marker_arguments_that_check_nothing_are_errors(pytester):
+    pytester.makepyfile(test_bad=BAD_MARKERS)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=4)
+    result.stdout.fnmatch_lines([
+        "*unknown argument(s) max_sync_per_step (known: max_syncs_per_step, mode, warmup)*",
+        "*positional arguments (0) are not accepted*",
+        "*max_syncs_per_step must be an int >= 0, got True*",
+        "*mode must be one of auto, simulate, cuda, got 'gpu'*"])
+
