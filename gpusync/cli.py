@@ -2,6 +2,8 @@
 place exceptions become exit codes (see errors.py and README "Exit codes")."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from . import errors
@@ -9,6 +11,17 @@ from ._version import __version__
 from .detect.session import MODES
 from .errors import BadInput, GpusyncError
 from .reporters import FORMATS, render
+
+
+class Finite(click.FloatRange):
+    """click's FloatRange lets NaN through (every comparison with NaN is false), and a NaN
+    tolerance or significance level would make every check pass: refuse NaN and infinities."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,8 +48,10 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
     example (sparsenn).
     """
-    from .fileio import write_atomic
+    from .fileio import check_directory, write_atomic
 
+    if output:
+        check_directory(output)  # before the scan, not after
     outcome = _scan_isolated(target, steps, warmup, mode, script_args)
     if outcome.report is not None:
         text = render(outcome.report, fmt)
@@ -93,8 +108,10 @@ def _scan_or_fail(target, steps, warmup, mode):
 def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
     from . import baseline
+    from .fileio import check_directory
     from .isolate import step_times
 
+    check_directory(output)  # before the scan, not after
     report = _scan_or_fail(target, steps, warmup, mode)
     samples = None
     if timing:
@@ -108,11 +125,11 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
 @cli.command("gate")
 @click.argument("target", required=False)
 @click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False), required=True)
-@click.option("--time-factor", type=click.FloatRange(min=1.0), default=1.1, show_default=True,
+@click.option("--time-factor", type=Finite(min=1.0), default=1.1, show_default=True,
               help="Slower by more than this factor (median) AND significant -> regression.")
-@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.002,
+@click.option("--p", "p_max", type=Finite(0, 1, min_open=True), default=0.002,
               show_default=True, help="Significance level of the one-sided Mann-Whitney test.")
-@click.option("--max-noise", type=click.FloatRange(min=0), default=0.10, show_default=True,
+@click.option("--max-noise", type=Finite(min=0), default=0.10, show_default=True,
               help="Refuse to judge timings whose relative IQR exceeds this.")
 @click.option("--timing/--no-timing", default=None,
               help="Gate step times too (default: when the baseline has them).")
@@ -262,13 +279,13 @@ def _register_techniques():
               help="Steps each candidate runs before it is timed (scripts and factories).")
 @click.option("--allow-approximate", is_flag=True,
               help="Also consider candidates marked approximate (e.g. semi_sync).")
-@click.option("--tolerance", type=click.FloatRange(min=0), default=0.0, show_default=True,
+@click.option("--tolerance", type=Finite(min=0), default=0.0, show_default=True,
               help="Largest difference from the baseline's losses a candidate may have.")
-@click.option("--p", "p_max", type=click.FloatRange(0, 1, min_open=True), default=0.01,
+@click.option("--p", "p_max", type=Finite(0, 1, min_open=True), default=0.01,
               show_default=True, help="Significance a candidate must reach to be chosen.")
-@click.option("--min-gain", type=click.FloatRange(0, 1), default=0.02, show_default=True,
+@click.option("--min-gain", type=Finite(0, 1), default=0.02, show_default=True,
               help="Smallest median speed-up a candidate must show to be chosen.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900, show_default=True,
+@click.option("--timeout", type=Finite(min=1), default=900, show_default=True,
               help="Seconds one candidate run may take before it is stopped as failed.")
 @click.option("--emit", type=click.Choice(["env", "python", "yaml"]),
               help="Print only the chosen settings, in this form (scripts and factories).")

@@ -68,11 +68,25 @@ def find_builtin(name: str) -> Path | None:
     return None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load, except that a key given twice is an error (YAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key}'", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_profile(path: str | os.PathLike) -> Profile:
     path = Path(path)
     text = read_user_file(path, "profile")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
@@ -96,9 +110,33 @@ def parse_profile(data, source: str) -> Profile:
                            f"{1 if key == 'steps' else 0}")
     if ":" not in data["workload"]:
         raise BadInput(f"profile {source}: key 'workload' must look like 'pkg.module:factory'")
+    _check_items(data.get("requires") or [], str, f"profile {source}: requires")
+    _check_names(data.get("args") or {}, f"profile {source}: args")
     fields = {k: v for k, v in data.items() if v is not None}
+    fields["workload"] = _relative_to(source, data["workload"])
     return Profile(path=source, candidates=_candidates(data.get("tune") or {}, source),
                    **fields)
+
+
+def _relative_to(source: str, workload: str) -> str:
+    """A `file.py:factory` workload is found next to the profile, not in the current folder."""
+    module, _, fn = workload.rpartition(":")
+    if module.endswith(".py") and not os.path.isabs(module) and os.path.isfile(source):
+        module = os.path.join(os.path.dirname(os.path.abspath(source)), module)
+    return f"{module}:{fn}"
+
+
+def _check_items(items: list, want: type, where: str) -> None:
+    for i, item in enumerate(items):
+        if not isinstance(item, want):
+            raise BadInput(f"{where}[{i}] must be a {want.__name__}, got "
+                           f"{type(item).__name__} ({item!r})")
+
+
+def _check_names(mapping: dict, where: str) -> None:
+    for key in mapping:
+        if not isinstance(key, str):
+            raise BadInput(f"{where}: argument names must be strings, got {key!r}")
 
 
 def _check_keys(data: dict, known: dict, where: str) -> None:
@@ -127,6 +165,7 @@ def _candidates(tune: dict, source: str) -> list[Candidate]:
         _check_keys(item, _CANDIDATE_KEYS, where)
         if "name" not in item:
             raise BadInput(f"{where}: missing required key 'name'")
+        _check_names(item.get("args") or {}, f"{where}: args")
         if any(c.name == item["name"] for c in out):
             raise BadInput(f"{where}: duplicate candidate name '{item['name']}'")
         out.append(Candidate(item["name"], dict(item.get("args") or {}),

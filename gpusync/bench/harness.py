@@ -96,7 +96,8 @@ class TechniqueResult:
 
 def max_diff(reference, value) -> float | None:
     """The largest absolute difference between two results (tensors or lists of them): 0.0 when
-    identical, inf when their shapes differ, None when either is missing."""
+    identical, inf when their shapes differ or either holds a NaN or an infinity (a diverged
+    run matches nothing, itself included), None when either is missing."""
     if reference is None or value is None:
         return None
     refs = reference if isinstance(reference, (list, tuple)) else [reference]
@@ -108,6 +109,10 @@ def max_diff(reference, value) -> float | None:
         r, v = torch.as_tensor(r).detach().cpu(), torch.as_tensor(v).detach().cpu()
         if r.shape != v.shape:
             return math.inf
+        if r.is_floating_point() and not bool(torch.isfinite(r).all()):
+            return math.inf
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            return math.inf
         if not torch.equal(r, v):
             worst = max(worst, (r.double() - v.double()).abs().max().item())
     return worst
@@ -117,7 +122,7 @@ def parity_text(diff: float | None) -> str:
     if diff is None:
         return "n/a"
     if diff == math.inf:
-        return "different shape"
+        return "different shape or non-finite results"
     return "identical" if diff == 0.0 else f"max abs diff {diff:.3g}"
 
 
