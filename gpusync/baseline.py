@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import subprocess
 from collections import defaultdict
@@ -90,8 +91,64 @@ def save(data: dict, path: str) -> None:
     write_atomic(path, json.dumps(data, indent=2) + "\n")
 
 
-def _no_constants(name: str):
-    raise ValueError(f"{name} is not a number a baseline may hold")
+class _Refused:
+    """A value json.loads accepts that a baseline may not hold (NaN, Infinity, a number too
+    large for a float, a key given twice), left in place so the error can say where it is."""
+
+    def __init__(self, literal: str, why: str):
+        self.literal, self.why = literal, why
+
+    def __repr__(self) -> str:
+        return self.literal
+
+
+def _constant(name: str) -> _Refused:
+    return _Refused(name, f"{name} is not a number a baseline may hold")
+
+
+def _float(text: str):
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    return _Refused(text, f"{text} is too large for a number (it reads as {value})")
+
+
+def _object(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        out[key] = _Refused(repr(value), f"key {key!r} is given twice") if key in out else value
+    return out
+
+
+def _refused(value, path: tuple = ()):
+    """The path and the first refused value in `value`, or None."""
+    if isinstance(value, _Refused):
+        return path, value
+    items = value.items() if isinstance(value, dict) else (
+        enumerate(value) if isinstance(value, list) else ())
+    for key, item in items:
+        found = _refused(item, (*path, key))
+        if found:
+            return found
+    return None
+
+
+def _json_path(path) -> str:
+    """sites[0].per_step; a key that is not a plain name is quoted: syncs_by_phase["a b"]."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}"
+        else:
+            out += f"[{json.dumps(part)}]"
+    return out.lstrip(".") or "top level"
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit - 60]} ... {text[-50:]}"
 
 
 def _schema() -> dict:
@@ -103,29 +160,45 @@ def _schema() -> dict:
 
 def load(path: str) -> dict:
     """A baseline that is missing, unreadable or malformed is an error: it never passes.
-    It is checked against gpusync/schemas/baseline.schema.json (types, ranges, required keys;
-    NaN and Infinity, which Python's json would accept, are refused)."""
+    It is checked against gpusync/schemas/baseline.schema.json (types, ranges, required keys);
+    NaN, Infinity, numbers too large for a float and keys given twice, which Python's json
+    would accept, are refused too; so are two sites with one key. Errors are one line naming
+    the file and the JSON path of the offending value."""
     import jsonschema
 
     text = read_user_file(path, "baseline")
     try:
-        data = json.loads(text, parse_constant=_no_constants)
+        data = json.loads(text, parse_constant=_constant, parse_float=_float,
+                          object_pairs_hook=_object)
     except json.JSONDecodeError as e:
         raise BadInput(f"baseline {path} is corrupt: {e.msg} at line {e.lineno}") from None
-    except ValueError as e:
-        raise BadInput(f"baseline {path} is corrupt: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise BadInput(f"baseline {path} is corrupt: {_one_line(str(e))}") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"baseline {path} is not a gpusync baseline")
     if data.get("schema_version") != BASELINE_SCHEMA:
         raise BadInput(f"baseline {path} has schema_version {data.get('schema_version')!r}; "
                        f"this gpusync reads {BASELINE_SCHEMA} (record it again with "
                        "`gpusync baseline`)")
-    error = jsonschema.exceptions.best_match(
-        jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+    try:
+        found = _refused(data)
+        error = None if found else jsonschema.exceptions.best_match(
+            jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+    except RecursionError:
+        raise BadInput(f"baseline {path} is invalid: nested too deeply") from None
+    if found:
+        where, value = found
+        raise BadInput(f"baseline {path} is invalid: {_json_path(where)}: {value.why}")
     if error is not None:
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        raise BadInput(f"baseline {path} is corrupt: {where.lstrip('.') or 'top level'}: "
-                       f"{error.message}")
+        raise BadInput(f"baseline {path} is invalid: {_json_path(error.absolute_path)}: "
+                       f"{_one_line(error.message)}")
+    first: dict[str, int] = {}
+    for i, site in enumerate(data["sites"]):
+        if site["key"] in first:
+            raise BadInput(f"baseline {path} is invalid: sites[{i}].key: "
+                           f"{_one_line(repr(site['key']))} is also the key of "
+                           f"sites[{first[site['key']]}] (a key's sites are one entry)")
+        first[site["key"]] = i
     return data
 
 

@@ -118,7 +118,7 @@ def mann_whitney_greater(new: list[float], base: list[float]) -> float:
         t = j - i + 1
         ties += t ** 3 - t
         i = j + 1
-    r1 = sum(r for r, (_, g) in zip(ranks, pooled) if g == 0)
+    r1 = sum(r for r, (_, g) in zip(ranks, pooled, strict=True) if g == 0)
     u1 = r1 - n1 * (n1 + 1) / 2
     n = n1 + n2
     var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
@@ -180,7 +180,7 @@ def _annotation(level: str, message: str, title: str = "gpusync", file: str = ""
                 line: int = 0) -> str:
     props = [f"title={_escape_property(title)}"]
     if file:
-        props = [f"file={_escape_property(file)}", f"line={line}", *props]
+        props = [f"file={_escape_property(file)}", *([f"line={line}"] if line else []), *props]
     return f"::{level} {','.join(props)}::{_escape_data(message)}"
 
 
@@ -197,7 +197,8 @@ def render(verdict: Verdict, fmt: str) -> str:
     for p in verdict.problems:
         if fmt == "github":
             level = "warning" if p.improvement else "error"
-            message = f"{p.message}" + (f"\nfix: {p.fix}" if p.fix and not p.improvement else "")
+            # the fix travels with every annotation: for a site gone, the baseline's
+            message = p.message + (f"\nfix: {p.fix}" if p.fix else "")
             out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
         else:
             where = f" ({p.file}:{p.line})" if p.file else ""

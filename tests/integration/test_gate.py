@@ -4,6 +4,8 @@ import textwrap
 
 import pytest
 
+from tests.conftest import run_main as run
+
 LOOP = textwrap.dedent('''
     import torch
     m = torch.nn.Linear(3, 1)
@@ -13,8 +15,6 @@ LOOP = textwrap.dedent('''
         opt.zero_grad(); loss.backward(); opt.step()
 ''')
 
-
-from tests.conftest import run_main as run
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,7 @@ def test_more_syncs_fail(project):
     verdict = json.loads(proc.stdout)
     assert verdict["status"] == "regression"
     assert [p["kind"] for p in verdict["problems"]] == ["more syncs"]
+    assert verdict["problems"][0]["line"] == 9  # the line the baseline did not have
 
 
 def test_fewer_syncs_fail_and_suggest_the_new_baseline(project):
@@ -107,7 +108,8 @@ def test_margin_in_baseline_allows_extra_syncs(project):
     (None, "cannot read baseline"),
     ("{not json", "is corrupt"),
     ('{"kind": "other"}', "is not a gpusync baseline"),
-    ('{"kind": "gpusync-baseline", "schema_version": 2, "sites": [{"key": 1}]}', "is corrupt"),
+    ('{"kind": "gpusync-baseline", "schema_version": 2, "sites": [{"key": 1}]}', "is invalid"),
+    ("[" * 100000 + "]" * 100000, "is corrupt"),
     ('{"kind": "gpusync-baseline", "schema_version": 7, "sites": []}', "schema_version 7"),
     ('{"kind": "gpusync-baseline", "schema_version": 1, "sites": []}', "schema_version 1"),
     ('{"kind": "gpusync-baseline", "schema_version": "2", "sites": []}', "schema_version '2'"),
@@ -153,9 +155,13 @@ def _set(project, mutate):
 
 
 @pytest.mark.parametrize("mutate,message", [
-    (lambda d: d["sites"][0].update(per_step=float("nan")), "NaN is not a number"),
-    (lambda d: d.update(syncs_per_step=float("inf")), "Infinity is not a number"),
-    (lambda d: d["sites"][0].update(per_step=True), "sites[0].per_step: True is not of type"),
+    (lambda d: d["sites"][0].update(per_step=float("nan")),
+     "base.json is invalid: sites[0].per_step: NaN is not a number"),
+    (lambda d: d.update(syncs_per_step=float("inf")), "syncs_per_step: Infinity is not a number"),
+    (lambda d: d.update(extra=[float("-inf")]), "extra[0]: -Infinity is not a number"),
+    (lambda d: d["sites"][0].update(per_step=True),
+     "base.json is invalid: sites[0].per_step: True is not of type 'number'"),
+    (lambda d: d["sites"].append(dict(d["sites"][0])), "sites[1].key: 'item | other"),
     (lambda d: d["sites"][0].update(margin=-1), "sites[0].margin: -1"),
     (lambda d: d["sites"][0].update(margin=False), "sites[0].margin: False"),
     (lambda d: d.update(steps=0), "steps: 0"),

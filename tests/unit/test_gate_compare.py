@@ -1,0 +1,74 @@
+"""The count gate and its GitHub annotations on fabricated baselines and reports."""
+from types import SimpleNamespace
+
+from gpusync.gate import Problem, Verdict, combine, compare_counts, render
+
+KEY = "item | other | - | train.py | <module>"
+
+
+def site(line, per_step, fix="keep the value on the device"):
+    return SimpleNamespace(op="item", phase="other", module=None, file="train.py",
+                           function="<module>", line=line, per_step=per_step, fix=fix)
+
+
+def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
+    return {"sites": [{"key": KEY, "file": "train.py", "lines": list(lines),
+                       "per_step": per_step, "margin": margin, "fix": fix}]}
+
+
+def report(*sites):
+    return SimpleNamespace(sites=list(sites))
+
+
+def test_a_margin_tolerates_more_syncs_never_fewer():
+    assert compare_counts(base(per_step=2.0, margin=1.0), report(site(8, 3.0))) == []
+    [problem] = compare_counts(base(per_step=3.0, margin=2.0), report(site(8, 1.0)))
+    assert problem.kind == "fewer syncs" and "update the baseline" in problem.message
+
+
+def test_more_syncs_point_at_the_line_the_baseline_did_not_have():
+    [problem] = compare_counts(base(lines=(8,)), report(site(8, 1.0), site(12, 1.0, "now fix")))
+    assert (problem.kind, problem.file, problem.line, problem.fix) == (
+        "more syncs", "train.py", 12, "now fix")
+    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    assert line.startswith("::error file=train.py,line=12,title=gpusync%3A more syncs::")
+    assert line.endswith("%0Afix: now fix")
+
+
+def test_a_site_gone_is_annotated_at_the_baselines_line_with_its_fix():
+    [problem] = compare_counts(base(lines=(8, 9)), report())
+    assert (problem.kind, problem.file, problem.line, problem.fix) == (
+        "site gone", "train.py", 8, "baseline fix")
+    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    assert line == ("::warning file=train.py,line=8,title=gpusync%3A site gone::fewer syncs "
+                    "(update the baseline): item | other | - | train.py | <module>: 1 -> 0/step"
+                    "%0Afix: baseline fix")
+
+
+def test_a_suggestion_only_for_wins():
+    win = Problem("fewer syncs", "fewer")
+    assert combine([win, Problem("site gone", "gone")], None).only_improvements
+    assert not combine([win, Problem("new site", "new")], None).only_improvements
+    assert not combine([win], ("regression", "slower: 1.3x")).only_improvements
+    assert not combine([], None).only_improvements
+
+
+def test_annotations_without_a_line_or_file():
+    verdict = Verdict("regression", [Problem("new site", "x", "a.py", 0),
+                                     Problem("slower", "slower: 1.3x, p=0.001")])
+    assert render(verdict, "github").splitlines() == [
+        "::error file=a.py,title=gpusync%3A new site::x",
+        "::error title=gpusync%3A slower::slower: 1.3x, p=0.001"]
+
+
+def test_text_and_json_formats_are_unchanged():
+    verdict = Verdict("regression", [Problem("new site", "new sync site: k (1/step)", "a.py", 3,
+                                             "k", "do this")])
+    assert render(verdict, "text") == ("FAIL new sync site: k (1/step) (a.py:3)\n  fix: do this\n"
+                                       "gate: regression\n")
+    import json
+
+    assert json.loads(render(verdict, "json")) == {
+        "status": "regression", "exit_code": 1, "notes": [], "suggested_baseline": None,
+        "problems": [{"kind": "new site", "message": "new sync site: k (1/step)",
+                      "file": "a.py", "line": 3, "key": "k", "fix": "do this"}]}
