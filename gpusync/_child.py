@@ -2,11 +2,12 @@
 result.json in its folder up to date (see isolate.py for the protocol)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable, Iterator, NoReturn
 
 from . import isolate
 from .errors import GpusyncError
@@ -40,6 +41,24 @@ def _report(session) -> dict | None:
         return None
 
 
+@contextlib.contextmanager
+def _saving_on_exit(results: _Results, last_words: Callable[[], dict[str, Any]]) -> Iterator[None]:
+    """While inside, code that ends the process with os._exit(code) first leaves
+    {"status": EARLY_EXIT, "code": code, **last_words()} as its result: gpusync reaches a
+    verdict about code that never returns."""
+    real_exit = os._exit
+
+    def os_exit(status: int) -> NoReturn:
+        results.write({"status": isolate.EARLY_EXIT, "code": status, **last_words()})
+        real_exit(status)
+
+    os._exit = os_exit
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+
+
 def _scan(job: dict, results: _Results) -> None:
     from .scan import run_scan
 
@@ -52,25 +71,20 @@ def _scan(job: dict, results: _Results) -> None:
             if report is not None:
                 results.write({"status": isolate.RUNNING, "report": report}, final=False)
 
-    real_exit = os._exit
-
-    def os_exit(code: int) -> None:  # the code would end the process: save what it measured
+    def last_words() -> dict[str, Any]:  # what it measured until the code ended the process
         stop.set()
-        results.write({"status": isolate.EARLY_EXIT, "code": code,
-                       "report": _report(live["session"])})
-        real_exit(code)
+        return {"report": _report(live["session"])}
 
-    os._exit = os_exit
     thread = threading.Thread(target=snapshots, name="gpusync-snapshots", daemon=True)
     thread.start()
     try:
-        result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
-                          mode=job["mode"], script_args=tuple(job["script_args"]),
-                          on_session=lambda s: live.__setitem__("session", s))
+        with _saving_on_exit(results, last_words):
+            result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
+                              mode=job["mode"], script_args=tuple(job["script_args"]),
+                              on_session=lambda s: live.__setitem__("session", s))
     finally:
         stop.set()
         thread.join()
-        os._exit = real_exit
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,
@@ -84,40 +98,24 @@ def _timing(job: dict, results: _Results) -> None:
 
     from .bench.workloads import step_times
 
-    real_exit = os._exit
-
-    def os_exit(code: int) -> None:
-        results.write({"status": isolate.EARLY_EXIT, "code": code})
-        real_exit(code)
-
-    os._exit = os_exit
     try:
-        samples = step_times(job["target"], job["mode"], job["steps"], warmup=job["warmup"])
+        with _saving_on_exit(results, dict):
+            samples = step_times(job["target"], job["mode"], job["steps"],
+                                 warmup=job["warmup"])
     except GpusyncError:
         raise
     except (Exception, SystemExit) as e:
         results.write({"status": isolate.USER_ERROR, "message": f"{type(e).__name__}: {e}",
                        "traceback": "".join(traceback.format_exception(e))})
         return
-    finally:
-        os._exit = real_exit
     results.write({"status": isolate.DONE, "samples_ms": samples.ms})
 
 
 def _candidate(job: dict, results: _Results) -> None:
     from .tune_script import candidate_job
 
-    real_exit = os._exit
-
-    def os_exit(code: int) -> None:
-        results.write({"status": isolate.EARLY_EXIT, "code": code})
-        real_exit(code)
-
-    os._exit = os_exit
-    try:
+    with _saving_on_exit(results, dict):
         results.write(candidate_job(job))
-    finally:
-        os._exit = real_exit
 
 
 def main(folder: str) -> int:

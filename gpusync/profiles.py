@@ -157,7 +157,7 @@ def _candidates(tune: dict, source: str) -> list[Candidate]:
     if not raw:
         raise BadInput(f"profile {source}: tune.candidates must list at least one candidate "
                        "(the first is the baseline)")
-    out = []
+    out: list[Candidate] = []
     for i, item in enumerate(raw):
         where = f"profile {source}: tune.candidates[{i}]"
         if not isinstance(item, dict):

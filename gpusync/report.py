@@ -109,10 +109,11 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         inside = [e for e in evs if measured(e)]
         stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
         first_ev = evs[0]
-        loc = first_ev.location
+        origin = first_ev.location
         sites.append(Site(
             op=op, phase=phase, hook=hook, module=module, file=file, line=line,
-            function=loc.function if loc else "", frames=[f.to_dict() for f in first_ev.frames],
+            function=origin.function if origin else "",
+            frames=[f.to_dict() for f in first_ev.frames],
             count=len(evs), per_step=len(inside) / n,
             stall_ms=round(sum(stalls), 4) if stalls else None,
             fix=first_ev.fix, detail=first_ev.detail,

@@ -8,8 +8,17 @@ from typing import Any, Callable
 
 from .detect.session import Session, resolve_mode
 from .errors import BadInput
-from .targets import (FactoryTarget, ScriptTarget, call_factory, check_requires, check_workload,
-                      compile_script, load_factory, parse_target, script_dir)
+from .targets import (
+    FactoryTarget,
+    ScriptTarget,
+    call_factory,
+    check_requires,
+    check_workload,
+    compile_script,
+    load_factory,
+    parse_target,
+    script_dir,
+)
 
 
 class _StopScan(BaseException):

@@ -16,7 +16,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .errors import BadInput
 from .fileio import read_user_file
@@ -54,7 +54,8 @@ def parse_target(text: str | None):
     if ":" in text:
         module, _, fn = text.rpartition(":")
         if not module or not fn.isidentifier():
-            raise BadInput(f"target '{text}' must look like file.py:function or pkg.module:function")
+            raise BadInput(f"target '{text}' must look like file.py:function or "
+                           "pkg.module:function")
         if module.endswith(".py") and not Path(module).is_file():
             raise BadInput(f"file not found: {module}")
         return FactoryTarget(spec=text, label=text, args={})
@@ -96,7 +97,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as e:
             if e.name and module_name.startswith(e.name):
-                raise BadInput(f"cannot import '{module_name}': no module named '{e.name}'") from None
+                raise BadInput(f"cannot import '{module_name}': no module named "
+                               f"'{e.name}'") from None
             raise BadInput(f"importing '{module_name}' failed: {type(e).__name__}: {e}") from None
         except Exception as e:
             raise BadInput(f"importing '{module_name}' failed: {type(e).__name__}: {e}") from None
@@ -131,6 +133,7 @@ def _import_file(path: Path):
 
 def call_factory(fn: Callable[..., Any], args: dict, device: str):
     """Call a factory with the profile's args, and device= when it takes one."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):

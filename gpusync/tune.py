@@ -19,13 +19,19 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from .bench.harness import TechniqueResult, Variant, run_technique, workload_step
+from .bench.harness import Stepper, TechniqueResult, Variant, run_technique, workload_step
 from .bench.render import technique_table
 from .errors import BadInput, GpusyncError, UserCodeError
 from .gate import mann_whitney_greater
 from .profiles import Candidate, Profile
-from .targets import (FactoryTarget, call_factory, check_requires, check_workload, load_factory,
-                      parse_target)
+from .targets import (
+    FactoryTarget,
+    call_factory,
+    check_requires,
+    check_workload,
+    load_factory,
+    parse_target,
+)
 
 DEFAULT_TARGET = "sparsenn_pipeline"
 SELF_CHECKS = 2  # extra runs of the baseline, to see how far it differs from itself
@@ -128,8 +134,7 @@ def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> 
                             "tensor, so tune cannot check that it keeps the results: return "
                             "the loss from step()")
 
-            step.result, step.close = inner.result, inner.close
-            return step
+            return Stepper(step, inner.result, inner.close)
         return build
 
     return [Variant(c.name, make(c), c.note) for c in profile.candidates]

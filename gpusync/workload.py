@@ -22,3 +22,11 @@ class Workload:
 
     def iter_batches(self) -> Iterable[Any]:
         return self.batches() if callable(self.batches) else self.batches
+
+    def __enter__(self) -> "Workload":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """`with workload:` calls `close` (when given) however the block ends."""
+        if self.close is not None:
+            self.close()

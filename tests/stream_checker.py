@@ -194,7 +194,7 @@ class StreamChecker:
         schema = func._schema
         if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
             return  # a view: metadata only
-        named = dict(zip((a.name for a in schema.arguments), args))
+        named = dict(zip((a.name for a in schema.arguments), args, strict=False))
         named.update(kwargs)
         reads, writes = [], []
         for arg in schema.arguments:
@@ -202,7 +202,7 @@ class StreamChecker:
             (writes if is_write else reads).extend(_tensors(named.get(arg.name)))
         inputs = reads + writes
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        for ret, value in zip(schema.returns, outs):
+        for ret, value in zip(schema.returns, outs, strict=False):
             if ret.alias_info is None:
                 writes.extend(_tensors(value))
         with self.lock:

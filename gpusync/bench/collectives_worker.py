@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from ..fileio import write_atomic
 from ..techniques import collectives
-from .harness import Variant, run_technique
+from .harness import Stepper, Variant, run_technique
 
 
 def variants(device: torch.device, rows_per_peer: int, dim: int, seed: int = 0):
@@ -46,8 +46,7 @@ def variants(device: torch.device, rows_per_peer: int, dim: int, seed: int = 0):
                     out = collectives.exchange_async(inp, expected, checks, overlap)
                 state["out"] = out
 
-            step.result = lambda: [state["out"], state["acc"]]
-            return step
+            return Stepper(step, result=lambda: [state["out"], state["acc"]])
         return build
 
     return [Variant("blocking", make("blocking"), "all_to_all, then .cpu() check"),

@@ -19,16 +19,36 @@ from .timing import BlockTimer, Samples
 
 
 @dataclass
+class Stepper:
+    """One variant's live state, as the harness drives it: `run()` trains one step;
+    `result()` is what parity compares with the baseline's (a tensor or a list of them; None:
+    nothing to compare); `close()` releases the state (process groups, host threads)."""
+
+    run: Callable[[], Any]
+    result: Callable[[], Any] = lambda: None
+    close: Callable[[], None] = lambda: None
+
+    def __call__(self) -> Any:
+        return self.run()
+
+
+def as_stepper(made: Stepper | Callable[[], Any]) -> Stepper:
+    """A plain step function is a Stepper with nothing to compare and nothing to close."""
+    return made if isinstance(made, Stepper) else Stepper(made)
+
+
+@dataclass
 class Variant:
     """A technique variant: `make()` builds fresh state (same seed for every variant) and returns
-    a step function; if the step has a `result` attribute, parity compares what it returns (a
-    tensor or a list of them) with the baseline variant's; a `close` attribute is called when
-    the harness is done with that state. `make()` may raise Unavailable: listed, not run."""
+    a Stepper (or a plain step function). `make()` may raise Unavailable: listed, not run."""
 
     name: str
-    make: Callable[[], Callable[[], Any]]
+    make: Callable[[], Stepper | Callable[[], Any]]
     note: str = ""
     unavailable: str | None = None  # why it cannot run here; listed, not measured
+
+    def build(self) -> Stepper:
+        return as_stepper(self.make())
 
 
 @dataclass
@@ -105,7 +125,7 @@ def max_diff(reference, value) -> float | None:
     if len(refs) != len(vals):
         return math.inf
     worst = 0.0
-    for r, v in zip(refs, vals):
+    for r, v in zip(refs, vals, strict=True):
         r, v = torch.as_tensor(r).detach().cpu(), torch.as_tensor(v).detach().cpu()
         if r.shape != v.shape:
             return math.inf
@@ -126,22 +146,16 @@ def parity_text(diff: float | None) -> str:
     return "identical" if diff == 0.0 else f"max abs diff {diff:.3g}"
 
 
-def _close(step) -> None:
-    close = getattr(step, "close", None)
-    if close is not None:
-        close()
-
-
 _END = object()  # a batch may be None (workloads whose pipeline pulls its own batches)
 
 
-def workload_step(workload: Workload, keep: int = 32):
+def workload_step(workload: Workload, keep: int = 32) -> Stepper:
     """A Workload as a harness step: each call trains on the next batch (cycling the batches);
     `result()` is what the first `keep` steps returned (their losses), for parity."""
     batches = iter(workload.iter_batches())
-    outputs = []
+    outputs: list[torch.Tensor | None] = []
 
-    def step():
+    def step() -> None:
         nonlocal batches
         batch = next(batches, _END)
         if batch is _END:
@@ -155,22 +169,19 @@ def workload_step(workload: Workload, keep: int = 32):
     def result():
         return None if not outputs or any(o is None for o in outputs) else list(outputs)
 
-    step.result = result
-    step.close = workload.close or (lambda: None)
-    return step
+    return Stepper(step, result, workload.close or (lambda: None))
 
 
-def _results(step, steps: int):
+def _results(step: Stepper, steps: int):
     try:
         for _ in range(steps):
             step()
-        result = getattr(step, "result", None)
-        return result() if result is not None else None
+        return step.result()
     finally:
-        _close(step)
+        step.close()
 
 
-def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
+def _scan_alone(variant: Variant, mode: str, cuda: bool,
                 steps: int = 2) -> tuple[float, dict, float | None, float | None]:
     """One variant on its own: (syncs per step, by phase, peak MB allocated, reserved).
 
@@ -185,12 +196,12 @@ def _scan_alone(make: Callable[[], Callable[[], Any]], mode: str, cuda: bool,
     session = Session(mode=mode, auto_steps=False, warmup=0)
     with session:
         with session.setup():
-            step = make()
+            step = variant.build()
             step()
         for _ in range(steps):
             step()
             session.end_step()
-    _close(step)
+    step.close()
     report = session.report()
     alloc = reserved = None
     if cuda:
@@ -218,7 +229,7 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     results = {}
     for v in variants:
         try:
-            step = v.make()
+            step = v.build()
         except Unavailable as e:
             if v.name == baseline:
                 raise
@@ -229,14 +240,14 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     variants = [v for v in variants if v.name in results]
     noise = None
     for _ in range(self_checks):
-        diff = max_diff(results[baseline], _results(variants[0].make(), parity_steps))
+        diff = max_diff(results[baseline], _results(variants[0].build(), parity_steps))
         noise = diff if noise is None or diff is None else max(noise, diff)
 
     # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
-    alone = {v.name: _scan_alone(v.make, mode, cuda) for v in variants}
+    alone = {v.name: _scan_alone(v, mode, cuda) for v in variants}
 
     # timing: interleaved blocks, rotating the order so drift hits all variants alike
-    steppers = {v.name: v.make() for v in variants}
+    steppers = {v.name: v.build() for v in variants}
     for step in steppers.values():
         for _ in range(warmup):
             step()
@@ -246,7 +257,7 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
         for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(timer(steppers[name], steps))
     for step in steppers.values():
-        _close(step)
+        step.close()
 
     measurements = []
     for v in variants:

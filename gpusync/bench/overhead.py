@@ -18,8 +18,6 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
     mode = resolve_mode(mode)
     timer = timer or BlockTimer(cuda=mode == "cuda")
     workload, batches = build(profile, mode)
-    for _ in range(warmup):
-        workload.step(next(batches))
     plain, scanned = Samples("plain"), Samples("scanned")
 
     def run_plain():
@@ -29,14 +27,13 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
         with Session(mode=mode, model=workload.model, auto_steps=False):
             scanned.ms.append(timer(lambda: workload.step(next(batches))))
 
-    try:
+    with workload:
+        for _ in range(warmup):
+            workload.step(next(batches))
         for i in range(steps):
             first, second = (run_plain, run_scanned) if i % 2 == 0 else (run_scanned, run_plain)
             first()
             second()
-    finally:
-        if workload.close is not None:
-            workload.close()
     return {
         "profile": profile, "mode": mode,
         "device": torch.cuda.get_device_name() if mode == "cuda" else platform.processor() or "cpu",

@@ -10,7 +10,7 @@ from ..examples import pipeline as pipeline_example
 from ..examples import writeback as writeback_example
 from ..examples.writeback import bag_batches, initial_table
 from ..techniques import streamer as streamer_mod
-from .harness import Variant, run_technique, workload_step
+from .harness import Stepper, Variant, run_technique, workload_step
 
 
 def writeback_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int = 16_384,
@@ -57,18 +57,18 @@ def streamer_variants(device: str, rows: int = 50_000, dim: int = 64, batch: int
                 pooled = F.embedding_bag(ids, weight, offsets[:-1], mode="sum")
                 (pooled * target).sum().backward()
                 with torch.no_grad():
-                    weight.add_(weight.grad, alpha=-0.05)
+                    weight.add_(weight.grad, alpha=-0.05)  # type: ignore[arg-type]
                     weight.grad = None
                     if variant == "none":
                         return
                     updated = weight.index_select(0, ids)
-                    if variant == "blocking":
+                    if streamer is None:
                         streamer_mod.stream_blocking(consume, next(counter), ids, updated)
                     else:
                         streamer.push(ids, updated)
 
-            step.result = lambda: weight.detach()
-            return step
+            return Stepper(step, result=lambda: weight.detach(),
+                           close=streamer.close if streamer is not None else lambda: None)
         return build
 
     return [Variant("none", make("none"), "reference: no streaming"),

@@ -26,13 +26,10 @@ def step_times(target_text: str | None, mode: str, steps: int, warmup: int,
                timer: BlockTimer | None = None) -> Samples:
     workload, batches = build(target_text, mode)
     timer = timer or BlockTimer(cuda=mode == "cuda")
-    try:
+    with workload:
         for _ in range(warmup):
             workload.step(next(batches))
         samples = Samples("step")
         for _ in range(steps):
             samples.ms.append(timer(lambda: workload.step(next(batches))))
         return samples
-    finally:
-        if workload.close is not None:
-            workload.close()

@@ -46,8 +46,9 @@ def _stop_warning_on_syncs(saved) -> None:
     try:
         torch.cuda.set_sync_debug_mode(previous)
     finally:
-        if entry in warnings.filters:
-            warnings.filters.remove(entry)
+        filters: list = warnings.filters  # type: ignore[assignment]  # a list at run time
+        if entry in filters:
+            filters.remove(entry)
             warnings._filters_mutated()  # type: ignore[attr-defined]
 
 

@@ -1,9 +1,11 @@
-"""Python stack capture: the frames a user cares about (not torch's, not gpusync's own machinery)."""
+"""Python stack capture: the frames a user cares about (not torch's, not gpusync's own
+machinery)."""
 from __future__ import annotations
 
 import os
 import sys
 import sysconfig
+from types import FrameType
 
 import torch
 
@@ -38,8 +40,8 @@ def is_internal(filename: str) -> bool:
 
 def raw_stack(skip: int = 1, limit: int = 200) -> list[tuple[str, int, str]]:
     """(file, line, qualified function) for every frame, innermost first."""
-    out = []
-    frame = sys._getframe(skip)
+    out: list[tuple[str, int, str]] = []
+    frame: FrameType | None = sys._getframe(skip)
     while frame is not None and len(out) < limit:
         code = frame.f_code
         out.append((code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name)))

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import weakref
+from types import FrameType
 
 import torch
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
@@ -86,7 +87,7 @@ class HostSet:
 
 def _call_site_line() -> str:
     """The source line of the code that called the torch function being handled."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         fn = frame.f_code.co_filename
         if not fn.startswith(_DETECT_DIR) and fn != _OVERRIDES:
@@ -314,7 +315,7 @@ class _FunctionMode(TorchFunctionMode):
             _TB.numpy: det.handle_to_host_read("numpy"),
             Tensor.__repr__: det.handle_to_host_read("repr"),
             Tensor.__format__: det.handle_to_host_read("repr"),
-            _TB.data.__set__: det.handle_set_data,
+            _TB.data.__set__: det.handle_set_data,  # type: ignore[attr-defined]  # a getset
         }
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -382,7 +383,7 @@ class _DispatchMode(TorchDispatchMode):
             out = func(*args, **kwargs)
         if det.real:
             return out
-        ids = det.host.ids
+        ids = det.host.ids  # type: ignore[union-attr]  # not det.real: a HostSet
         if key in _LIFT_IDS:  # torch.tensor(data) / Python scalars enter here: host memory
             det.host.mark_host(out)
             return out

@@ -100,8 +100,11 @@ class Shared:
 
 def exit_function_mode(mode) -> None:
     """Take `mode` out of this thread's torch-function mode stack, wherever it sits."""
-    from torch._C import (_len_torch_function_stack, _pop_torch_function_stack,
-                          _push_on_torch_function_stack)
+    from torch._C import (
+        _len_torch_function_stack,
+        _pop_torch_function_stack,
+        _push_on_torch_function_stack,
+    )
     from torch.overrides import _get_current_function_mode_stack
 
     if not any(m is mode for m in _get_current_function_mode_stack()):
@@ -126,8 +129,7 @@ def exit_dispatch_mode(mode) -> None:
     On top, it exits as usual. Below another mode, it is unlinked: the global "in a dispatch
     mode" flags it saved on entry are handed to the mode just above it, which will restore
     them when it exits, so no flag stays set once every mode is gone."""
-    from torch.utils._python_dispatch import (_get_current_dispatch_mode_stack, _pop_mode,
-                                              _push_mode)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack, _pop_mode, _push_mode
 
     stack = _get_current_dispatch_mode_stack()
     if not any(m is mode for m in stack):

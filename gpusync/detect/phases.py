@@ -166,7 +166,8 @@ class PhaseTracker:
         if user:
             return BACKWARD, None, None, None
         node = torch._C._current_autograd_node()
-        origin = node.metadata.get(NODE_KEY) if node is not None else None
+        metadata: dict = node.metadata if node is not None else {}  # type: ignore[assignment]
+        origin = metadata.get(NODE_KEY)
         if origin is not None:
             frames, module = origin
             return BACKWARD, None, frames, module

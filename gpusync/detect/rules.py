@@ -23,7 +23,8 @@ FIXES: dict[str, str] = {
     "or use torch._assert_async for checks",
     "float()": "keep the value on the device; read it every N steps for logging",
     "int()": "keep the count on the device, or compute it on the host before the batch is moved",
-    "bool()": "use torch._assert_async(cond) for checks, or torch.where(cond, a, b) for control flow",
+    "bool()": ("use torch._assert_async(cond) for checks, or torch.where(cond, a, b) for "
+               "control flow"),
     "index()": "slice with a host-side Python int (known before the step), or use a static size "
     "with a mask",
     "nonzero": "use torch.nonzero_static(x, size=K, fill_value=-1), or keep the mask and use "
@@ -40,7 +41,8 @@ FIXES: dict[str, str] = {
     "bincount": "torch.zeros(n).index_add_(0, x, ones) / scatter_add_ with a static size",
     "histc": "pass explicit min and max (histc(x, bins, min=lo, max=hi))",
     "equal": "torch._assert_async((a == b).all()) for checks; keep the result on the device",
-    "coalesce": "use dense gradients, or a fused sparse optimizer (fbgemm TBE) that needs no coalesce",
+    "coalesce": ("use dense gradients, or a fused sparse optimizer (fbgemm TBE) that needs no "
+                 "coalesce"),
     "tolist": "keep the data on the device; if the host needs it, copy it non_blocking into a "
     "pinned buffer and read it after an event (gpusync.techniques.streamer)",
     "numpy": "copy non_blocking into a pinned buffer and read it after an event",

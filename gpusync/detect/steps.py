@@ -18,7 +18,8 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
-OPTIMIZER, BACKWARD, FORWARD, WORKLOAD, NONE = "optimizer", "backward", "forward", "workload", "none"
+OPTIMIZER, BACKWARD, FORWARD = "optimizer", "backward", "forward"
+WORKLOAD, NONE = "workload", "none"
 _FALLBACKS = (OPTIMIZER, BACKWARD, FORWARD)
 UNIT_NOTES = {
     BACKWARD: "no optimizer step ran: steps are counted by backward passes",

@@ -1,1 +1,2 @@
-"""Built-in workloads. They are written like user code, syncs included: scanning them is the point."""
+"""Built-in workloads. They are written like user code, syncs included: scanning them is the
+point."""

@@ -8,6 +8,8 @@ UserEnabledConfigDefinition(precompute_writeback=False / True); Unavailable with
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -67,6 +69,7 @@ def make_workload(device="cpu", writeback="legacy", rows=50_000, dim=64, batch=1
 
     def step(batch_):
         ids, offsets, target = batch_
+        pre: Any
         if writeback == "precompute":
             pre = wb.keep_rows(ids, offsets, 1, "bag")
         elif writeback == "syncfree":
@@ -79,7 +82,7 @@ def make_workload(device="cpu", writeback="legacy", rows=50_000, dim=64, batch=1
         loss = (pooled * target).sum()
         loss.backward()
         with torch.no_grad():
-            weight.add_(weight.grad, alpha=-lr)
+            weight.add_(weight.grad, alpha=-lr)  # type: ignore[arg-type]  # set by backward
         weight.grad = None
         return loss.detach()
 

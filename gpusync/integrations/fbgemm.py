@@ -33,7 +33,9 @@ def writeback_tbe(rows: int, dim: int, device: torch.device, precompute: bool, l
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice, SplitTableBatchedEmbeddingBagsCodegen)
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
     from fbgemm_gpu.tbe.config import UserEnabledConfigDefinition
 
     cuda = device.type == "cuda"

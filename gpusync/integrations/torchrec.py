@@ -38,8 +38,10 @@ def make_pipeline(kind: str, model, optimizer, device: torch.device,
     reason = cpu_unavailable(kind, device)
     if reason:
         raise Unavailable(reason)
-    from torchrec.distributed.train_pipeline import (TrainPipelineFusedSparseDist,
-                                                     TrainPipelineSparseDist)
+    from torchrec.distributed.train_pipeline import (
+        TrainPipelineFusedSparseDist,
+        TrainPipelineSparseDist,
+    )
     from torchrec.distributed.train_pipeline.train_pipelines import TrainPipelineSemiSync
 
     if kind == "sparse_dist":

@@ -108,7 +108,8 @@ def _swap_hook(tbe) -> None:
 def install(settings: Settings, builds: Builds) -> Iterator[None]:
     try:
         from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-            SplitTableBatchedEmbeddingBagsCodegen as TBE)
+            SplitTableBatchedEmbeddingBagsCodegen as TBE,
+        )
     except Exception:  # fbgemm missing or broken: nothing to act on
         yield
         return
@@ -184,7 +185,8 @@ def use_syncfree_writeback(model) -> int:
     use_writeback_bwd_prehook=True: what `gpusync.writeback = syncfree` applies. Returns how
     many TBEs it changed."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        SplitTableBatchedEmbeddingBagsCodegen as TBE)
+        SplitTableBatchedEmbeddingBagsCodegen as TBE,
+    )
 
     changed = 0
     for module in model.modules():

@@ -112,11 +112,12 @@ def _fused_kwargs(settings: Settings) -> dict:
 
 
 def _substitute(name: str, target: type, extra: dict, builds: Builds) -> type:
-    accepted = set(inspect.signature(target.__init__).parameters)
+    base: Any = target  # a torchrec pipeline class: its __init__ is called on the subclass
+    accepted = set(inspect.signature(base.__init__).parameters)
 
     def __init__(self, model, optimizer, device, *args: Any, **kwargs: Any) -> None:
         keep = {k: v for k, v in kwargs.items() if k in accepted and k not in extra}
-        target.__init__(self, model, optimizer, device, *args, **keep, **extra)
+        base.__init__(self, model, optimizer, device, *args, **keep, **extra)
         _record(builds, self, args, {**kwargs, **extra})
 
     return type(name, (target,), {"__init__": __init__, "_gpusync_name": target.__name__,

@@ -24,8 +24,10 @@ def parse(spec: str, script_args: tuple) -> Knob:
         raise BadInput(f"--knob {spec!r} must look like env:NAME=v1,v2 or arg:--flag=v1,v2")
     own = os.environ.get(name, "") if kind == ENV else _flag_value(script_args, name)
     choices = tuple(dict.fromkeys([own, *values.split(",")]))
-    return Knob(kind + name, choices, kind + name, f"user knob {kind + name}",
-                lambda builds, own=own: own)
+    def script_value(builds: dict) -> str:
+        return own
+
+    return Knob(kind + name, choices, kind + name, f"user knob {kind + name}", script_value)
 
 
 def _flag_value(args, flag: str) -> str:

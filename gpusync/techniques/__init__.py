@@ -1,1 +1,2 @@
-"""Sync-avoidance techniques, each a naive and an optimized form with the same inputs and outputs."""
+"""Sync-avoidance techniques, each a naive and an optimized form with the same inputs and
+outputs."""

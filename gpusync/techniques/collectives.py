@@ -11,6 +11,7 @@ DeferredCheck is the reusable half: record now, assert later, never block the CP
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,7 @@ from .streams import Streams
 @dataclass
 class _Pending:
     flag: torch.Tensor  # host copy of the device-side verdict
-    event: object  # a CUDA event, or None on CPU (already complete)
+    event: Any  # a CUDA event, or None on CPU (already complete)
     message: str
     step: int
 

@@ -92,6 +92,7 @@ class SparseDenseModel(nn.Module):
         if self.before_update is not None:
             self.before_update()
         # .data: the lookup of the next batch may already hold this weight (semi_sync)
+        assert p.grad is not None  # the hook runs once the gradient is accumulated
         p.data.add_(p.grad, alpha=-self.sparse_lr)
         p.grad = None
 
@@ -136,7 +137,8 @@ class Pipeline:
             self.lookup_stream = None
         self.source = iter(batches)
         self._next = self._copy_next()
-        self._pending = None  # (batch, pooled) looked up ahead (fused / semi_sync)
+        # (batch, pooled) looked up ahead (fused / semi_sync)
+        self._pending: tuple[PipelineBatch, torch.Tensor] | None = None
         self._lookup_done = None  # event after the lookup ahead (semi_sync)
         if kind == "semi_sync":
             # batch i+1's lookup reads the rows that batch i's backward updates in place

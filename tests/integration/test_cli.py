@@ -4,6 +4,8 @@ import textwrap
 
 import pytest
 
+from tests.conftest import run_cli as gpusync
+
 CLEAN = textwrap.dedent('''
     import torch
     m = torch.nn.Linear(3, 1)
@@ -14,8 +16,6 @@ CLEAN = textwrap.dedent('''
 ''')
 SYNCING = CLEAN + "    print(loss.item())\n"
 
-
-from tests.conftest import run_cli as gpusync
 
 
 def one_line_error(proc):

@@ -4,10 +4,9 @@ import itertools
 
 import torch
 
-from gpusync.bench.harness import BlockTimer, Variant, run_technique
+from gpusync.bench.harness import BlockTimer, Stepper, Variant, run_technique
 from gpusync.bench.render import technique_table
 from gpusync.bench.techniques import writeback_variants
-
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -21,8 +20,7 @@ def counter_variant(name, scale, read=False):
             if read:
                 state.sum().item()
 
-        step.result = lambda: state.clone()
-        return step
+        return Stepper(step, result=lambda: state.clone())
     return Variant(name, make)
 
 
@@ -114,8 +112,7 @@ def test_self_check_measures_the_baseline_against_itself():
         def step():
             state.add_(1.0 + offset)
 
-        step.result = lambda: state.clone()
-        return step
+        return Stepper(step, result=lambda: state.clone())
 
     result = run_technique("demo", [Variant("base", noisy)], "cpu", steps=1, repeats=2,
                            timer=fake_timer([1.0]), self_checks=2, parity_steps=2)
@@ -140,3 +137,33 @@ def test_workload_step_cycles_batches_keeps_losses_and_closes():
     silent = workload_step(Workload(step=lambda b: None, batches=[0]))
     silent()
     assert silent.result() is None
+
+
+def test_a_workload_closes_as_a_context_manager_however_the_block_ends():
+    import pytest
+
+    from gpusync.workload import Workload
+
+    closed = []
+    workload = Workload(step=lambda b: None, batches=[0], close=lambda: closed.append(True))
+    with pytest.raises(ValueError):
+        with workload as w:
+            assert w is workload
+            raise ValueError("a step failed")
+    assert closed == [True]
+    with Workload(step=lambda b: None, batches=[0]):  # no close: nothing to call
+        pass
+
+
+def test_the_async_streamer_variant_stops_its_host_thread_when_closed():
+    import threading
+
+    from gpusync.bench.techniques import streamer_variants
+
+    before = set(threading.enumerate())
+    async_variant = next(v for v in streamer_variants("cpu", rows=64, dim=4, batch=32)
+                         if v.name == "async")
+    step = async_variant.build()
+    step()
+    step.close()
+    assert set(threading.enumerate()) <= before

@@ -94,7 +94,8 @@ def test_knobs_apply_to_the_unmodified_fbgemm_script_and_keep_its_results():
 
 def test_the_emitted_fbgemm_snippets_run():
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        SplitTableBatchedEmbeddingBagsCodegen as TBE)
+        SplitTableBatchedEmbeddingBagsCodegen as TBE,
+    )
 
     builds = {"tbes": [WRITEBACK_TBE]}
     ns = {}

@@ -54,8 +54,8 @@ NO_SYNCS = {
     "zeros on device": lambda x, m: torch.zeros(3, device=x.device),
     "host tensor read": lambda x, m: torch.tensor([1, 2, 3]).tolist(),
     "host item": lambda x, m: torch.ones(2).sum().item(),
-    "host data moved then host read": lambda x, m: (lambda h: (h.to(x.device, non_blocking=True), h.tolist()))(
-        torch.arange(3)),
+    "host data moved then host read": lambda x, m: (lambda h: (
+        h.to(x.device, non_blocking=True), h.tolist()))(torch.arange(3)),
     "non_blocking H2D": lambda x, m: torch.ones(3).to(x.device, non_blocking=True),
     "shape / numel": lambda x, m: (x.shape[0], x.numel(), len(x)),
     "embedding bag + backward": lambda x, m: torch.nn.functional.embedding_bag(

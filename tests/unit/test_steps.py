@@ -1,5 +1,7 @@
 """What a step is: --steps N measures N whole steps, each with what runs after its optimizer
-step; two optimizers stepped once per iteration make one step; scripts without an optimizer
+step
+two optimizers stepped once per iteration make one step
+scripts without an optimizer
 are counted by backward passes (and say so); a Workload's steps are its step() calls."""
 import textwrap
 
@@ -19,7 +21,9 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1)
 ran = []
 for i in range({n}):
     loss = m(torch.randn(4, 3)).sum()
-    opt.zero_grad(); loss.backward(); opt.step()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
     ran.append(i)
     if i == 0:
         loss.tolist()  # only in the warm-up step
@@ -68,9 +72,13 @@ opt_g = torch.optim.SGD(g.parameters(), lr=0.1)
 for i in range(5):
     fake = g(torch.randn(4, 2))
     loss_d = d(torch.randn(4, 2)).mean() - d(fake.detach()).mean()
-    opt_d.zero_grad(); loss_d.backward(); opt_d.step()
+    opt_d.zero_grad()
+    loss_d.backward()
+    opt_d.step()
     loss_g = -d(fake).mean()
-    opt_g.zero_grad(); loss_g.backward(); opt_g.step()
+    opt_g.zero_grad()
+    loss_g.backward()
+    opt_g.step()
     print(loss_d.item(), loss_g.item())
 '''
 
@@ -93,7 +101,8 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for i in range(3):
     for micro in range(4):  # gradient accumulation: 4 backward passes per optimizer step
         m(torch.randn(2, 3)).sum().backward()
-    opt.step(); opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
     m.weight.sum().item()
 '''
 
@@ -148,7 +157,9 @@ def test_watch_counts_syncs_after_the_last_optimizer_step():
     with gpusync.watch(mode="simulate") as w:
         for _ in range(3):
             loss = m(torch.randn(4, 3)).sum()
-            opt.zero_grad(); loss.backward(); opt.step()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
             loss.item()
     report = w.report()
     assert report.steps == 3 and report.max_syncs_per_step == 1
@@ -161,10 +172,14 @@ def test_step_counter_places_a_round_boundary_at_the_first_new_work():
     for _ in range(3):  # iteration: forward, D step, forward, G step, logging
         c.work_starts()
         events.append("fwd")
-        c.work_starts(); c.begin(OPTIMIZER, "D"); c.end(OPTIMIZER)
+        c.work_starts()
+        c.begin(OPTIMIZER, "D")
+        c.end(OPTIMIZER)
         c.work_starts()
         events.append("fwd g")
-        c.work_starts(); c.begin(OPTIMIZER, "G"); c.end(OPTIMIZER)
+        c.work_starts()
+        c.begin(OPTIMIZER, "G")
+        c.end(OPTIMIZER)
         events.append("log")
     steps = c.result()
     assert steps.unit == OPTIMIZER and steps.count == 3 and steps.boundaries == [3, 6]
@@ -178,7 +193,9 @@ def _workload(batches, step=None, close=None):
 
     def train(batch):
         loss = m(batch).sum()
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
         loss.item()
         if step is not None:
             step()

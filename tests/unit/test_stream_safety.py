@@ -10,7 +10,7 @@ from gpusync.techniques import pipeline as pl
 from gpusync.techniques.collectives import DeferredCheck, DeferredCheckFailed
 from gpusync.techniques.streamer import DeltaStreamer
 from gpusync.techniques.streams import Streams
-from stream_checker import FakeEvent, StreamChecker
+from tests.stream_checker import FakeEvent, StreamChecker
 
 
 def deltas(steps):
@@ -33,7 +33,7 @@ def test_streamer_has_no_races_and_delivers_every_delta():
         got = stream_deltas(Streams("cpu", api=checker))
     assert checker.races == []
     assert [g[0] for g in got] == list(range(6))
-    for (step, ids, rows), (want_ids, want_rows) in zip(got, deltas(6)):
+    for (_, ids, rows), (want_ids, want_rows) in zip(got, deltas(6), strict=True):
         assert torch.equal(ids, want_ids) and torch.equal(rows, want_rows)
 
 
@@ -138,7 +138,7 @@ def test_streamer_on_cuda_delivers_every_delta_in_order():
             streamer.push(ids, rows)
             rows.zero_()
     assert [g[0] for g in got] == list(range(6))
-    for (step, ids, rows), (want_ids, want_rows) in zip(got, deltas(6)):
+    for (_, ids, rows), (want_ids, want_rows) in zip(got, deltas(6), strict=True):
         assert torch.equal(ids, want_ids) and torch.equal(rows, want_rows)
 
 

@@ -55,7 +55,7 @@ def test_async_delivers_what_blocking_delivers():
     for i in range(6):
         stream_blocking(lambda *a: got_blocking.append(a), i, *delta(i))
     assert len(got_async) == len(got_blocking) == 6
-    for (s1, i1, r1), (s2, i2, r2) in zip(got_async, got_blocking):
+    for (s1, i1, r1), (s2, i2, r2) in zip(got_async, got_blocking, strict=True):
         assert s1 == s2 and torch.equal(i1, i2) and torch.equal(r1, r2)
 
 
