@@ -200,7 +200,9 @@ def profiles_cmd():
     from .profiles import builtin_names, find_builtin, load_profile
 
     for name in builtin_names():
-        profile = load_profile(find_builtin(name))
+        path = find_builtin(name)
+        assert path is not None  # builtin_names lists the files find_builtin finds
+        profile = load_profile(path)
         click.echo(f"{name:20} {profile.description}")
 
 
@@ -332,7 +334,7 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
                             block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
                             extra=extra)
     tuned = tune_script.tune_script(plan, rule)
-    if tuned.decision is None:
+    if tuned.runs[0].status == "failed":
         base = tuned.runs[0]
         raise errors.UserCodeError(f"the script as it is could not be timed: {base.reason}"
                                    + (f"\n{base.output}" if base.output else ""))

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import isolate, knobs
-from .knobs import user
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
+from .knobs import user
 
 PARITY_LOSSES = 5
 
@@ -169,10 +169,14 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
     cands = knobs.candidates(builds, cuda, plan.extra)
     tune = ScriptTune(target, command, "cuda" if cuda else "cpu", builds,
                       [Run(c) for c in cands], block=plan.block)
-    if len(cands) == 1:
-        tune.notes.append("the script builds nothing gpusync has knobs for (a torchrec train "
-                          "pipeline, an fbgemm EXACT_SGD TBE with the writeback hook)")
     tune.runs[0].report = base_scan["report"]
+    if len(cands) == 1:  # nothing to compare: no need to time the script
+        tune.notes.append("nothing to tune: the script builds nothing gpusync has knobs for (a "
+                          "torchrec train pipeline, an fbgemm EXACT_SGD TBE with the writeback "
+                          "hook); try your own settings with --knob env:NAME=.. or "
+                          "arg:--flag=..")
+        tune.runs[0].status = "chosen"
+        return tune
     todo = [r for r in tune.runs if not (r.candidate.not_applicable or r.candidate.unavailable)]
     for r in tune.runs:
         if r.candidate.not_applicable:
@@ -289,7 +293,8 @@ def _status(tune: ScriptTune, run: Run) -> str:
 def chosen_settings(tune: ScriptTune) -> dict:
     name = tune.decision.chosen if tune.decision else "baseline"
     run = next(r for r in tune.runs if r.candidate.name == name)
-    return {k: v for k, v in run.candidate.settings.items() if knobs._active(k, run.candidate.settings)}
+    settings = run.candidate.settings
+    return {k: v for k, v in settings.items() if knobs._active(k, settings)}
 
 
 def versions() -> dict:

@@ -105,7 +105,6 @@ def test_fake_clock_picks_the_fastest_candidate_that_keeps_the_results(project):
 
 
 @pytest.mark.parametrize("profile,args,message", [
-    ("name: x\nworkload: f.py:make\n", [], "has no tune.candidates"),
     (PROFILE.replace("{name: base, args: {}}", "{name: base, args: {silent: true}}"), [],
      "returns no tensor"),
     (PROFILE, ["-o", "no/such/dir/t.yaml"], "does not exist"),
@@ -113,7 +112,7 @@ def test_fake_clock_picks_the_fastest_candidate_that_keeps_the_results(project):
 ])
 def test_tune_bad_input_is_one_line_exit_2(project, profile, args, message):
     (project / "p.yaml").write_text(profile)
-    line = one_line_error(gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "2", *args,
+    line = one_line_error(gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "5", *args,
                                   cwd=project))
     assert message in line
 
@@ -167,3 +166,16 @@ def test_builtin_pipeline_tune_runs_with_parity():
     assert parity["semi_sync"].startswith("max abs diff")
     assert "--allow-approximate" in out["verdicts"]["semi_sync"]
     assert out["args"]["pipeline"] in ("sparse_dist", "fused")
+
+
+def test_nothing_to_tune_is_said_after_one_scan_without_timing(project):
+    (project / "p.yaml").write_text("name: x\nworkload: f.py:make\n")  # no tune block, no knobs
+    proc = gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "5", "--format", "json",
+                   cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["chosen"] == "baseline" and data["changes"] == {}
+    assert [c["status"] for c in data["candidates"]] == ["chosen"]
+    assert data["candidates"][0]["syncs_per_step"] == 0.0  # the discovery scan's count
+    assert any(n.startswith("nothing to tune") for n in data["notes"])
+    assert "timing" not in proc.stderr  # no candidate was timed
