@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import traceback
 from dataclasses import dataclass, field
 
@@ -52,7 +53,14 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
            tolerance: float, p_max: float, min_gain: float) -> Decision:
     """Pure: the measured result in, the choice and a verdict per candidate out."""
     base = next(m for m in result.variants if m.name == result.baseline)
-    allowance = max(tolerance, NOISE_HEADROOM * (result.baseline_noise or 0.0))
+    noise = result.baseline_noise or 0.0
+    if not math.isfinite(noise):  # NaN losses, or a shape that changes from run to run
+        unjudged = ("rejected: the baseline's own results are not finite or not repeatable, "
+                    "so no candidate can be shown to keep them")
+        verdicts = {m.name: unjudged for m in result.variants if m is not base}
+        verdicts[base.name] = "chosen: baseline (" + unjudged.removeprefix("rejected: ") + ")"
+        return Decision(base.name, verdicts, allowance=math.inf)
+    allowance = max(tolerance, NOISE_HEADROOM * noise)
     verdicts = {base.name: "baseline"}
     qualified: list[str] = []
     best, best_gain = base, 0.0
@@ -86,7 +94,12 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
 
 
 def _speed(gain: float) -> str:
-    return f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'} than the baseline"
+    return f"{faster(gain)} than the baseline"
+
+
+def faster(gain: float) -> str:
+    """0.12 -> '12.0% faster', -0.03 -> '3.0% slower'."""
+    return f"{abs(gain):.1%} {'faster' if gain >= 0 else 'slower'}"
 
 
 def load_tunable(target_text: str | None) -> tuple[FactoryTarget, Profile]:

@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -45,8 +46,10 @@ def candidate_job(job: dict) -> dict:
         return call(roots, *args, **kwargs)
 
     block, warmup = job["block"], job["warmup"]
+    seen = [0]
 
     def clock(whole_steps: int) -> None:
+        seen[0] = whole_steps
         # a sample is the mean of `block` steps; on a GPU the device is drained at block ends
         if whole_steps < warmup or (whole_steps - warmup) % block:
             return
@@ -71,6 +74,7 @@ def candidate_job(job: dict) -> dict:
     data: dict[str, Any] = {
         "status": isolate.DONE, "builds": builds,
         "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": samples,
+        "steps_run": seen[0],
         "report": result.report.to_dict() if job["scan"] else None}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, message=f"{type(result.error).__name__}: "
@@ -90,6 +94,7 @@ class Run:
     losses: list[float] = field(default_factory=list)
     report: dict | None = None
     output: str = ""
+    steps_run: int = 0  # whole steps of its timed run (a script may end before the plan does)
 
 
 @dataclass
@@ -183,7 +188,16 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
             r.status, r.reason = "not_applicable", r.candidate.not_applicable
         elif r.candidate.unavailable:
             r.status, r.reason = "not_run", r.candidate.unavailable
-    for k, run in enumerate(todo, 1):
+    _measure(todo[0], 1, len(todo), plan, start)  # the baseline: always runnable
+    fitted = _fit(plan, todo[0].steps_run)
+    if todo[0].status == "failed" and fitted is not None:
+        tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
+                          f"--warmup {plan.warmup} + --repeats {plan.repeats} x --steps "
+                          f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
+        plan = fitted
+        tune.block = plan.block
+        _measure(todo[0], 1, len(todo), plan, start)
+    for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, start)
     # the baseline against itself: how far its losses move from run to run
     noise = None
@@ -205,6 +219,15 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
     return tune
 
 
+def _fit(plan: Plan, steps_run: int) -> Plan | None:
+    """The plan with the largest block that fits `repeats` samples into a script that runs
+    `steps_run` whole steps; None when not even one-step samples fit, or nothing changes."""
+    block = (steps_run - plan.warmup) // plan.repeats
+    if block < 1 or block >= plan.block:
+        return None
+    return dataclasses.replace(plan, block=block)
+
+
 def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
     name = run.candidate.name
     elapsed = time.monotonic() - start
@@ -221,6 +244,7 @@ def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
         progress(f"candidate {k}/{n} {name}: failed: {failure}")
         return
     run.status, run.samples_ms, run.losses = "run", timed["samples_ms"], timed["losses"]
+    run.steps_run, run.reason = timed.get("steps_run", 0), ""
     if len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: the script ran too few "
@@ -360,7 +384,9 @@ def render(tune: ScriptTune, fmt: str) -> str:
         out.append(f"note: {note}")
     gain = ""
     if data["chosen"] != "baseline":
-        gain = (f" (median {data['p50_gain']:.1%} faster, P90 {data['p90_gain']:.1%} faster "
+        from .tune import faster
+
+        gain = (f" (median {faster(data['p50_gain'])}, P90 {faster(data['p90_gain'])} "
                 "than the script as it is)")
     out.append(f"\nchosen: {data['chosen']}{gain}")
     out.append("change: " + (", ".join(f"{k}={knobs._text(v)}" for k, v in

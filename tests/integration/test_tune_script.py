@@ -87,3 +87,15 @@ def test_emit_prints_only_the_settings(tmp_path):
                    "--emit", "yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert list(yaml.safe_load(proc.stdout)) == ["settings"]
+
+
+def test_a_script_shorter_than_the_plan_gets_smaller_samples_not_a_failure(tmp_path):
+    (tmp_path / "toy.py").write_text(TOY)  # 40 steps; the plan asks for 2 + 5 x 10
+    proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast", "--steps", "10", "--repeats", "5",
+                   "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert [c["status"] for c in data["candidates"]] != ["failed"] * 2
+    assert all(c["p50_ms"] is not None for c in data["candidates"])
+    note = next(n for n in data["notes"] if n.startswith("the script runs"))
+    assert "a sample is the mean of 7 steps instead" in note  # (39 - 2) // 5

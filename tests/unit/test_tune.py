@@ -97,3 +97,36 @@ def test_tune_block_parses_into_candidates():
         {"name": "a", "args": {"x": 1}}, {"name": "b", "approximate": True, "note": "n"}]}},
         "p.yaml")
     assert profile.candidates == [Candidate("a", {"x": 1}), Candidate("b", {}, True, "n")]
+
+
+def test_fit_shrinks_the_block_to_the_steps_a_script_runs():
+    from gpusync.tune_script import Plan, _fit
+
+    plan = Plan("t.py", (), "simulate", block=20, repeats=10, warmup=2, timeout=60)
+    assert _fit(plan, 199).block == 19
+    assert _fit(plan, 12).block == 1
+    assert _fit(plan, 11) is None  # not even one-step samples fit: the baseline fails
+    assert _fit(plan, 500) is None  # it fits as asked
+
+
+@pytest.mark.parametrize("noise", [float("inf"), float("nan")])
+def test_a_baseline_that_does_not_match_itself_lets_no_candidate_through(noise):
+    # a NaN loss in the baseline makes its self-check difference infinite: that must not
+    # become an infinite parity allowance that every candidate passes
+    d = choose(result(measured("fast", scaled(0.5)), measured("stale", scaled(0.5)),
+                      noise=noise), allow=True, tolerance=1.0)
+    assert d.chosen == "base" and d.qualified == []
+    assert d.verdicts["fast"].startswith("rejected: the baseline's own results are not finite")
+    assert d.verdicts["stale"].startswith("rejected")
+
+
+def test_script_tune_losses_with_nan_or_inf_never_match():
+    import math
+
+    from gpusync.tune_script import _loss_diff
+
+    assert _loss_diff([1.0, 2.0], [1.0, 2.5]) == 0.5
+    assert _loss_diff([1.0, math.nan], [1.0, math.nan]) == math.inf
+    assert _loss_diff([1.0, 2.0], [1.0, math.inf]) == math.inf
+    assert _loss_diff([1.0], [1.0, 2.0]) == math.inf  # a candidate that ran fewer steps
+    assert _loss_diff([], [1.0]) is None
