@@ -91,7 +91,11 @@ def _raise_user_error(outcome) -> None:
 
 
 def _scan_or_fail(target, steps, warmup, mode):
+    """baseline and gate: stdout is theirs (a message, a verdict), so when the code fails,
+    the report of what ran goes to stderr, before the traceback."""
     outcome = _scan_isolated(target, steps, warmup, mode)
+    if outcome.failure is not None and outcome.report is not None:
+        click.echo(render(outcome.report, "table"), err=True, nl=False)
     _raise_user_error(outcome)
     return outcome.report
 

@@ -26,3 +26,17 @@ def test_a_baseline_with_steps_gates_the_same_code_as_a_pass(tmp_path):
         gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
         assert gate.returncode == 0, gate.stdout + gate.stderr
     assert not (tmp_path / "base.suggested.json").exists()
+
+
+def test_the_suggested_baseline_of_a_steps_baseline_is_adopted_and_passes(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP)
+    assert gpusync("baseline", "train.py", "--steps", "3", "-o", "base.json",
+                   cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text(LOOP.replace("print(loss.item())", "print('step')"))
+    gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+    assert gate.returncode == 1  # fewer syncs: the win must be recorded
+    suggested = tmp_path / "base.suggested.json"
+    assert json.loads(suggested.read_text())["steps"] == 3
+    suggested.replace(tmp_path / "base.json")
+    gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+    assert gate.returncode == 0, gate.stdout + gate.stderr

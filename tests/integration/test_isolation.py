@@ -51,8 +51,11 @@ def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(0)\n")
     gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 3 and "os._exit(0)" in gate.stderr
+    assert gate.stdout == ""  # no verdict: what ran goes to stderr, before the reason
+    assert "gpusync scan of train.py" in gate.stderr and "train.py:8" in gate.stderr
     base = gpusync("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
     assert base.returncode == 3 and not (tmp_path / "new.json").exists()
+    assert "gpusync scan of train.py" in base.stderr and "train.py:8" in base.stderr
 
 
 def test_a_killed_scan_is_exit_3(tmp_path):
@@ -67,8 +70,9 @@ def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path):
     proc = gpusync("scan", "work.py:make", "--steps", "2", cwd=tmp_path)
     assert proc.returncode == 3
     assert "sys.exit(0)" in proc.stderr and "item" in proc.stdout
-    gate = gpusync("baseline", "work.py:make", "--steps", "2", "-o", "b.json", cwd=tmp_path)
-    assert gate.returncode == 3
+    base = gpusync("baseline", "work.py:make", "--steps", "2", "-o", "b.json", cwd=tmp_path)
+    assert base.returncode == 3 and not (tmp_path / "b.json").exists()
+    assert "gpusync scan of work.py:make" in base.stderr
 
 
 def test_the_scripts_prints_never_reach_stdout(tmp_path):

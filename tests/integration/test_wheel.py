@@ -78,6 +78,18 @@ def test_the_installed_cli_works_outside_the_checkout(clean_venv, tmp_path):
         print((root / "profiles").exists(), "site-packages" in str(root))
     ''')], cwd=tmp_path, env=env).stdout.splitlines()
     assert "'sparsenn.yaml'" in check[0] and check[1] == "False True"
+    # every subpackage of the checkout is in the wheel, and imports with the core only
+    source = sorted(".".join(p.parent.relative_to(ROOT).parts)
+                    for p in (ROOT / "gpusync").rglob("__init__.py"))
+    installed = run([python, "-c", textwrap.dedent("""
+        import importlib, pkgutil, gpusync
+        names = ["gpusync"] + [m.name for m in pkgutil.walk_packages(gpusync.__path__, "gpusync.")
+                               if m.ispkg and m.name != "gpusync.builtin_profiles"]
+        for name in names:
+            importlib.import_module(name)
+        print(" ".join(sorted(names)))
+    """)], cwd=tmp_path, env=env).stdout.split()
+    assert installed == source
     # without torchrec, its profile is a one-line error, not a traceback
     proc = subprocess.run([str(gpusync), "scan", "torchrec_dlrm"], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=300)

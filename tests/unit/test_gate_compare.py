@@ -72,3 +72,10 @@ def test_text_and_json_formats_are_unchanged():
         "status": "regression", "exit_code": 1, "notes": [], "suggested_baseline": None,
         "problems": [{"kind": "new site", "message": "new sync site: k (1/step)",
                       "file": "a.py", "line": 3, "key": "k", "fix": "do this"}]}
+
+
+def test_annotations_escape_what_workflow_commands_require():
+    # data: % CR LF; properties (file, title): also : and ,
+    verdict = Verdict("regression", [Problem("new site", "50% a\r\nb", "a,b:c.py", 3)])
+    assert render(verdict, "github").splitlines()[0] == (
+        "::error file=a%2Cb%3Ac.py,line=3,title=gpusync%3A new site::50%25 a%0D%0Ab")

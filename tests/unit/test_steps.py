@@ -1,8 +1,7 @@
 """What a step is: --steps N measures N whole steps, each with what runs after its optimizer
-step
-two optimizers stepped once per iteration make one step
-scripts without an optimizer
+step; two optimizers stepped once per iteration make one step; scripts without an optimizer
 are counted by backward passes (and say so); a Workload's steps are its step() calls."""
+import json
 import textwrap
 
 import pytest
@@ -21,9 +20,7 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1)
 ran = []
 for i in range({n}):
     loss = m(torch.randn(4, 3)).sum()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    opt.zero_grad(); loss.backward(); opt.step()
     ran.append(i)
     if i == 0:
         loss.tolist()  # only in the warm-up step
@@ -72,13 +69,9 @@ opt_g = torch.optim.SGD(g.parameters(), lr=0.1)
 for i in range(5):
     fake = g(torch.randn(4, 2))
     loss_d = d(torch.randn(4, 2)).mean() - d(fake.detach()).mean()
-    opt_d.zero_grad()
-    loss_d.backward()
-    opt_d.step()
+    opt_d.zero_grad(); loss_d.backward(); opt_d.step()
     loss_g = -d(fake).mean()
-    opt_g.zero_grad()
-    loss_g.backward()
-    opt_g.step()
+    opt_g.zero_grad(); loss_g.backward(); opt_g.step()
     print(loss_d.item(), loss_g.item())
 '''
 
@@ -101,8 +94,7 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for i in range(3):
     for micro in range(4):  # gradient accumulation: 4 backward passes per optimizer step
         m(torch.randn(2, 3)).sum().backward()
-    opt.step()
-    opt.zero_grad()
+    opt.step(); opt.zero_grad()
     m.weight.sum().item()
 '''
 
@@ -253,3 +245,28 @@ def test_close_raising_keeps_the_report():
     result = run_scan(factory("make_bad_close"), steps=1, mode="simulate")
     assert isinstance(result.error, RuntimeError) and "close failed" in str(result.error)
     assert result.report.syncs_per_step == 1.0
+
+
+def test_close_raising_is_exit_3_after_the_report():
+    from tests.conftest import run_main
+
+    proc = run_main("scan", factory("make_bad_close"), "--steps", "1", "--format", "json")
+    assert proc.returncode == 3 and "close failed" in proc.stderr
+    assert json.loads(proc.stdout)["syncs_per_step"] == 1.0
+
+
+def make_warmup_sync():
+    seen = []
+
+    def first_only():
+        if not seen:
+            seen.append(True)
+            torch.ones(2).tolist()  # only in the warm-up step
+
+    return _workload([torch.randn(4, 3)] * 4, step=first_only)
+
+
+def test_a_factory_at_steps_1_measures_one_step_without_its_warmup():
+    result = run_scan(factory("make_warmup_sync"), steps=1, mode="simulate")
+    assert result.report.measured_steps == 1
+    assert {s.op: s.per_step for s in result.report.sites if s.per_step} == {"item": 1.0}
