@@ -74,12 +74,22 @@ def candidate_job(job: dict) -> dict:
     data: dict[str, Any] = {
         "status": isolate.DONE, "builds": builds,
         "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": samples,
-        "steps_run": seen[0],
+        "steps_run": seen[0], **_peak_memory(cuda),
         "report": result.report.to_dict() if job["scan"] else None}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, message=f"{type(result.error).__name__}: "
                     f"{result.error}", traceback=result.traceback)
     return data
+
+
+def _peak_memory(cuda: bool) -> dict[str, float | None]:
+    """The process's peak GPU memory: each candidate's timed run has a process of its own."""
+    import torch
+
+    if not (cuda and torch.cuda.is_initialized()):
+        return {"peak_alloc_mb": None, "peak_reserved_mb": None}
+    return {"peak_alloc_mb": round(torch.cuda.max_memory_allocated() / 2**20, 2),
+            "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 2)}
 
 
 # -- in the parent ---------------------------------------------------------------------------
@@ -95,6 +105,8 @@ class Run:
     report: dict | None = None
     output: str = ""
     steps_run: int = 0  # whole steps of its timed run (a script may end before the plan does)
+    peak_alloc_mb: float | None = None  # GPU only
+    peak_reserved_mb: float | None = None
 
 
 @dataclass
@@ -245,6 +257,8 @@ def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
         return
     run.status, run.samples_ms, run.losses = "run", timed["samples_ms"], timed["losses"]
     run.steps_run, run.reason = timed.get("steps_run", 0), ""
+    run.peak_alloc_mb, run.peak_reserved_mb = timed.get("peak_alloc_mb"), timed.get(
+        "peak_reserved_mb")
     if len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: the script ran too few "
@@ -282,8 +296,8 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
         variants.append(Measurement(
             name=r.candidate.name, samples_ms=r.samples_ms,
             syncs_per_step=report.get("syncs_per_step", math.nan),
-            syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=None,
-            peak_reserved_mb=None, parity=parity_text(diff), max_diff=diff))
+            syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=r.peak_alloc_mb,
+            peak_reserved_mb=r.peak_reserved_mb, parity=parity_text(diff), max_diff=diff))
     result = TechniqueResult("tune", tune.device, base.candidate.name, variants,
                              steps=tune.block, repeats=len(base.samples_ms), baseline_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
@@ -354,7 +368,8 @@ def to_dict(tune: ScriptTune) -> dict:
             "p90_ms": round(m.p90_ms, 4) if m else None,
             "syncs_per_step": (run.report or {}).get("syncs_per_step"),
             "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
-            "parity": m.parity if m else None, "output": run.output or None})
+            "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
+            "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
     return {"schema_version": SCHEMA_VERSION, "kind": "gpusync-tune", "device": tune.device,
             "target": tune.target, "command": tune.command, "baseline": "baseline",
             "chosen": tune.decision.chosen if tune.decision else "baseline",

@@ -50,8 +50,9 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
     assert by["baseline"]["syncs_per_step"] == 1.0
     for c in data["candidates"]:
         for key in ("name", "settings", "status", "reason", "p50_ms", "p90_ms",
-                    "syncs_per_step", "parity"):
+                    "syncs_per_step", "parity", "peak_alloc_mb", "peak_reserved_mb"):
             assert key in c
+        assert c["peak_alloc_mb"] is None  # GPU memory: measured on a GPU only
     assert "candidate 5/5" in proc.stderr  # progress on stderr
     tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
     assert tuned["settings"] == data["settings"] and tuned["command"].startswith("gpusync tune")
