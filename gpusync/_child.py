@@ -59,32 +59,47 @@ def _saving_on_exit(results: _Results, last_words: Callable[[], dict[str, Any]])
         os._exit = real_exit
 
 
+@contextlib.contextmanager
+def _snapshots(results: _Results, snapshot: Callable[[], dict[str, Any] | None]
+               ) -> Iterator[threading.Event]:
+    """While inside, a side thread writes {"status": RUNNING, **snapshot()} about once a
+    second (a snapshot of None is skipped): the parent's view of a run still going. Setting
+    the event it yields stops it."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(_SNAPSHOT_SECONDS):
+            data = snapshot()
+            if data is not None:
+                results.write({"status": isolate.RUNNING, **data}, final=False)
+
+    thread = threading.Thread(target=loop, name="gpusync-snapshots", daemon=True)
+    thread.start()
+    try:
+        yield stop
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _scan(job: dict, results: _Results) -> None:
     from .scan import run_scan
 
     live: dict[str, Any] = {"session": None}
-    stop = threading.Event()
 
-    def snapshots() -> None:
-        while not stop.wait(_SNAPSHOT_SECONDS):
-            report = _report(live["session"])
-            if report is not None:
-                results.write({"status": isolate.RUNNING, "report": report}, final=False)
+    def snapshot() -> dict[str, Any] | None:
+        report = _report(live["session"])
+        return {"report": report} if report is not None else None
 
-    def last_words() -> dict[str, Any]:  # what it measured until the code ended the process
-        stop.set()
-        return {"report": _report(live["session"])}
+    with _snapshots(results, snapshot) as stop:
+        def last_words() -> dict[str, Any]:  # what it measured until the code ended the run
+            stop.set()
+            return {"report": _report(live["session"])}
 
-    thread = threading.Thread(target=snapshots, name="gpusync-snapshots", daemon=True)
-    thread.start()
-    try:
         with _saving_on_exit(results, last_words):
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
                               mode=job["mode"], script_args=tuple(job["script_args"]),
                               on_session=lambda s: live.__setitem__("session", s))
-    finally:
-        stop.set()
-        thread.join()
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,
@@ -114,8 +129,10 @@ def _timing(job: dict, results: _Results) -> None:
 def _candidate(job: dict, results: _Results) -> None:
     from .tune_script import candidate_job
 
-    with _saving_on_exit(results, dict):
-        results.write(candidate_job(job))
+    live: dict[str, Any] = {"steps": 0}
+    with _snapshots(results, lambda: {"steps": live["steps"]}):
+        with _saving_on_exit(results, dict):
+            results.write(candidate_job(job, live))
 
 
 def main(folder: str) -> int:

@@ -22,8 +22,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import errors
 from .errors import GpusyncError
@@ -72,11 +73,17 @@ class Output:
 TIMED_OUT = -999  # run_child's return code when the job ran past its timeout
 
 
+POLL_SECONDS = 0.5
+
+
 def run_child(job: dict[str, Any], timeout: float | None = None,
-              output: Output | None = None) -> tuple[dict[str, Any], int]:
+              output: Output | None = None,
+              on_snapshot: Callable[[dict[str, Any]], None] | None = None
+              ) -> tuple[dict[str, Any], int]:
     """Run one job in a child process: (the child's last result, its return code). With
     `output`, what the child prints is kept there instead of shown; past `timeout` seconds the
-    child is stopped and the return code is TIMED_OUT."""
+    child is stopped and the return code is TIMED_OUT; `on_snapshot` is handed the child's
+    latest result (a "running" snapshot while it runs) about twice a second."""
     folder = tempfile.mkdtemp(prefix="gpusync-")
     try:
         with open(os.path.join(folder, JOB), "w") as f:
@@ -89,7 +96,7 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
             reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
             reader.start()
         try:
-            returncode = proc.wait(timeout=timeout)
+            returncode = _wait(proc, timeout, folder, on_snapshot)
         except subprocess.TimeoutExpired:
             _stop(proc, wait_first=False)
             returncode = TIMED_OUT
@@ -99,16 +106,39 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
         finally:
             if reader is not None:
                 reader.join(timeout=10)
-        try:
-            with open(os.path.join(folder, RESULT)) as f:
-                result = json.load(f)
-        except (OSError, ValueError):
-            result = {"status": RUNNING}
+        result = _read_result(folder) or {"status": RUNNING}
         if returncode == TIMED_OUT:  # what it wrote when we stopped it is not its verdict
             result = {"status": RUNNING, "report": result.get("report")}
         return result, returncode
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, timeout: float | None, folder: str,
+          on_snapshot: Callable[[dict[str, Any]], None] | None) -> int:
+    """The child's return code; raises subprocess.TimeoutExpired past `timeout` seconds."""
+    if on_snapshot is None:
+        return proc.wait(timeout=timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = POLL_SECONDS if deadline is None else min(POLL_SECONDS,
+                                                         deadline - time.monotonic())
+        try:
+            return proc.wait(timeout=max(wait, 0.0))
+        except subprocess.TimeoutExpired:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise
+        snapshot = _read_result(folder)
+        if snapshot is not None:
+            on_snapshot(snapshot)
+
+
+def _read_result(folder: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(folder, RESULT)) as f:
+            return json.load(f)
+    except (OSError, ValueError):  # not written yet (it is replaced whole, never half)
+        return None
 
 
 def _stop(proc: subprocess.Popen, wait_first: bool = True) -> int:

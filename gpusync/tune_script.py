@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,13 +21,15 @@ from typing import Any
 from . import isolate, knobs
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 from .knobs import user
+from .progress import Progress
 
 PARITY_LOSSES = 5
 
 
 # -- in the child ----------------------------------------------------------------------------
-def candidate_job(job: dict) -> dict:
-    """Run the target with the job's knob settings: scanned, or timed without detection."""
+def candidate_job(job: dict, live: dict | None = None) -> dict:
+    """Run the target with the job's knob settings: scanned, or timed without detection.
+    live["steps"] follows the whole steps done (for progress; read by another thread)."""
     import torch
 
     from .detect import patches
@@ -47,9 +48,10 @@ def candidate_job(job: dict) -> dict:
 
     block, warmup = job["block"], job["warmup"]
     seen = [0]
+    live = live if live is not None else {}
 
     def clock(whole_steps: int) -> None:
-        seen[0] = whole_steps
+        seen[0] = live["steps"] = whole_steps
         # a sample is the mean of `block` steps; on a GPU the device is drained at block ends
         if whole_steps < warmup or (whole_steps - warmup) % block:
             return
@@ -137,6 +139,11 @@ class Plan:
     scan_steps: int = 3
     extra: tuple = ()  # the user's own knobs (knobs.user)
 
+    @property
+    def steps_needed(self) -> int:
+        """Whole steps a timed run goes through."""
+        return self.warmup + self.block * self.repeats
+
     def job(self, settings: dict, scan: bool) -> dict:
         return {"kind": "candidate", "target": self.target, "script_args": list(self.script_args),
                 "settings": settings, "scan": scan, "mode": self.mode, "warmup": self.warmup,
@@ -144,10 +151,16 @@ class Plan:
                 "block": self.block}
 
 
-def _run(job: dict, timeout: float) -> tuple[dict, str, str | None]:
-    """(result, output tail, failure reason or None)."""
+def _run(job: dict, timeout: float, progress: Progress | None = None
+         ) -> tuple[dict, str, str | None]:
+    """(result, output tail, failure reason or None); the child's steps go to `progress`."""
     output = isolate.Output()
-    result, code = isolate.run_child(job, timeout=timeout, output=output)
+    on_snapshot = None if progress is None else (
+        lambda snapshot: progress.update(snapshot.get("steps", 0)))
+    result, code = isolate.run_child(job, timeout=timeout, output=output,
+                                     on_snapshot=on_snapshot)
+    if progress is not None and "steps_run" in result:
+        progress.update(result["steps_run"])
     status = result.get("status")
     if status == isolate.DONE:
         return result, output.tail, None
@@ -165,18 +178,14 @@ def _run(job: dict, timeout: float) -> tuple[dict, str, str | None]:
     return result, output.tail, f"the process {isolate._describe_death(code)}"
 
 
-def progress(text: str) -> None:
-    print(f"gpusync tune: {text}", file=sys.stderr, flush=True)
-
-
-def tune_script(plan: Plan, rule: dict) -> ScriptTune:
+def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> ScriptTune:
     """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain."""
+    progress = progress or Progress("gpusync tune")
     cuda = plan.mode == "cuda"
     target, timeout = plan.target, plan.timeout
     command = " ".join(["gpusync tune", target,
                         *(["--", *plan.script_args] if plan.script_args else [])])
-    start = time.monotonic()
-    progress("baseline: discovering what the script builds (scanned run)")
+    progress.stage("baseline: discovering what the script builds (scanned run)")
     base_scan, tail, failure = _run(plan.job({}, True), timeout)
     if failure:
         from .errors import UserCodeError
@@ -200,7 +209,7 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
             r.status, r.reason = "not_applicable", r.candidate.not_applicable
         elif r.candidate.unavailable:
             r.status, r.reason = "not_run", r.candidate.unavailable
-    _measure(todo[0], 1, len(todo), plan, start)  # the baseline: always runnable
+    _measure(todo[0], 1, len(todo), plan, progress)  # the baseline: always runnable
     fitted = _fit(plan, todo[0].steps_run)
     if todo[0].status == "failed" and fitted is not None:
         tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
@@ -208,14 +217,15 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
                           f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
         plan = fitted
         tune.block = plan.block
-        _measure(todo[0], 1, len(todo), plan, start)
+        _measure(todo[0], 1, len(todo), plan, progress)
     for k, run in enumerate(todo[1:], 2):
-        _measure(run, k, len(todo), plan, start)
+        _measure(run, k, len(todo), plan, progress)
     # the baseline against itself: how far its losses move from run to run
     noise = None
     if tune.runs[0].status == "run":
-        progress("baseline again: its own run-to-run difference (parity allowance)")
-        again, _, failure = _run(plan.job({}, False), timeout)
+        progress.stage("baseline again: its own run-to-run difference (parity allowance)",
+                       plan.steps_needed)
+        again, _, failure = _run(plan.job({}, False), timeout, progress)
         if failure is None:
             noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
     tune.result, tune.decision = _decide(tune, noise, rule)
@@ -223,8 +233,9 @@ def tune_script(plan: Plan, rule: dict) -> ScriptTune:
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
         run = Run(extra)
         tune.runs.append(run)
-        _measure(run, 1, 1, plan, start)
+        _measure(run, 1, 1, plan, progress)
         tune.result, tune.decision = _decide(tune, noise, rule)
+    progress.close()
     if not cuda:
         tune.notes.append("no GPU: step times are CPU times and host stalls are not measured; "
                           "parity and syncs per step are exact")
@@ -240,20 +251,21 @@ def _fit(plan: Plan, steps_run: int) -> Plan | None:
     return dataclasses.replace(plan, block=block)
 
 
-def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
+def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress) -> None:
     name = run.candidate.name
-    elapsed = time.monotonic() - start
-    left = f", about {elapsed / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
-    progress(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps "
-             f"({elapsed:.0f}s elapsed{left})")
-    timed, tail, failure = _run(plan.job(run.candidate.settings, False), plan.timeout)
+    # the candidates before this one took about as long as each one left will
+    left = f", about {progress.elapsed() / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
+    progress.stage(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps"
+                   f"{left}", plan.steps_needed)
+    timed, tail, failure = _run(plan.job(run.candidate.settings, False), plan.timeout,
+                                progress)
     if failure is None and run.report is None:
-        progress(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
+        progress.stage(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
         scanned, tail, failure = _run(plan.job(run.candidate.settings, True), plan.timeout)
         run.report = scanned.get("report")
     if failure is not None:
         run.status, run.reason, run.output = "failed", failure, tail
-        progress(f"candidate {k}/{n} {name}: failed: {failure}")
+        progress.note(f"candidate {k}/{n} {name}: failed: {failure}")
         return
     run.status, run.samples_ms, run.losses = "run", timed["samples_ms"], timed["losses"]
     run.steps_run, run.reason = timed.get("steps_run", 0), ""
@@ -262,7 +274,7 @@ def _measure(run: Run, k: int, n: int, plan: Plan, start: float) -> None:
     if len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: the script ran too few "
-            f"steps (it needs {plan.warmup + plan.block * plan.repeats})")
+            f"steps (it needs {plan.steps_needed})")
 
 
 def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:

@@ -16,7 +16,7 @@ import venv
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-CORE = ["torch==2.13.0", "click", "pyyaml", "tabulate", "jsonschema", "numpy"]
+CORE = ["torch==2.13.0", "click", "pyyaml", "tabulate", "jsonschema", "numpy", "tqdm"]
 pytestmark = pytest.mark.wheel
 
 
