@@ -333,7 +333,8 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     from . import tune_script
     from .knobs import user
 
-    extra = tuple(user.parse(spec, tuple(script_args)) for spec in knob_specs)
+    specs = [*_profile_knobs(target), *knob_specs]
+    extra = tuple(user.parse(spec, tuple(script_args)) for spec in specs)
     plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
                             block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
                             extra=extra)
@@ -357,6 +358,14 @@ def _has_candidates(target) -> bool:
     parsed = parse_target(target or DEFAULT_TARGET)
     profile = getattr(parsed, "profile", None)
     return profile is not None and bool(profile.candidates)
+
+
+def _profile_knobs(target) -> list[str]:
+    """A profile's own knobs (its tune block's `knobs:`), tried beside any --knob."""
+    from .targets import parse_target
+
+    profile = getattr(parse_target(target) if target else None, "profile", None)
+    return list(profile.knobs) if profile is not None else []
 
 
 def _warn_unreachable(repeats: int, p_max: float) -> None:

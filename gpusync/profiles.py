@@ -13,7 +13,7 @@ from .fileio import read_user_file
 
 _KEYS = {"name": str, "description": str, "workload": str, "args": dict, "steps": int,
          "warmup": int, "requires": list, "tune": dict, "tuned": dict}
-_TUNE_KEYS = {"candidates": list}
+_TUNE_KEYS = {"candidates": list, "knobs": list}
 _CANDIDATE_KEYS = {"name": str, "args": dict, "approximate": bool, "note": str}
 
 
@@ -40,6 +40,7 @@ class Profile:
     tune: dict = field(default_factory=dict)  # {"candidates": [...]}, the first the baseline
     tuned: dict = field(default_factory=dict)  # written by `gpusync tune`: what was measured
     candidates: list = field(default_factory=list)  # tune's, parsed
+    knobs: list = field(default_factory=list)  # tune's user knobs: "env:NAME=v1,v2" (knobs.user)
 
 def profile_dirs() -> list[Path]:
     """The shipped profiles: the checkout's profiles/ or the installed gpusync.builtin_profiles."""
@@ -114,7 +115,9 @@ def parse_profile(data, source: str) -> Profile:
     _check_names(data.get("args") or {}, f"profile {source}: args")
     fields = {k: v for k, v in data.items() if v is not None}
     fields["workload"] = _relative_to(source, data["workload"])
-    return Profile(path=source, candidates=_candidates(data.get("tune") or {}, source),
+    tune = data.get("tune") or {}
+    return Profile(path=source, candidates=_candidates(tune, source),
+                   knobs=_knobs(tune, source),
                    **fields)
 
 
@@ -149,10 +152,22 @@ def _check_keys(data: dict, known: dict, where: str) -> None:
                            f"got {type(value).__name__}")
 
 
+def _knobs(tune: dict, source: str) -> list[str]:
+    """A tune block's own knobs, spelled as for --knob; its workload is tuned by knobs (the
+    discovered ones and these) rather than by a candidate list."""
+    knobs = tune.get("knobs") or []
+    _check_items(knobs, str, f"profile {source}: tune.knobs")
+    if knobs and "candidates" in tune:
+        raise BadInput(f"profile {source}: a tune block lists candidates or knobs, not both")
+    return list(knobs)
+
+
 def _candidates(tune: dict, source: str) -> list[Candidate]:
     if not tune:
         return []
     _check_keys(tune, _TUNE_KEYS, f"profile {source}: tune")
+    if _knobs(tune, source):
+        return []
     raw = tune.get("candidates") or []
     if not raw:
         raise BadInput(f"profile {source}: tune.candidates must list at least one candidate "

@@ -41,10 +41,11 @@ class ScanResult:
 def run_scan(target_text: str | None, steps: int | None = None, warmup: int | None = None,
              mode: str = "auto", script_args: tuple = (),
              on_session: Callable[[Session], None] | None = None,
-             detect: bool = True) -> ScanResult:
+             detect: bool = True, cycle: bool = False) -> ScanResult:
     """Scan a target in this process. `on_session` gets the live session first (the CLI's
     child process uses it to save what was measured if the code kills the process, tune to
-    time steps); detect=False runs the steps without sync detection (timed runs)."""
+    time steps); detect=False runs the steps without sync detection (timed runs); cycle=True
+    runs a factory's batches again until `steps` are done (tune, as the bench harness does)."""
     target = parse_target(target_text)
     try:
         mode = resolve_mode(mode)
@@ -58,7 +59,7 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
     check_requires(target)
     steps = steps if steps is not None else (target.steps or 5)
     warmup = warmup if warmup is not None else (target.warmup if target.warmup is not None else 1)
-    return _scan_factory(target, steps, warmup, mode, on_session, detect)
+    return _scan_factory(target, steps, warmup, mode, on_session, detect, cycle)
 
 
 def _result(session: Session, error: BaseException | None) -> ScanResult:
@@ -72,8 +73,18 @@ def _result(session: Session, error: BaseException | None) -> ScanResult:
     return ScanResult(report=report, error=error, traceback=text)
 
 
+def _batches(workload, cycle: bool):
+    while True:
+        empty = True
+        for batch in workload.iter_batches():
+            empty = False
+            yield batch
+        if not cycle or empty:
+            return
+
+
 def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
-                  on_session, detect: bool) -> ScanResult:
+                  on_session, detect: bool, cycle: bool = False) -> ScanResult:
     factory = load_factory(target.spec)
     device = "cuda" if mode == "cuda" else "cpu"
     session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label,
@@ -94,7 +105,7 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
             session.mark_model(workload.model)
         ran = 0
         try:
-            for batch in workload.iter_batches():
+            for batch in _batches(workload, cycle):
                 if ran >= warmup + steps:
                     break
                 workload.step(batch)

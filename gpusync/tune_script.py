@@ -69,7 +69,7 @@ def candidate_job(job: dict, live: dict | None = None) -> dict:
             args = user.script_args(job["settings"], tuple(job["script_args"]))
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
                               mode=job["mode"], script_args=args,
-                              on_session=on_session, detect=job["scan"])
+                              on_session=on_session, detect=job["scan"], cycle=True)
     finally:
         handle.remove()
     samples = [(b - a) * 1e3 / block for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -218,6 +218,9 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> Scr
         plan = fitted
         tune.block = plan.block
         _measure(todo[0], 1, len(todo), plan, progress)
+    if todo[0].status == "failed":  # nothing can be compared with it
+        progress.close()
+        return tune
     for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, progress)
     # the baseline against itself: how far its losses move from run to run
@@ -273,8 +276,8 @@ def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress) -> None:
         "peak_reserved_mb")
     if len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
-            f"only {len(run.samples_ms)} of {plan.repeats} samples: the script ran too few "
-            f"steps (it needs {plan.steps_needed})")
+            f"only {len(run.samples_ms)} of {plan.repeats} samples: it ran {run.steps_run} "
+            f"whole steps and needs {plan.steps_needed} (--warmup + --repeats x --steps)")
 
 
 def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:

@@ -179,3 +179,52 @@ def test_nothing_to_tune_is_said_after_one_scan_without_timing(project):
     assert data["candidates"][0]["syncs_per_step"] == 0.0  # the discovery scan's count
     assert any(n.startswith("nothing to tune") for n in data["notes"])
     assert "timing" not in proc.stderr  # no candidate was timed
+
+
+ENV_FACTORY = textwrap.dedent('''
+    import os
+    import torch
+    import gpusync
+
+    def make(device="cpu"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        lr = 0.2 if os.environ.get("TOY_LR") == "high" else 0.1
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+        def step(x):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return gpusync.Workload(step=step, batches=data, model=model, optimizer=opt)
+''')
+
+
+def test_a_profile_names_its_own_knobs_in_its_tune_block(project):
+    (project / "e.py").write_text(ENV_FACTORY)
+    (project / "k.yaml").write_text("name: k\nworkload: e.py:make\n"
+                                    "tune: {knobs: ['env:TOY_LR=high']}\n")
+    proc = gpusync("tune", "k.yaml", "--steps", "1", "--repeats", "5", "--format", "json",
+                   cwd=project)
+    assert proc.returncode == 0, proc.stderr
+    by = {c["name"]: c for c in json.loads(proc.stdout)["candidates"]}
+    assert set(by) == {"baseline", "env:TOY_LR=high"}
+    assert by["env:TOY_LR=high"]["status"] == "rejected"  # another lr: other losses
+
+
+@pytest.mark.parametrize("tune,message", [
+    ("{knobs: [1]}", "tune.knobs[0] must be a str"),
+    ("{knobs: ['env:A=1'], candidates: [{name: b}]}", "candidates or knobs, not both"),
+    ("{knob: ['env:A=1']}", "unknown key 'knob'"),
+])
+def test_a_tune_blocks_knobs_are_checked(tmp_path, tune, message):
+    from gpusync.errors import BadInput
+
+    path = tmp_path / "k.yaml"
+    path.write_text(f"name: k\nworkload: e.py:make\ntune: {tune}\n")
+    with pytest.raises(BadInput, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_profile(path)

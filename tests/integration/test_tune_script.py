@@ -100,3 +100,12 @@ def test_a_script_shorter_than_the_plan_gets_smaller_samples_not_a_failure(tmp_p
     assert all(c["p50_ms"] is not None for c in data["candidates"])
     note = next(n for n in data["notes"] if n.startswith("the script runs"))
     assert "a sample is the mean of 7 steps instead" in note  # (39 - 2) // 5
+
+
+def test_a_script_too_short_to_time_stops_at_its_baseline(tmp_path):
+    (tmp_path / "toy.py").write_text(TOY.replace("range(40)", "range(4)"))
+    proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast", "--steps", "1", "--repeats", "5",
+                   cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "could not be timed: only" in proc.stderr and "needs 7" in proc.stderr
+    assert "candidate 2/2" not in proc.stderr  # nothing else was run
