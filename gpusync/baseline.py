@@ -55,6 +55,8 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
     script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
     for s in report.sites:
+        if s.setup:  # ran only before the measured steps: not a per-step count
+            continue
         file = stable_file(s.file)
         key = site_key(s.op, s.phase, s.module, file, s.function)
         entry = merged.setdefault(key, {

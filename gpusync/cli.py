@@ -10,7 +10,7 @@ from . import errors
 from ._version import __version__
 from .detect.session import MODES
 from .errors import BadInput, GpusyncError
-from .reporters import FORMATS, render
+from .reporters import FORMATS, VIEWS, render
 
 
 class Finite(click.FloatRange):
@@ -41,7 +41,10 @@ def cli():
               help="Exit 1 when any measured step syncs more often than this.")
 @click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
               help="simulate: predict CUDA syncs on any machine; cuda: observe them on a GPU.")
-def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode):
+@click.option("--show", type=click.Choice(VIEWS), default="user", show_default=True,
+              help="Place each site at your line that leads to it, or at the library line "
+                   "that synced (tables; JSON has both).")
+def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
@@ -54,7 +57,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
         check_directory(output)  # before the scan, not after
     outcome = _scan_isolated(target, steps, warmup, mode, script_args)
     if outcome.report is not None:
-        text = render(outcome.report, fmt)
+        text = render(outcome.report, fmt, show)
         if output:
             write_atomic(output, text)
             click.echo(f"report written to {output}", err=True)

@@ -11,7 +11,7 @@ from ._version import __version__
 from .detect.events import PHASES, Frame, SyncEvent
 from .detect.steps import UNIT_NOTES
 
-SCHEMA_VERSION = 2  # 2: step_unit and notes
+SCHEMA_VERSION = 3  # 2: step_unit and notes; 3: sites at the user's frame, library, setup
 
 
 @dataclass
@@ -29,6 +29,10 @@ class Site:
     fix: str
     hook: str | None = None
     detail: str = ""
+    # the library line that synced, beneath the user's (file, line, function): None when the
+    # user's own line synced
+    library: dict | None = None
+    setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
 
     @property
     def where(self) -> str:
@@ -102,14 +106,16 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
     groups: dict[tuple, list[SyncEvent]] = defaultdict(list)
     for e in events:
         loc = e.location or Frame("", 0, "")
-        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line)].append(e)
+        lib = e.library
+        lib_key = (lib.file, lib.line) if lib is not None else None
+        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line, lib_key)].append(e)
 
     sites = []
-    for (op, phase, hook, module, file, line), evs in groups.items():
+    for (op, phase, hook, module, file, line, _), evs in groups.items():
         inside = [e for e in evs if measured(e)]
         stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
         first_ev = evs[0]
-        origin = first_ev.location
+        origin, lib = first_ev.location, first_ev.library
         sites.append(Site(
             op=op, phase=phase, hook=hook, module=module, file=file, line=line,
             function=origin.function if origin else "",
@@ -117,8 +123,12 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
             count=len(evs), per_step=len(inside) / n,
             stall_ms=round(sum(stalls), 4) if stalls else None,
             fix=first_ev.fix, detail=first_ev.detail,
+            library={"file": lib.file, "line": lib.line, "function": lib.function}
+            if lib is not None else None,
+            setup=not inside and all(e.step < first for e in evs),
         ))
-    sites.sort(key=lambda s: (-(s.stall_ms or 0.0), -s.per_step, -s.count, s.file, s.line))
+    sites.sort(key=lambda s: (s.setup, -(s.stall_ms or 0.0), -s.per_step, -s.count, s.file,
+                              s.line))
 
     in_range = [e for e in events if measured(e)]
     per_step_counts = Counter(e.step for e in in_range)

@@ -9,9 +9,11 @@ class Frame:
     file: str
     line: int
     function: str
+    library: bool = False  # torch's or an installed package's code, not the user's
 
     def to_dict(self) -> dict:
-        return {"file": self.file, "line": self.line, "function": self.function}
+        return {"file": self.file, "line": self.line, "function": self.function,
+                "library": self.library}
 
 
 # Phases a sync can be attributed to. "hook" events also carry the hook's name.
@@ -22,7 +24,7 @@ PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER)
 @dataclass
 class SyncEvent:
     op: str  # rule name, e.g. "item", "nonzero", "bool-mask index", "tolist", "D2H copy"
-    frames: tuple[Frame, ...]  # innermost first, torch / gpusync / stdlib frames removed
+    frames: tuple[Frame, ...]  # innermost first, gpusync / tool / stdlib frames removed
     phase: str = OTHER
     hook: str | None = None
     module: str | None = None  # module path inside the root nn.Module, e.g. "sparse_arch.tables.t0"
@@ -33,4 +35,11 @@ class SyncEvent:
 
     @property
     def location(self) -> Frame | None:
-        return self.frames[0] if self.frames else None
+        """Where the user can act: their innermost frame (the library's when none is theirs)."""
+        return next((f for f in self.frames if not f.library),
+                    self.frames[0] if self.frames else None)
+
+    @property
+    def library(self) -> Frame | None:
+        """The library line that synced, when the sync happened inside a library."""
+        return self.frames[0] if self.frames and self.frames[0].library else None

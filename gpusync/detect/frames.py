@@ -1,5 +1,8 @@
-"""Python stack capture: the frames a user cares about (not torch's, not gpusync's own
-machinery)."""
+"""Python stack capture: the frames a user cares about. Each file is one of
+- machinery, never shown: gpusync's own (but for its examples and techniques, which play the
+  user's part), the tools that run it (click, pytest, pluggy), the standard library;
+- library: torch and installed packages (torchrec, fbgemm, torchvision, ...);
+- user: everything else, where a site is placed, with the library path beneath it."""
 from __future__ import annotations
 
 import os
@@ -18,7 +21,36 @@ _GPUSYNC_USER_DIRS = tuple(_GPUSYNC_DIR + d + os.sep for d in ("examples", "tech
 _STDLIB_DIRS = tuple(
     p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
+_TOOLS = tuple(os.sep + name + os.sep for name in ("click", "_pytest", "pluggy"))
+# torch's thin Python wrappers of ops and modules (torch.unique, F.embedding_bag, Tensor
+# methods, Module.__call__): the op is what the user called, so they are no library path
+_TORCH_PLUMBING = tuple(_TORCH_DIR + p.replace("/", os.sep) for p in (
+    "functional.py", "_tensor.py", "nn/functional.py", "overrides.py", "_jit_internal.py",
+    "utils/_device.py", "nn/modules/module.py", "_ops.py", "_compile.py", "_dynamo/"))
 _internal_cache: dict[str, bool] = {}
+_MACHINERY, _LIBRARY, _USER = 0, 1, 2
+_kind_cache: dict[str, int] = {}
+
+
+def _kind(filename: str) -> int:
+    kind = _kind_cache.get(filename)
+    if kind is None:
+        if filename.startswith(_TORCH_PLUMBING):
+            kind = _MACHINERY
+        elif filename.startswith(_TORCH_DIR):
+            kind = _LIBRARY
+        elif filename.startswith(_GPUSYNC_DIR):
+            kind = _USER if filename.startswith(_GPUSYNC_USER_DIRS) else _MACHINERY
+        elif filename.startswith("<"):  # <frozen runpy>, <string>
+            kind = _MACHINERY
+        elif "site-packages" in filename or "dist-packages" in filename:
+            kind = _MACHINERY if any(t in filename for t in _TOOLS) else _LIBRARY
+        elif filename.startswith(_STDLIB_DIRS):
+            kind = _MACHINERY
+        else:
+            kind = _USER
+        _kind_cache[filename] = kind
+    return kind
 
 
 def is_internal(filename: str) -> bool:
@@ -50,7 +82,23 @@ def raw_stack(skip: int = 1, limit: int = 200) -> list[tuple[str, int, str]]:
 
 
 def user_frames(raw: list[tuple[str, int, str]], limit: int = 32) -> tuple[Frame, ...]:
-    return tuple(Frame(f, ln, fn) for f, ln, fn in raw if not is_internal(f))[:limit]
+    """Innermost first: the library frames down to the user's innermost one (the path
+    beneath the site), then the user's frames and other libraries' (torch's own plumbing
+    between user frames, such as Module.__call__, is left out)."""
+    out: list[Frame] = []
+    reached_user = False
+    for f, ln, fn in raw:
+        kind = _kind(f)
+        if kind == _MACHINERY:
+            continue
+        if kind == _USER:
+            reached_user = True
+        elif reached_user and f.startswith(_TORCH_DIR):
+            continue
+        out.append(Frame(f, ln, fn, library=kind == _LIBRARY))
+        if len(out) == limit:
+            break
+    return tuple(out)
 
 
 def source_line(filename: str, lineno: int) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .events import BACKWARD, HOOK, SyncEvent
 from .frames import raw_stack, user_frames
+from .library import library_fix
 from .phases import PhaseTracker
 from .rules import fix_for
 
@@ -41,7 +42,7 @@ class Recorder:
             frames, module = fwd_frames, fwd_module
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
-            stall_ms=stall_ms, detail=detail, fix=fix_for(label),
+            stall_ms=stall_ms, detail=detail, fix=library_fix(frames) or fix_for(label),
         )
         self.events.append(event)
         return event

@@ -1,28 +1,54 @@
-"""Rows shared by the table and markdown renderers."""
+"""Rows and views shared by the table and markdown renderers."""
+import dataclasses
 import os
 
 HEADERS = ["#", "op", "phase", "module", "where", "count", "per step", "stall ms"]
+SETUP_TITLE = "only before the measured steps (building, warm-up): not counted per step"
 
 
 def short_path(path: str) -> str:
     if not path:
         return "<unknown>"
+    marker = "site-packages" + os.sep
+    if marker in path:  # a library: from its package name on
+        return path.split(marker, 1)[1]
     try:
         rel = os.path.relpath(path)
     except ValueError:
         return path
-    if rel.startswith(".." + os.sep + ".."):
-        marker = "site-packages" + os.sep
-        return path.split(marker, 1)[1] if marker in path else path
-    return rel
+    return path if rel.startswith(".." + os.sep + "..") else rel
 
 
-def rows(report):
-    for i, s in enumerate(report.sites, 1):
+def numbered(report):
+    """(number, site) for the per-step sites, then the setup-only ones: one numbering."""
+    sites = [s for s in report.sites if not s.setup] + [s for s in report.sites if s.setup]
+    return list(enumerate(sites, 1))
+
+
+def rows(sites):
+    for i, s in sites:
         phase = f"hook:{s.hook}" if s.hook else s.phase
         stall = "-" if s.stall_ms is None else f"{s.stall_ms:.3f}"
         yield [i, s.op, phase, s.module or "", f"{short_path(s.file)}:{s.line}", s.count,
                f"{s.per_step:g}", stall]
+
+
+def fix_line(site) -> str:
+    """The op, what it was inside, and the fix (the library line beneath the user's)."""
+    lib = site.library
+    inside = (f" in {short_path(lib['file'])}:{lib['line']} {lib['function']}"
+              if lib else "")
+    detail = f" ({site.detail})" if site.detail else ""
+    return f"{site.op}{inside}{detail}: {site.fix}"
+
+
+def library_view(report):
+    """The report with each site placed at the library line that synced (`--show library`),
+    where there is one: the view of 0.1, for those who read the libraries' code."""
+    sites = [dataclasses.replace(s, file=s.library["file"], line=s.library["line"],
+                                 function=s.library["function"]) if s.library else s
+             for s in report.sites]
+    return dataclasses.replace(report, sites=sites)
 
 
 def summary(report) -> str:

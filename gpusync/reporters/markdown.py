@@ -1,6 +1,6 @@
 from tabulate import tabulate
 
-from .common import HEADERS, rows, summary
+from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, summary
 
 
 def render(report) -> str:
@@ -9,8 +9,14 @@ def render(report) -> str:
         out += [f"> the scanned code raised: `{report.error}`", ""]
     if not report.sites:
         return "\n".join(out + ["No host<-device syncs found.", ""])
-    out.append(tabulate(list(rows(report)), headers=HEADERS, tablefmt="github"))
-    out += ["", "### Fixes", ""]
-    for i, s in enumerate(report.sites, 1):
-        out.append(f"{i}. **{s.op}**{f' ({s.detail})' if s.detail else ''}: {s.fix}")
+    sites = numbered(report)
+    steady = [(i, s) for i, s in sites if not s.setup]
+    setup = [(i, s) for i, s in sites if s.setup]
+    if steady:
+        out += [tabulate(list(rows(steady)), headers=HEADERS, tablefmt="github"), ""]
+    if setup:
+        out += [f"### Setup: {SETUP_TITLE}", "",
+                tabulate(list(rows(setup)), headers=HEADERS, tablefmt="github"), ""]
+    out += ["### Fixes", ""]
+    out += [f"{i}. {fix_line(s)}" for i, s in sites]
     return "\n".join(out) + "\n"

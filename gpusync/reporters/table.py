@@ -1,6 +1,6 @@
 from tabulate import tabulate
 
-from .common import HEADERS, rows, summary
+from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, summary
 
 
 def render(report) -> str:
@@ -10,9 +10,14 @@ def render(report) -> str:
     if not report.sites:
         out.append("no host<-device syncs found")
         return "\n".join(out) + "\n"
-    out.append(tabulate(list(rows(report)), headers=HEADERS, tablefmt="simple"))
+    sites = numbered(report)
+    steady = [(i, s) for i, s in sites if not s.setup]
+    setup = [(i, s) for i, s in sites if s.setup]
+    if steady:
+        out.append(tabulate(list(rows(steady)), headers=HEADERS, tablefmt="simple"))
+    if setup:
+        out.append(f"\n{SETUP_TITLE}:")
+        out.append(tabulate(list(rows(setup)), headers=HEADERS, tablefmt="simple"))
     out.append("\nfixes:")
-    for i, s in enumerate(report.sites, 1):
-        detail = f" ({s.detail})" if s.detail else ""
-        out.append(f"  {i}. {s.op}{detail}: {s.fix}")
+    out += [f"  {i}. {fix_line(s)}" for i, s in sites]
     return "\n".join(out) + "\n"

@@ -35,13 +35,22 @@ def test_sparsenn_reports_its_known_syncs_and_nothing_else():
 
 @pytest.mark.torchrec
 @pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec not installed")
-def test_torchrec_dlrm_shows_syncs_inside_torchrec():
+def test_torchrec_dlrm_shows_syncs_inside_torchrec_at_the_users_line():
     result = run_scan("torchrec_dlrm", steps=2, mode="simulate")
     assert result.error is None, result.traceback
-    found = {(s.op, s.function) for s in result.report.sites}
+    sites = result.report.sites
+    # each at the user's line that leads into torchrec, with torchrec's line beneath
+    assert all(s.file.endswith("gpusync/examples/torchrec_dlrm.py") for s in sites)
+    found = {(s.op, s.library["function"]) for s in sites if not s.setup}
     assert ("tolist", "_safe_tolist") in found  # KJT lengths per key
     assert ("H2D copy (torch.tensor)", "KJTAllToAllForward.__call__.<locals>.<listcomp>") in found
-    assert all("torchrec" in s.file or "fbgemm" in s.file for s in result.report.sites)
+    assert all("torchrec/" in s.library["file"] for s in sites)
+    step_sites = [s for s in sites if not s.setup]
+    assert all("input distribution" in s.fix for s in step_sites)  # the user-level remedy
+    # validating the first KJT and building the output all-to-all happen once: setup
+    setup = {s.library["function"] for s in sites if s.setup}
+    assert {"_validate_lengths", "PooledEmbeddingsAllToAll.__init__"} <= setup
+    assert all(s.per_step == 0 for s in sites if s.setup)
     assert result.report.steps == 3
 
 

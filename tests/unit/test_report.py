@@ -35,9 +35,10 @@ def test_json_round_trip_and_schema():
     for key in ("schema_version", "device", "mode", "steps", "syncs_per_step", "sites"):
         assert key in d
     for key in ("op", "phase", "module", "file", "line", "frames", "count", "per_step",
-                "stall_ms", "fix"):
+                "stall_ms", "fix", "library", "setup"):
         assert key in d["sites"][0]
-    assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step"}
+    assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step",
+                                          "library": False}
     assert Report.from_dict(d) == r
 
 

@@ -1,0 +1,73 @@
+"""Sites at the user's frame with the library path beneath; gpusync's and tools' frames never
+shown; setup-only sites apart and out of baselines; known library syncs get a remedy."""
+import os
+
+import click
+import torch
+
+from gpusync import baseline
+from gpusync.detect.events import Frame, SyncEvent
+from gpusync.detect.frames import user_frames
+from gpusync.detect.library import library_fix
+from gpusync.report import build_report
+from gpusync.reporters import render
+
+TORCH = os.path.dirname(torch.__file__)
+LIB = "/venv/lib/python3.11/site-packages/somelib/core.py"
+GPUSYNC = os.path.dirname(os.path.dirname(os.path.abspath(__import__("gpusync").__file__)))
+
+
+def test_machinery_is_dropped_and_libraries_are_marked():
+    raw = [(LIB, 10, "inner"), (os.path.join(TORCH, "functional.py"), 5, "unique"),
+           ("/home/u/train.py", 7, "step"),
+           (os.path.join(TORCH, "nn", "modules", "module.py"), 1, "_call_impl"),
+           (os.path.join(TORCH, "amp", "grad_scaler.py"), 3, "step"),  # torch, outer: left out
+           (os.path.join(GPUSYNC, "gpusync", "scan.py"), 9, "run_scan"),
+           (os.path.join(os.path.dirname(click.__file__), "core.py"), 1, "invoke"),
+           ("<frozen runpy>", 1, "_run_code"), ("/home/u/main.py", 3, "<module>")]
+    frames = user_frames(raw)
+    assert [(f.file, f.library) for f in frames] == [
+        (LIB, True), ("/home/u/train.py", False), ("/home/u/main.py", False)]
+    assert not any("gpusync" in f.file or "click" in f.file for f in frames)
+
+
+def event(*frames, step=1, op="tolist"):
+    return SyncEvent(op=op, frames=tuple(frames), step=step)
+
+
+USER_A, USER_B = Frame("/home/u/train.py", 7, "step"), Frame("/home/u/train.py", 9, "step")
+LIB_X, LIB_Y = Frame(LIB, 10, "inner", True), Frame(LIB, 20, "other", True)
+
+
+def test_sites_are_the_users_lines_kept_apart_by_the_library_line_beneath():
+    report = build_report([event(LIB_X, USER_A), event(LIB_X, USER_A), event(LIB_X, USER_B),
+                           event(LIB_Y, USER_A), event(USER_B)], steps=2, warmup=1,
+                          mode="simulate")
+    got = sorted((s.line, s.library["line"] if s.library else 0, s.count) for s in report.sites)
+    assert got == [(7, 10, 2), (7, 20, 1), (9, 0, 1), (9, 10, 1)]
+    text = render(report, "table")
+    assert "train.py:7" in text and "in somelib/core.py:10 inner" in text
+    assert "core.py:10" in render(report, "table", show="library").split("fixes:")[0]
+    assert '"library": {' in render(report, "json", show="library")  # JSON keeps both
+
+
+def test_setup_only_sites_are_apart_and_out_of_baselines():
+    report = build_report([event(USER_A, step=0, op="item"), event(USER_B, step=1)], steps=2,
+                          warmup=1, mode="simulate")
+    setup = {s.line: s.setup for s in report.sites}
+    assert setup == {7: True, 9: False}
+    table = render(report, "table")
+    assert table.index("train.py:9") < table.index("only before the measured steps")
+    assert table.index("only before the measured steps") < table.index("train.py:7")
+    assert [s["lines"] for s in baseline.from_report(report)["sites"]] == [[9]]
+
+
+def test_known_library_syncs_get_the_remedy_at_the_users_level():
+    scaler = Frame(os.path.join(TORCH, "amp", "grad_scaler.py"), 371, "GradScaler._maybe_opt_step",
+                   True)
+    assert "fused=True" in library_fix((scaler, USER_A))
+    wb = Frame("/x/site-packages/fbgemm_gpu/utils/writeback_util.py", 40,
+               "compute_writeback_indices", True)
+    assert "precompute_writeback=True" in library_fix((wb, USER_A))
+    assert library_fix((LIB_X, USER_A)) is None  # unknown library: the op's own fix
+    assert library_fix((USER_A, scaler)) is None  # only the path beneath the user's line
