@@ -18,7 +18,9 @@ class Frame:
 
 # Phases a sync can be attributed to. "hook" events also carry the hook's name.
 FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER = "forward", "backward", "optimizer", "hook", "other"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER)
+# Stages of a train pipeline (torchrec's), which run batches other than the one in forward.
+INPUT_DIST, EMB_LOOKUP, BATCH_COPY = "input_dist", "emb_lookup", "batch_copy"
+PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, INPUT_DIST, EMB_LOOKUP, BATCH_COPY, OTHER)
 
 
 @dataclass

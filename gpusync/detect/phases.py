@@ -5,6 +5,7 @@ Everything is installed through torch's removable global hooks; `uninstall` remo
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Callable
 
@@ -13,7 +14,17 @@ from torch.nn.modules import module as nn_module
 from torch.optim import optimizer as optim_module
 
 from . import patches
-from .events import BACKWARD, FORWARD, HOOK, OPTIMIZER, OTHER, Frame
+from .events import (
+    BACKWARD,
+    BATCH_COPY,
+    EMB_LOOKUP,
+    FORWARD,
+    HOOK,
+    INPUT_DIST,
+    OPTIMIZER,
+    OTHER,
+    Frame,
+)
 from .frames import is_internal
 from .steps import StepCounter
 
@@ -21,6 +32,15 @@ _ENGINE_FRAME = ("graph.py", "_engine_run_backward")
 _CUSTOM_FN_FRAME = ("function.py", "BackwardCFunction.apply")
 # Key under which forward frames are stored on autograd nodes (node.metadata).
 NODE_KEY = "gpusync_forward"
+# torchrec's train pipeline stages (torchrec 1.9.2, train_pipeline/train_pipelines.py and
+# utils.py), by the last part of the function's name: found in the stack of each sync, so
+# nothing is patched into torchrec (which the script imports after the scan starts).
+_PIPELINE_DIR = "torchrec/distributed/train_pipeline/".replace("/", os.sep)
+_STAGES = {"start_sparse_data_dist": INPUT_DIST, "wait_sparse_data_dist": INPUT_DIST,
+           "_start_sparse_data_dist": INPUT_DIST, "_wait_sparse_data_dist": INPUT_DIST,
+           "_start_data_dist": INPUT_DIST, "start_embedding_lookup": EMB_LOOKUP,
+           "wait_embedding_lookup": EMB_LOOKUP, "_start_embedding_lookup": EMB_LOOKUP,
+           "copy_batch_to_gpu": BATCH_COPY, "_copy_batch_to_gpu": BATCH_COPY}
 
 
 class PhaseTracker:
@@ -145,6 +165,9 @@ class PhaseTracker:
             return self._classify_backward(raw)
         if self._in_optimizer:
             return OPTIMIZER, None, None, None
+        stage = _pipeline_stage(raw)
+        if stage is not None:  # a pipeline working on a batch ahead: not this step's forward
+            return stage, None, None, self.module_path()
         if self._module_stack:
             return FORWARD, None, None, self.module_path()
         return OTHER, None, None, None
@@ -172,6 +195,16 @@ class PhaseTracker:
             frames, module = origin
             return BACKWARD, None, frames, module
         return BACKWARD, node.name() if node is not None else None, None, None
+
+
+def _pipeline_stage(raw: list[tuple[str, int, str]]) -> str | None:
+    """The innermost torchrec train pipeline stage the stack is in, if any."""
+    for file, _, function in raw:
+        if _PIPELINE_DIR in file:
+            stage = _STAGES.get(function.rpartition(".")[2])
+            if stage is not None:
+                return stage
+    return None
 
 
 def remember_forward(output, frames: tuple[Frame, ...], module: str | None) -> None:

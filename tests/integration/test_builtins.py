@@ -47,6 +47,9 @@ def test_torchrec_dlrm_shows_syncs_inside_torchrec_at_the_users_line():
     assert all("torchrec/" in s.library["file"] for s in sites)
     step_sites = [s for s in sites if not s.setup]
     assert all("input distribution" in s.fix for s in step_sites)  # the user-level remedy
+    # the pipeline distributes the next batch's input: its own phase, not this step's forward
+    assert {s.phase for s in step_sites} == {"input_dist"}
+    assert result.report.syncs_by_phase == {"input_dist": result.report.syncs_per_step}
     # validating the first KJT and building the output all-to-all happen once: setup
     setup = {s.library["function"] for s in sites if s.setup}
     assert {"_validate_lengths", "PooledEmbeddingsAllToAll.__init__"} <= setup

@@ -71,3 +71,19 @@ def test_known_library_syncs_get_the_remedy_at_the_users_level():
     assert "precompute_writeback=True" in library_fix((wb, USER_A))
     assert library_fix((LIB_X, USER_A)) is None  # unknown library: the op's own fix
     assert library_fix((USER_A, scaler)) is None  # only the path beneath the user's line
+
+
+def test_torchrec_pipeline_stages_are_phases_of_their_own():
+    from gpusync.detect.phases import _pipeline_stage
+
+    pipe = "/v/site-packages/torchrec/distributed/train_pipeline/"
+    assert _pipeline_stage([(LIB, 1, "f"), (pipe + "utils.py", 2, "_start_data_dist"),
+                            (pipe + "train_pipelines.py", 3, "TrainPipelineSparseDist.progress")]
+                           ) == "input_dist"
+    assert _pipeline_stage([(pipe + "train_pipelines.py", 3,
+                             "TrainPipelineSparseDist._copy_batch_to_gpu")]) == "batch_copy"
+    assert _pipeline_stage([(pipe + "train_pipelines.py", 4,
+                             "TrainPipelineFusedSparseDist.start_embedding_lookup")]
+                           ) == "emb_lookup"
+    # the same names outside torchrec's pipelines are no stage
+    assert _pipeline_stage([("/home/u/train.py", 1, "copy_batch_to_gpu")]) is None
