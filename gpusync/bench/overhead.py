@@ -1,5 +1,6 @@
-"""`gpusync bench overhead`: the scanner's cost on a profile's training step. Plain and scanned
-steps alternate in one process (order flipped every round) so drift hits both alike."""
+"""`gpusync bench overhead`: the scanner's cost on a profile's training step, beside the tool
+users would reach for otherwise, torch.profiler with Python stacks. Plain, scanned and
+profiled steps rotate in one process (the order shifts every round) so drift hits all alike."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -18,7 +19,7 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
     mode = resolve_mode(mode)
     timer = timer or BlockTimer(cuda=mode == "cuda")
     workload, batches = build(profile, mode)
-    plain, scanned = Samples("plain"), Samples("scanned")
+    plain, scanned, profiled = Samples("plain"), Samples("scanned"), Samples("profiled")
 
     def run_plain():
         plain.ms.append(timer(lambda: workload.step(next(batches))))
@@ -27,13 +28,20 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
         with Session(mode=mode, model=workload.model, auto_steps=False):
             scanned.ms.append(timer(lambda: workload.step(next(batches))))
 
+    def run_profiled():
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if mode == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities, with_stack=True):
+            profiled.ms.append(timer(lambda: workload.step(next(batches))))
+
+    arms = [run_plain, run_scanned, run_profiled]
     with workload:
         for _ in range(warmup):
             workload.step(next(batches))
         for i in range(steps):
-            first, second = (run_plain, run_scanned) if i % 2 == 0 else (run_scanned, run_plain)
-            first()
-            second()
+            for arm in arms[i % 3:] + arms[:i % 3]:
+                arm()
     return {
         "profile": profile, "mode": mode,
         "device": torch.cuda.get_device_name() if mode == "cuda" else platform.processor() or "cpu",
@@ -41,14 +49,20 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
         "date": _dt.date.today().isoformat(), "steps": steps, "warmup": warmup,
         "plain_median_ms": round(plain.median, 3), "plain_p90_ms": round(plain.p90, 3),
         "scanned_median_ms": round(scanned.median, 3), "scanned_p90_ms": round(scanned.p90, 3),
+        "profiled_median_ms": round(profiled.median, 3),
+        "profiled_p90_ms": round(profiled.p90, 3),
         "ratio": round(scanned.median / plain.median, 4),
-        "samples_ms": {"plain": plain.ms, "scanned": scanned.ms},
+        "profiler_ratio": round(profiled.median / plain.median, 4),
+        "samples_ms": {"plain": plain.ms, "scanned": scanned.ms, "profiled": profiled.ms},
     }
 
 
 def format_table(result: dict) -> str:
     rows = [["plain", result["plain_median_ms"], result["plain_p90_ms"], 1.0],
-            ["scanned", result["scanned_median_ms"], result["scanned_p90_ms"], result["ratio"]]]
+            ["gpusync scan", result["scanned_median_ms"], result["scanned_p90_ms"],
+             result["ratio"]],
+            ["torch.profiler(with_stack=True)", result["profiled_median_ms"],
+             result["profiled_p90_ms"], result["profiler_ratio"]]]
     head = (f"overhead of gpusync scan ({result['mode']}) on {result['profile']}, "
             f"{result['device']}, {result['steps']} steps each, interleaved")
     return head + "\n" + tabulate(rows, headers=["", "median ms", "p90 ms", "ratio"]) + "\n"
