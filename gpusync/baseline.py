@@ -18,9 +18,10 @@ import torch
 from ._version import __version__
 from .errors import BadInput
 from .fileio import read_user_file, write_atomic
+from .schemas import VERSIONS, validator
 
-BASELINE_SCHEMA = 2  # 2: steps are whole steps (README "Steps"); steps may be null
 KIND = "gpusync-baseline"
+BASELINE_SCHEMA = VERSIONS[KIND]  # 2: steps are whole steps (README "Steps"); may be null
 
 
 def stable_file(path: str) -> str:
@@ -153,13 +154,6 @@ def _one_line(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else f"{text[:limit - 60]} ... {text[-50:]}"
 
 
-def _schema() -> dict:
-    from importlib import resources
-
-    return json.loads(resources.files("gpusync.schemas").joinpath(
-        "baseline.schema.json").read_text())
-
-
 def load(path: str) -> dict:
     """A baseline that is missing, unreadable or malformed is an error: it never passes.
     It is checked against gpusync/schemas/baseline.schema.json (types, ranges, required keys);
@@ -185,7 +179,7 @@ def load(path: str) -> dict:
     try:
         found = _refused(data)
         error = None if found else jsonschema.exceptions.best_match(
-            jsonschema.Draft202012Validator(_schema()).iter_errors(data))
+            validator(KIND).iter_errors(data))
     except RecursionError:
         raise BadInput(f"baseline {path} is invalid: nested too deeply") from None
     if found:

@@ -259,10 +259,13 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str:
                 raise
             not_run[name] = str(e)  # `all` measures what this machine can run
     if fmt == "json":
+        from .schemas import document
+
         payload = [r.to_dict() for r in results]
         if len(names) == 1:
-            return json.dumps(payload[0], indent=2) + "\n"
-        return json.dumps({"results": payload, "not_run": not_run}, indent=2) + "\n"
+            return json.dumps(document("gpusync-bench", payload[0]), indent=2) + "\n"
+        return json.dumps(document("gpusync-bench-all", {"results": payload,
+                                                         "not_run": not_run}), indent=2) + "\n"
     text = "\n".join(technique_table(r, fmt) for r in results)
     return text + "".join(f"\nnot run: {name}: {why}\n" for name, why in not_run.items())
 
@@ -427,9 +430,11 @@ def bench_overhead(steps, warmup, profile, mode, fmt):
     import json
 
     from .bench.overhead import format_table, measure_overhead
+    from .schemas import document
 
     result = measure_overhead(profile, steps=steps, warmup=warmup, mode=mode)
-    click.echo(json.dumps(result, indent=2) if fmt == "json" else format_table(result))
+    click.echo(json.dumps(document("gpusync-overhead", result), indent=2) if fmt == "json"
+               else format_table(result))
 
 
 _register_techniques()

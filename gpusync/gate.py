@@ -189,10 +189,12 @@ def render(verdict: Verdict, fmt: str) -> str:
         import json
         from dataclasses import asdict
 
-        return json.dumps({"status": verdict.status, "exit_code": verdict.exit_code,
-                           "problems": [asdict(p) for p in verdict.problems],
-                           "notes": verdict.notes,
-                           "suggested_baseline": verdict.suggested_baseline}, indent=2) + "\n"
+        from .schemas import document
+
+        return json.dumps(document("gpusync-gate", {
+            "status": verdict.status, "exit_code": verdict.exit_code,
+            "problems": [asdict(p) for p in verdict.problems], "notes": verdict.notes,
+            "suggested_baseline": verdict.suggested_baseline}), indent=2) + "\n"
     out = []
     for p in verdict.problems:
         if fmt == "github":

@@ -10,8 +10,11 @@ import torch
 from ._version import __version__
 from .detect.events import PHASES, Frame, SyncEvent
 from .detect.steps import UNIT_NOTES
+from .schemas import VERSIONS
 
-SCHEMA_VERSION = 3  # 2: step_unit and notes; 3: sites at the user's frame, library, setup
+KIND = "gpusync-scan"
+# 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup
+SCHEMA_VERSION = VERSIONS[KIND]
 
 
 @dataclass
@@ -61,7 +64,7 @@ class Report:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        return {"schema_version": d.pop("schema_version"), **d}
+        return {"schema_version": d.pop("schema_version"), "kind": KIND, **d}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Report":
@@ -70,6 +73,7 @@ class Report:
             raise ValueError(f"unsupported report schema_version {version!r} "
                              f"(this gpusync reads {SCHEMA_VERSION})")
         d = dict(d)
+        d.pop("kind", None)
         d["sites"] = [Site(**s) for s in d.get("sites", [])]
         return cls(**d)
 

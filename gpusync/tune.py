@@ -198,11 +198,13 @@ def tuned_profile_text(profile: Profile, result: TechniqueResult, decision: Deci
 
 def render(profile: Profile, result: TechniqueResult, decision: Decision, fmt: str) -> str:
     if fmt == "json":
-        return json.dumps({"result": result.to_dict(), "chosen": decision.chosen,
-                           "args": tuned_args(profile, decision),
-                           "p50_gain": decision.p50_gain, "p90_gain": decision.p90_gain,
-                           "parity_allowance": decision.allowance,
-                           "verdicts": decision.verdicts}, indent=2) + "\n"
+        from .schemas import document
+
+        return json.dumps(document("gpusync-tune-profile", {
+            "result": result.to_dict(), "chosen": decision.chosen,
+            "args": tuned_args(profile, decision), "p50_gain": decision.p50_gain,
+            "p90_gain": decision.p90_gain, "parity_allowance": decision.allowance,
+            "verdicts": decision.verdicts}), indent=2) + "\n"
     lines = [f"- {name}: {verdict}" for name, verdict in decision.verdicts.items()]
     args = ", ".join(f"{k}={v}" for k, v in tuned_args(profile, decision).items())
     summary = f"tuned: {decision.chosen}\nargs: {args}\n"

@@ -331,7 +331,7 @@ def _loss_diff(base: list[float], other: list[float]) -> float | None:
 
 
 # -- what the user reads and pastes ------------------------------------------------------------
-SCHEMA_VERSION = 1
+KIND = "gpusync-tune"
 
 
 def _status(tune: ScriptTune, run: Run) -> str:
@@ -385,7 +385,9 @@ def to_dict(tune: ScriptTune) -> dict:
             "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
             "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
             "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
-    return {"schema_version": SCHEMA_VERSION, "kind": "gpusync-tune", "device": tune.device,
+    from .schemas import document
+
+    return document(KIND, {"device": tune.device,
             "target": tune.target, "command": tune.command, "baseline": "baseline",
             "chosen": tune.decision.chosen if tune.decision else "baseline",
             "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
@@ -393,7 +395,7 @@ def to_dict(tune: ScriptTune) -> dict:
             "settings": settings, "changes": changes,
             "emit": knobs.emit(changes, tune.builds),
             "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
-            "versions": versions(), "date": time.strftime("%Y-%m-%d")}
+            "versions": versions(), "date": time.strftime("%Y-%m-%d")})
 
 
 def render(tune: ScriptTune, fmt: str) -> str:
@@ -465,11 +467,13 @@ def load_tuned(path: str) -> dict:
         data = yaml.safe_load(read_user_file(path, "tuned settings"))
     except yaml.YAMLError as e:
         raise BadInput(f"{path} is not valid YAML: {e}") from None
-    if not isinstance(data, dict) or data.get("kind") != "gpusync-tune":
+    from .schemas import VERSIONS
+
+    if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"{path} was not written by gpusync tune -o")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    if data.get("schema_version") != VERSIONS[KIND]:
         raise BadInput(f"{path} has schema_version {data.get('schema_version')!r}; this "
-                       f"gpusync reads {SCHEMA_VERSION}")
+                       f"gpusync reads {VERSIONS[KIND]}")
     settings = data.get("settings")
     known = {k.name: k for k in knobs.registry()}
     if not isinstance(settings, dict):

@@ -64,3 +64,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def check_contract(data: dict) -> dict:
+    """`data` (a parsed --format json output) is valid against its kind's published schema."""
+    from gpusync.schemas import VERSIONS, validator
+
+    assert data.get("kind") in VERSIONS and data["schema_version"] == VERSIONS[data["kind"]]
+    validator(data["kind"]).validate(data)
+    return data

@@ -4,6 +4,7 @@ import textwrap
 
 import pytest
 
+from tests.conftest import check_contract
 from tests.conftest import run_cli as gpusync
 
 CLEAN = textwrap.dedent('''
@@ -39,7 +40,7 @@ def test_default_scan_is_the_builtin_example_as_json(tmp_path):
     out = tmp_path / "r.json"
     proc = gpusync("scan", "--format", "json", "--output", str(out), "--steps", "2")
     assert proc.returncode == 0, proc.stderr
-    report = json.loads(out.read_text())
+    report = check_contract(json.loads(out.read_text()))
     assert report["mode"] == "simulate" and report["device"] == "cpu"
     assert report["steps"] == 3 and report["syncs_per_step"] > 0
     ops = {(s["op"], s["phase"]) for s in report["sites"]}
@@ -116,7 +117,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
 def test_bench_writeback_json():
     proc = gpusync("bench", "writeback", "--steps", "2", "--repeats", "2", "--format", "json")
     assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)
+    result = check_contract(json.loads(proc.stdout))
     assert result["technique"] == "writeback" and result["baseline"] == "legacy"
     names = [v["name"] for v in result["variants"]]
     assert names[:3] == ["legacy", "precompute", "syncfree"]  # + fbgemm_tbe_* with fbgemm

@@ -4,6 +4,7 @@ import textwrap
 
 import pytest
 
+from tests.conftest import check_contract
 from tests.conftest import run_main as run
 
 LOOP = textwrap.dedent('''
@@ -43,7 +44,7 @@ def gate(project, *extra):
 
 
 def test_baseline_is_readable_and_stable(project):
-    data = json.loads((project / "base.json").read_text())
+    data = check_contract(json.loads((project / "base.json").read_text()))
     assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 2
     assert [s["key"] for s in data["sites"]] == ["item | other | - | train.py | <module>"]
     assert data["sites"][0]["per_step"] == 1.0 and data["syncs_by_phase"] == {"other": 1.0}
@@ -78,7 +79,7 @@ def test_more_syncs_fail(project):
     edit(project, "    v = loss.item()\n    v = loss.item()\n")
     proc = gate(project, "--format", "json")
     assert proc.returncode == 1
-    verdict = json.loads(proc.stdout)
+    verdict = check_contract(json.loads(proc.stdout))
     assert verdict["status"] == "regression"
     assert [p["kind"] for p in verdict["problems"]] == ["more syncs"]
     assert verdict["problems"][0]["line"] == 9  # the line the baseline did not have

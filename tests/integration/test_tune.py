@@ -9,6 +9,7 @@ import yaml
 
 from gpusync.profiles import load_profile
 from gpusync.tune import run_tune
+from tests.conftest import check_contract
 from tests.conftest import run_cli as gpusync
 from tests.integration.test_cli import one_line_error
 
@@ -65,7 +66,7 @@ def test_tune_cli_writes_a_tuned_profile_that_scans(project):
     proc = gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "3", "--format", "json",
                    "-o", "tuned.yaml", cwd=project)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout)
+    out = check_contract(json.loads(proc.stdout))
     assert out["result"]["skipped"] == {"gpu": "this candidate needs a GPU"}
     assert out["verdicts"]["other_lr"].startswith("rejected: results differ")
     assert set(out["verdicts"]) == {"base", "same", "other_lr"}
@@ -173,7 +174,7 @@ def test_nothing_to_tune_is_said_after_one_scan_without_timing(project):
     proc = gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "5", "--format", "json",
                    cwd=project)
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    data = check_contract(json.loads(proc.stdout))
     assert data["chosen"] == "baseline" and data["changes"] == {}
     assert [c["status"] for c in data["candidates"]] == ["chosen"]
     assert data["candidates"][0]["syncs_per_step"] == 0.0  # the discovery scan's count

@@ -8,6 +8,7 @@ import textwrap
 import pytest
 import yaml
 
+from tests.conftest import check_contract
 from tests.conftest import run_cli as gpusync
 
 TOY = textwrap.dedent('''
@@ -34,7 +35,7 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
                    "--repeats", "5", "--timeout", "20", "--format", "json", "-o", "tuned.yaml",
                    cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    data = json.loads(proc.stdout)
+    data = check_contract(json.loads(proc.stdout))
     assert data["kind"] == "gpusync-tune" and data["schema_version"] == 1
     for key in ("device", "target", "baseline", "chosen", "settings", "emit", "candidates"):
         assert key in data
@@ -54,7 +55,7 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
             assert key in c
         assert c["peak_alloc_mb"] is None  # GPU memory: measured on a GPU only
     assert "candidate 5/5" in proc.stderr  # progress on stderr
-    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())
+    tuned = check_contract(yaml.safe_load((tmp_path / "tuned.yaml").read_text()))
     assert tuned["settings"] == data["settings"] and tuned["command"].startswith("gpusync tune")
     # gpusync run applies the tuned settings to the unmodified script
     tuned["settings"] = {"env:TOY": "fast"}

@@ -69,7 +69,8 @@ def test_text_and_json_formats_are_unchanged():
     import json
 
     assert json.loads(render(verdict, "json")) == {
-        "status": "regression", "exit_code": 1, "notes": [], "suggested_baseline": None,
+        "schema_version": 1, "kind": "gpusync-gate", "status": "regression", "exit_code": 1,
+        "notes": [], "suggested_baseline": None,
         "problems": [{"kind": "new site", "message": "new sync site: k (1/step)",
                       "file": "a.py", "line": 3, "key": "k", "fix": "do this"}]}
 

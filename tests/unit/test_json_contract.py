@@ -1,0 +1,88 @@
+"""One JSON contract: every --format json output carries schema_version and kind and is valid
+against the schema published in gpusync/schemas (scan, baseline, gate, tune and tune of a
+profile are checked where their commands are tested; bench, bench all and overhead here)."""
+import json
+import textwrap
+
+import jsonschema
+import pytest
+import torch
+
+from gpusync import schemas
+from tests.conftest import check_contract, run_main
+
+
+@pytest.mark.parametrize("kind", sorted(schemas.VERSIONS))
+def test_every_kind_has_a_valid_schema_naming_its_version(kind):
+    doc = schemas.schema(kind)
+    jsonschema.Draft202012Validator.check_schema(doc)
+    assert doc["$id"] == f"{kind}-{schemas.VERSIONS[kind]}"
+    assert doc["properties"]["kind"] == {"const": kind}
+    assert doc["properties"]["schema_version"] == {"const": schemas.VERSIONS[kind]}
+
+
+def test_a_document_that_breaks_its_schema_is_caught():
+    with pytest.raises(jsonschema.ValidationError):
+        check_contract(schemas.document("gpusync-gate", {"status": "fine"}))
+
+
+def _fake_technique(device, steps, repeats):
+    from gpusync.bench.harness import Stepper, Variant, run_technique
+
+    def make():
+        state = torch.zeros(2)
+        return Stepper(lambda: state.add_(1.0), result=lambda: state.clone())
+
+    return run_technique("fake", [Variant("naive", make), Variant("fast", make)], device,
+                         steps=steps, repeats=repeats)
+
+
+def test_bench_and_bench_all(monkeypatch):
+    from gpusync.bench import techniques
+
+    monkeypatch.setitem(techniques.TECHNIQUES, "writeback", _fake_technique)
+    proc = run_main("bench", "writeback", "--steps", "1", "--repeats", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert check_contract(json.loads(proc.stdout))["technique"] == "fake"
+
+    def unavailable(device, steps, repeats):
+        from gpusync.errors import Unavailable
+
+        raise Unavailable("needs CUDA streams")
+
+    names = list(techniques.TECHNIQUES)  # `bench all` runs them all: each a fake here
+    for name in names:
+        monkeypatch.setitem(techniques.TECHNIQUES, name,
+                            unavailable if name == "pipeline" else _fake_technique)
+    proc = run_main("bench", "all", "--steps", "1", "--repeats", "2", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    data = check_contract(json.loads(proc.stdout))
+    assert data["kind"] == "gpusync-bench-all" and len(data["results"]) == len(names) - 1
+    assert data["not_run"] == {"pipeline": "needs CUDA streams"}
+
+
+FACTORY = textwrap.dedent('''
+    import torch
+    import gpusync
+
+    def make():
+        m = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = m(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+        return gpusync.Workload(step=step, batches=[torch.randn(4, 3)], model=m, optimizer=opt)
+''')
+
+
+def test_overhead(tmp_path):
+    (tmp_path / "f.py").write_text(FACTORY)
+    (tmp_path / "p.yaml").write_text("name: p\nworkload: f.py:make\n")
+    proc = run_main("bench", "overhead", "--profile", str(tmp_path / "p.yaml"), "--steps", "2",
+                    "--warmup", "1", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert check_contract(json.loads(proc.stdout))["kind"] == "gpusync-overhead"
