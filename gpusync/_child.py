@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, NoReturn
 
-from . import isolate
+from . import isolate, verbosity
 from .errors import GpusyncError
 
 _SNAPSHOT_SECONDS = 1.0
@@ -32,6 +32,19 @@ class _Results:
             with open(tmp, "w") as f:
                 json.dump(data, f)
             os.replace(tmp, self.path)
+
+
+def _one_line(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(error).split())
+    text = text if len(text) <= limit else text[:limit - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _builtin(target: str | None) -> bool:
+    """gpusync's own built-in workloads (the default one included), not the user's code."""
+    from .profiles import builtin_names
+
+    return target is None or target in builtin_names()
 
 
 def _report(session) -> dict | None:
@@ -103,7 +116,7 @@ def _scan(job: dict, results: _Results) -> None:
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,
-                    message=f"the scanned code raised {type(result.error).__name__}"
+                    message=f"the scanned code raised {_one_line(result.error)}"
                     if not isinstance(result.error, SystemExit) else result.report.error)
     results.write(data)
 
@@ -139,6 +152,9 @@ def main(folder: str) -> int:
     results = _Results(folder)
     with open(os.path.join(folder, isolate.JOB)) as f:
         job = json.load(f)
+    verbosity.set_level(job.get("verbosity", verbosity.NORMAL))
+    if not verbosity.verbose() and _builtin(job.get("target")):
+        verbosity.hush_third_party()
     os.dup2(2, 1)  # the code's prints go to stderr: stdout carries gpusync's report
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep their order
     try:

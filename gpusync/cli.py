@@ -6,7 +6,7 @@ import math
 
 import click
 
-from . import errors
+from . import errors, verbosity
 from ._version import __version__
 from .detect.session import MODES
 from .errors import BadInput, GpusyncError
@@ -24,13 +24,35 @@ class Finite(click.FloatRange):
         return number
 
 
+def _set_verbose(ctx, param, value):
+    if value:
+        verbosity.set_level(verbosity.VERBOSE)
+
+
+def _set_quiet(ctx, param, value):
+    if value:
+        verbosity.set_level(verbosity.QUIET)
+
+
+def _verbosity(fn):
+    """-q / -v, taken before or after the subcommand's name."""
+    fn = click.option("-v", "--verbose", is_flag=True, expose_value=False,
+                      callback=_set_verbose,
+                      help="Also show tracebacks of failures in your code, and warnings from "
+                           "building gpusync's built-in workloads.")(fn)
+    return click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=_set_quiet,
+                        help="Show errors only (reports still go to stdout).")(fn)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpusync")
+@_verbosity
 def cli():
     """Find the host<-device syncs in a PyTorch training step, and remove them."""
 
 
 @cli.command()
+@_verbosity
 @click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--steps", type=click.IntRange(min=1), help="Measured steps (after warm-up).")
@@ -60,7 +82,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
         text = render(outcome.report, fmt, show)
         if output:
             write_atomic(output, text)
-            click.echo(f"report written to {output}", err=True)
+            verbosity.info(f"report written to {output}")
         else:
             click.echo(text, nl=False)
     _raise_user_error(outcome)
@@ -87,10 +109,21 @@ def _scan_isolated(target, steps, warmup, mode, script_args=()):
 
 
 def _raise_user_error(outcome) -> None:
-    """The scanned code raised or ended the run: its traceback goes to stderr, exit 3."""
+    """The scanned code raised or ended the run: exit 3 with one line saying where (with -v,
+    its traceback first)."""
     if outcome.failure is not None:
-        click.echo(outcome.traceback, err=True, nl=False)
-        raise errors.UserCodeError(outcome.failure)
+        if verbosity.verbose():
+            click.echo(outcome.traceback, err=True, nl=False)
+        hint = "" if verbosity.verbose() or not outcome.traceback else " (-v: the traceback)"
+        raise errors.UserCodeError(outcome.failure + _raised_at(outcome.traceback) + hint)
+
+
+def _raised_at(traceback_text: str) -> str:
+    """' at FILE:LINE' of the innermost frame of a formatted traceback, or ''."""
+    import re
+
+    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
+    return f" at {found[-1][0]}:{found[-1][1]}" if found else ""
 
 
 def _scan_or_fail(target, steps, warmup, mode):
@@ -104,6 +137,7 @@ def _scan_or_fail(target, steps, warmup, mode):
 
 
 @cli.command("baseline")
+@_verbosity
 @click.argument("target", required=False)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="gpusync-baseline.json",
               show_default=True)
@@ -130,6 +164,7 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
 
 
 @cli.command("gate")
+@_verbosity
 @click.argument("target", required=False)
 @click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False), required=True)
 @click.option("--time-factor", type=Finite(min=1.0), default=1.1, show_default=True,
@@ -202,6 +237,7 @@ def _device(device: str | None) -> str:
 
 
 @cli.command("profiles")
+@_verbosity
 def profiles_cmd():
     """List the built-in profiles."""
     from .profiles import builtin_names, find_builtin, load_profile
@@ -214,8 +250,9 @@ def profiles_cmd():
 
 
 @cli.group()
+@_verbosity
 def bench():
-    """Benchmarks (timings go to docs/benchmarks/, never into tests)."""
+    """Time the built-in techniques' naive and optimized forms, or the scanner's overhead."""
 
 
 def _technique_options(fn):
@@ -240,7 +277,7 @@ def _technique_command(name: str):
         click.echo(_run_techniques([name], device, steps, repeats, fmt), nl=False)
 
     command.__doc__ = f"Measure the {name} technique's variants (naive first)."
-    return bench.command(name)(command)
+    return bench.command(name)(_verbosity(command))
 
 
 def _run_techniques(names, device, steps, repeats, fmt) -> str:
@@ -277,6 +314,7 @@ def _register_techniques():
         _technique_command(name)
 
     @bench.command("all")
+    @_verbosity
     @_technique_options
     def bench_all(device, steps, repeats, fmt):
         """Measure every technique."""
@@ -284,6 +322,7 @@ def _register_techniques():
 
 
 @cli.command("tune")
+@_verbosity
 @click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @_technique_options
@@ -334,7 +373,7 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
         click.echo(render(profile, result, decision, fmt), nl=False)
         if output:
             write_atomic(output, tuned_profile_text(profile, result, decision))
-            click.echo(f"tuned profile written to {output}", err=True)
+            verbosity.info(f"tuned profile written to {output}")
         return
     from . import tune_script
     from .knobs import user
@@ -349,11 +388,16 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
         base = tuned.runs[0]
         raise errors.UserCodeError(f"the script as it is could not be timed: {base.reason}"
                                    + (f"\n{base.output}" if base.output else ""))
+    if verbosity.verbose():  # what each failed candidate printed last, its traceback included
+        for run in tuned.runs:
+            if run.status == "failed" and run.output:
+                click.echo(f"gpusync tune: candidate {run.candidate.name} failed: {run.reason}\n"
+                           f"{run.output}", err=True)
     click.echo(tune_script.emit_text(tuned, emit) if emit else tune_script.render(tuned, fmt),
                nl=False)
     if output:
         write_atomic(output, tune_script.tuned_text(tuned))
-        click.echo(f"tuned settings written to {output}", err=True)
+        verbosity.info(f"tuned settings written to {output}")
 
 
 def _has_candidates(target) -> bool:
@@ -380,12 +424,13 @@ def _warn_unreachable(repeats: int, p_max: float) -> None:
     best = mann_whitney_greater([2.0 + i for i in range(repeats)], [float(-i) for i in
                                                                     range(repeats)])
     if best >= p_max:
-        click.echo(f"gpusync: warning: with {repeats} samples per candidate no difference can "
-                   f"reach p < {p_max:g} (the best possible is p={best:.2g}): the script's own "
-                   "settings will be kept; use more --repeats", err=True)
+        verbosity.info(f"gpusync: warning: with {repeats} samples per candidate no difference "
+                       f"can reach p < {p_max:g} (the best possible is p={best:.2g}): the "
+                       "script's own settings will be kept; use more --repeats")
 
 
 @cli.command("run", context_settings={"ignore_unknown_options": True})
+@_verbosity
 @click.argument("tuned")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 def run_cmd(tuned, command):
@@ -419,6 +464,7 @@ def run_cmd(tuned, command):
 
 
 @bench.command("overhead")
+@_verbosity
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--profile", default="sparsenn", show_default=True)
@@ -441,6 +487,7 @@ _register_techniques()
 
 
 def main(argv=None) -> int:
+    verbosity.set_level(verbosity.NORMAL)  # -q / -v set it again for this run
     try:
         cli.main(args=argv, prog_name="gpusync", standalone_mode=False)
         return errors.EXIT_OK
@@ -462,6 +509,11 @@ def main(argv=None) -> int:
     except SystemExitCode as e:
         return e.exit_code
     except GpusyncError as e:
+        original = getattr(e, "original", None)
+        if original is not None and verbosity.verbose():
+            import traceback
+
+            click.echo("".join(traceback.format_exception(original)), err=True, nl=False)
         prefix = "gpusync: error: " if isinstance(e, BadInput) else "gpusync: "
         click.echo(f"{prefix}{e}", err=True)
         return e.exit_code

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import errors
+from . import errors, verbosity
 from .errors import GpusyncError
 from .report import Report
 
@@ -170,7 +170,8 @@ def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
          script_args: tuple = ()) -> ScanOutcome:
     result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
                                     "warmup": warmup, "mode": mode,
-                                    "script_args": list(script_args)})
+                                    "script_args": list(script_args),
+                                    "verbosity": verbosity.level})
     _raise_for(result)
     data = result.get("report")
     report = Report.from_dict(data) if data else None
@@ -194,7 +195,8 @@ def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
 def step_times(target: str | None, mode: str, steps: int, warmup: int) -> list[float]:
     """Step times of an unscanned run (baseline --timing, gate timings), in a child too."""
     result, returncode = run_child({"kind": "timing", "target": target, "mode": mode,
-                                    "steps": steps, "warmup": warmup})
+                                    "steps": steps, "warmup": warmup,
+                                    "verbosity": verbosity.level})
     _raise_for(result)
     status = result.get("status")
     if status == DONE:

@@ -12,7 +12,10 @@ from typing import Any, TextIO
 
 class Progress:
     def __init__(self, name: str, stream: TextIO | None = None, live: bool | None = None,
-                 every: float = 30.0, clock=time.monotonic):
+                 every: float = 30.0, clock=time.monotonic, enabled: bool | None = None):
+        from . import verbosity
+
+        self.enabled = verbosity.level >= verbosity.NORMAL if enabled is None else enabled
         self.name, self.stream = name, stream or sys.stderr
         self.live = self.stream.isatty() if live is None else live
         self.every, self.clock = every, clock
@@ -26,6 +29,8 @@ class Progress:
         """A new stage (e.g. "candidate 2/5 fused: timing"), with `total` units to do."""
         self._close_bar()
         self._stage, self._total = text, total
+        if not self.enabled:
+            return
         if self.live and total:
             from tqdm import tqdm
 
@@ -38,11 +43,13 @@ class Progress:
         """`done` units of the current stage are finished."""
         if self._bar is not None:
             self._bar.update(max(0, min(done, self._bar.total) - self._bar.n))
-        elif self._total and self.clock() - self._last_line >= self.every:
+        elif self.enabled and self._total and self.clock() - self._last_line >= self.every:
             self._line(f"{self._stage}: {done}/{self._total}")
 
     def note(self, text: str) -> None:
         """A line that stays (a stage's outcome), under the live bar if there is one."""
+        if not self.enabled:
+            return
         if self._bar is not None:
             self._bar.write(f"{self.name}: {text}", file=self.stream)
         else:

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import isolate, knobs
+from . import isolate, knobs, verbosity
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 from .knobs import user
 from .progress import Progress
@@ -146,6 +146,7 @@ class Plan:
 
     def job(self, settings: dict, scan: bool) -> dict:
         return {"kind": "candidate", "target": self.target, "script_args": list(self.script_args),
+                "verbosity": verbosity.level,
                 "settings": settings, "scan": scan, "mode": self.mode, "warmup": self.warmup,
                 "steps": self.scan_steps if scan else self.block * self.repeats,
                 "block": self.block}

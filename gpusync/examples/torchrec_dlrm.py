@@ -31,10 +31,12 @@ def _init_process_group(device: torch.device) -> bool:
     """Start a one-rank group unless one exists (torchrun). Returns True if we started it."""
     if dist.is_initialized():
         return False
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=0, world_size=1)
+    if "MASTER_PORT" in os.environ:  # a launcher's rendezvous
+        dist.init_process_group(backend, rank=0, world_size=1)
+    else:  # a fresh port each time, left nowhere for a later group (or a child) to reuse
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}",
+                                rank=0, world_size=1)
     return True
 
 

@@ -57,6 +57,17 @@ def test_torchrec_dlrm_shows_syncs_inside_torchrec_at_the_users_line():
     assert result.report.steps == 3
 
 
+@pytest.mark.torchrec
+@pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec not installed")
+def test_third_party_warnings_of_a_builtin_workload_show_with_v_only():
+    from tests.conftest import run_cli  # the child's own stderr: a process boundary
+
+    quiet = run_cli("scan", "torchrec_dlrm", "--steps", "1")
+    assert quiet.returncode == 0 and "Warning" not in quiet.stderr
+    loud = run_cli("scan", "torchrec_dlrm", "--steps", "1", "-v")
+    assert loud.returncode == 0 and "Warning" in loud.stderr  # torchrec's planner notices
+
+
 def test_profile_needing_a_missing_package_is_a_clean_error(tmp_path):
     profile = tmp_path / "p.yaml"
     profile.write_text("name: p\nworkload: gpusync.examples.sparsenn:make_workload\n"

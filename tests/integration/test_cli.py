@@ -69,13 +69,32 @@ def test_max_syncs_per_step_gate(tmp_path):
     assert "more than --max-syncs-per-step 0" in proc.stderr
 
 
-def test_user_code_raising_prints_report_then_traceback(tmp_path):
+def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(SYNCING + "raise RuntimeError('user bug')\n")
     proc = gpusync("scan", str(script))
     assert proc.returncode == 3
     assert "item" in proc.stdout and "user bug" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"gpusync: the scanned code raised RuntimeError: user bug at {script}:9 "
+        "(-v: the traceback)")
+    proc = gpusync("scan", str(script), "-v")
+    assert proc.returncode == 3
     assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
+    assert proc.stderr.splitlines()[-1].endswith(f"user bug at {script}:9")
+
+
+def test_quiet_shows_errors_only(tmp_path):
+    from tests.conftest import run_main
+
+    (tmp_path / "t.py").write_text(CLEAN)
+    proc = run_main("-q", "scan", "t.py", "-o", "r.txt", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "" and (tmp_path / "r.txt").exists()
+    proc = run_main("scan", "t.py", "-o", "r.txt", cwd=tmp_path)
+    assert proc.stderr == "report written to r.txt\n"  # without -q
+    proc = run_main("scan", "-q", "missing.py", cwd=tmp_path)
+    assert proc.returncode == 2 and "missing.py" in proc.stderr  # errors still show
 
 
 def test_output_is_written_whole(tmp_path):

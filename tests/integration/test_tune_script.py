@@ -33,7 +33,7 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
     (tmp_path / "toy.py").write_text(TOY)
     proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast,changed,crash,hang", "--steps", "1",
                    "--repeats", "5", "--timeout", "20", "--format", "json", "-o", "tuned.yaml",
-                   cwd=tmp_path)
+                   "-v", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = check_contract(json.loads(proc.stdout))
     assert data["kind"] == "gpusync-tune" and data["schema_version"] == 1
@@ -55,6 +55,9 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
             assert key in c
         assert c["peak_alloc_mb"] is None  # GPU memory: measured on a GPU only
     assert "candidate 5/5" in proc.stderr  # progress on stderr
+    # -v: what a failed candidate printed last, with its traceback
+    assert "gpusync tune: candidate env:TOY=crash failed: raised" in proc.stderr
+    assert "Traceback" in proc.stderr and "RuntimeError: toy crash" in proc.stderr
     tuned = check_contract(yaml.safe_load((tmp_path / "tuned.yaml").read_text()))
     assert tuned["settings"] == data["settings"] and tuned["command"].startswith("gpusync tune")
     # gpusync run applies the tuned settings to the unmodified script
