@@ -10,14 +10,11 @@ import pytest
 
 from gpusync.scan import run_scan
 from tests.conftest import expected_sites
+from tests.integration.test_corpus import reported_sites
 
 CORPUS = pathlib.Path(__file__).resolve().parents[1] / "corpus_cuda"
 SCRIPTS = sorted(p.name for p in CORPUS.glob("*.py"))
 GAP = json.loads((CORPUS / "gap.json").read_text())
-
-
-def reported_sites(report, path):
-    return {(s.line, s.op, s.phase) for s in report.sites if s.file == str(path)}
 
 
 def as_set(rows):

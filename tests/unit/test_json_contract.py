@@ -2,7 +2,6 @@
 against the schema published in gpusync/schemas (scan, baseline, gate, tune and tune of a
 profile are checked where their commands are tested; bench, bench all and overhead here)."""
 import json
-import textwrap
 
 import jsonschema
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from gpusync import schemas
 from tests.conftest import check_contract, run_main
+from tests.unit.test_overhead import FACTORY
 
 
 @pytest.mark.parametrize("kind", sorted(schemas.VERSIONS))
@@ -61,22 +61,6 @@ def test_bench_and_bench_all(monkeypatch):
     assert data["not_run"] == {"pipeline": "needs CUDA streams"}
 
 
-FACTORY = textwrap.dedent('''
-    import torch
-    import gpusync
-
-    def make():
-        m = torch.nn.Linear(3, 1)
-        opt = torch.optim.SGD(m.parameters(), lr=0.1)
-
-        def step(x):
-            loss = m(x).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-
-        return gpusync.Workload(step=step, batches=[torch.randn(4, 3)], model=m, optimizer=opt)
-''')
 
 
 def test_overhead(tmp_path):
