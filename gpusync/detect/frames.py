@@ -27,7 +27,6 @@ _TOOLS = tuple(os.sep + name + os.sep for name in ("click", "_pytest", "pluggy")
 _TORCH_PLUMBING = tuple(_TORCH_DIR + p.replace("/", os.sep) for p in (
     "functional.py", "_tensor.py", "nn/functional.py", "overrides.py", "_jit_internal.py",
     "utils/_device.py", "nn/modules/module.py", "_ops.py", "_compile.py", "_dynamo/"))
-_internal_cache: dict[str, bool] = {}
 _MACHINERY, _LIBRARY, _USER = 0, 1, 2
 _kind_cache: dict[str, int] = {}
 
@@ -54,20 +53,9 @@ def _kind(filename: str) -> int:
 
 
 def is_internal(filename: str) -> bool:
-    """True for frames in torch, in gpusync's own machinery, or in the standard library."""
-    cached = _internal_cache.get(filename)
-    if cached is not None:
-        return cached
-    if filename.startswith(_TORCH_DIR):
-        result = True
-    elif filename.startswith(_GPUSYNC_DIR):
-        result = not filename.startswith(_GPUSYNC_USER_DIRS)
-    elif filename.startswith("<"):  # <frozen runpy>, <string>
-        result = True
-    else:
-        result = filename.startswith(_STDLIB_DIRS) and "site-packages" not in filename
-    _internal_cache[filename] = result
-    return result
+    """True for torch's frames and the machinery's (gpusync, its tools, the standard library):
+    code in which no hook of the user's or of another library runs."""
+    return _kind(filename) == _MACHINERY or filename.startswith(_TORCH_DIR)
 
 
 def raw_stack(skip: int = 1, limit: int = 200) -> list[tuple[str, int, str]]:
