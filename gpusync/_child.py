@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable, Iterator, NoReturn
 
 from . import isolate, verbosity
-from .errors import GpusyncError
+from .errors import GpusyncError, one_line
 
 _SNAPSHOT_SECONDS = 1.0
 
@@ -34,9 +34,8 @@ class _Results:
             os.replace(tmp, self.path)
 
 
-def _one_line(error: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(error).split())
-    text = text if len(text) <= limit else text[:limit - 3] + "..."
+def _describe(error: BaseException) -> str:
+    text = one_line(str(error), 200)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -116,7 +115,7 @@ def _scan(job: dict, results: _Results) -> None:
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,
-                    message=f"the scanned code raised {_one_line(result.error)}"
+                    message=f"the scanned code raised {_describe(result.error)}"
                     if not isinstance(result.error, SystemExit) else result.report.error)
     results.write(data)
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 import torch
 
 from ._version import __version__
-from .errors import BadInput
+from .errors import BadInput, one_line
 from .fileio import read_user_file, write_atomic
 from .schemas import VERSIONS, validator
 
@@ -149,11 +149,6 @@ def _json_path(path) -> str:
     return out.lstrip(".") or "top level"
 
 
-def _one_line(text: str, limit: int = 240) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else f"{text[:limit - 60]} ... {text[-50:]}"
-
-
 def load(path: str) -> dict:
     """A baseline that is missing, unreadable or malformed is an error: it never passes.
     It is checked against gpusync/schemas/baseline.schema.json (types, ranges, required keys);
@@ -169,7 +164,7 @@ def load(path: str) -> dict:
     except json.JSONDecodeError as e:
         raise BadInput(f"baseline {path} is corrupt: {e.msg} at line {e.lineno}") from None
     except (ValueError, RecursionError) as e:
-        raise BadInput(f"baseline {path} is corrupt: {_one_line(str(e))}") from None
+        raise BadInput(f"baseline {path} is corrupt: {one_line(str(e))}") from None
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"baseline {path} is not a gpusync baseline")
     if data.get("schema_version") != BASELINE_SCHEMA:
@@ -187,12 +182,12 @@ def load(path: str) -> dict:
         raise BadInput(f"baseline {path} is invalid: {_json_path(where)}: {value.why}")
     if error is not None:
         raise BadInput(f"baseline {path} is invalid: {_json_path(error.absolute_path)}: "
-                       f"{_one_line(error.message)}")
+                       f"{one_line(error.message)}")
     first: dict[str, int] = {}
     for i, site in enumerate(data["sites"]):
         if site["key"] in first:
             raise BadInput(f"baseline {path} is invalid: sites[{i}].key: "
-                           f"{_one_line(repr(site['key']))} is also the key of "
+                           f"{one_line(repr(site['key']))} is also the key of "
                            f"sites[{first[site['key']]}] (a key's sites are one entry)")
         first[site["key"]] = i
     return data

@@ -10,6 +10,12 @@ EXIT_CANNOT_JUDGE = 4  # a gate cannot decide (noisy timings, no GPU for a timin
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 
+def one_line(text: str, limit: int = 240) -> str:
+    """`text` as one line of at most about `limit` characters, its start and end kept."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else f"{text[:limit - 60]} ... {text[-50:]}"
+
+
 class GpusyncError(Exception):
     """A failure with a one-line message for the user and an exit code."""
 
