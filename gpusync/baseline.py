@@ -21,7 +21,9 @@ from .fileio import read_user_file, write_atomic
 from .schemas import VERSIONS, validator
 
 KIND = "gpusync-baseline"
-BASELINE_SCHEMA = VERSIONS[KIND]  # 2: steps are whole steps (README "Steps"); may be null
+# 2: steps are whole steps (README "Steps"), steps may be null; 3: a library's syncs are keyed
+# at the user's file and function, and setup-only sites are left out
+BASELINE_SCHEMA = VERSIONS[KIND]
 
 
 def stable_file(path: str) -> str:
