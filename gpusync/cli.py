@@ -361,7 +361,8 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     rule = {"allow_approximate": allow_approximate, "tolerance": tolerance, "p_max": p_max,
             "min_gain": min_gain}
     _warn_unreachable(repeats, p_max)
-    if _has_candidates(target):
+    profile = _tune_profile(target)
+    if profile is not None and profile.candidates:
         if knob_specs or emit:
             raise BadInput("--knob and --emit are for scripts and factories; a profile's tune "
                            "block lists its own candidates")
@@ -378,7 +379,7 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     from . import tune_script
     from .knobs import user
 
-    specs = [*_profile_knobs(target), *knob_specs]
+    specs = [*(profile.knobs if profile is not None else []), *knob_specs]
     extra = tuple(user.parse(spec, tuple(script_args)) for spec in specs)
     plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
                             block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
@@ -400,22 +401,13 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
         verbosity.info(f"tuned settings written to {output}")
 
 
-def _has_candidates(target) -> bool:
-    """A profile with a tune block is tuned by its candidates; anything else by knobs."""
+def _tune_profile(target):
+    """TARGET's profile, or None for a script or factory. A profile with tune candidates is
+    tuned by them; anything else by knobs, a profile's own `knobs:` among them."""
     from .targets import parse_target
     from .tune import DEFAULT_TARGET
 
-    parsed = parse_target(target or DEFAULT_TARGET)
-    profile = getattr(parsed, "profile", None)
-    return profile is not None and bool(profile.candidates)
-
-
-def _profile_knobs(target) -> list[str]:
-    """A profile's own knobs (its tune block's `knobs:`), tried beside any --knob."""
-    from .targets import parse_target
-
-    profile = getattr(parse_target(target) if target else None, "profile", None)
-    return list(profile.knobs) if profile is not None else []
+    return getattr(parse_target(target or DEFAULT_TARGET), "profile", None)
 
 
 def _warn_unreachable(repeats: int, p_max: float) -> None:
