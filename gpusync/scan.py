@@ -73,16 +73,6 @@ def _result(session: Session, error: BaseException | None) -> ScanResult:
     return ScanResult(report=report, error=error, traceback=text)
 
 
-def _batches(workload, cycle: bool):
-    while True:
-        empty = True
-        for batch in workload.iter_batches():
-            empty = False
-            yield batch
-        if not cycle or empty:
-            return
-
-
 def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
                   on_session, detect: bool, cycle: bool = False) -> ScanResult:
     factory = load_factory(target.spec)
@@ -105,7 +95,7 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
             session.mark_model(workload.model)
         ran = 0
         try:
-            for batch in _batches(workload, cycle):
+            for batch in workload.stream(cycle):
                 if ran >= warmup + steps:
                     break
                 workload.step(batch)

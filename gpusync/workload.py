@@ -3,7 +3,7 @@ model and optimizer (used for module paths and by techniques)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 
 @dataclass
@@ -22,6 +22,16 @@ class Workload:
 
     def iter_batches(self) -> Iterable[Any]:
         return self.batches() if callable(self.batches) else self.batches
+
+    def stream(self, cycle: bool = False) -> Iterator[Any]:
+        """The batches; with cycle=True again and again (a workload without batches ends)."""
+        while True:
+            empty = True
+            for batch in self.iter_batches():
+                empty = False
+                yield batch
+            if not cycle or empty:
+                return
 
     def __enter__(self) -> "Workload":
         return self

@@ -146,22 +146,14 @@ def parity_text(diff: float | None) -> str:
     return "identical" if diff == 0.0 else f"max abs diff {diff:.3g}"
 
 
-_END = object()  # a batch may be None (workloads whose pipeline pulls its own batches)
-
-
 def workload_step(workload: Workload, keep: int = 32) -> Stepper:
     """A Workload as a harness step: each call trains on the next batch (cycling the batches);
     `result()` is what the first `keep` steps returned (their losses), for parity."""
-    batches = iter(workload.iter_batches())
+    batches = workload.stream(cycle=True)
     outputs: list[torch.Tensor | None] = []
 
     def step() -> None:
-        nonlocal batches
-        batch = next(batches, _END)
-        if batch is _END:
-            batches = iter(workload.iter_batches())
-            batch = next(batches)
-        out = workload.step(batch)
+        out = workload.step(next(batches))
         if len(outputs) < keep:
             first = out[0] if isinstance(out, (tuple, list)) and out else out
             outputs.append(first.detach() if isinstance(first, torch.Tensor) else None)
