@@ -47,11 +47,11 @@ def candidate_job(job: dict, live: dict | None = None) -> dict:
         return call(roots, *args, **kwargs)
 
     block, warmup = job["block"], job["warmup"]
-    seen = [0]
     live = live if live is not None else {}
+    live["steps"] = 0
 
     def clock(whole_steps: int) -> None:
-        seen[0] = live["steps"] = whole_steps
+        live["steps"] = whole_steps
         # a sample is the mean of `block` steps; on a GPU the device is drained at block ends
         if whole_steps < warmup or (whole_steps - warmup) % block:
             return
@@ -76,7 +76,7 @@ def candidate_job(job: dict, live: dict | None = None) -> dict:
     data: dict[str, Any] = {
         "status": isolate.DONE, "builds": builds,
         "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": samples,
-        "steps_run": seen[0], **_peak_memory(cuda),
+        "steps_run": live["steps"], **_peak_memory(cuda),
         "report": result.report.to_dict() if job["scan"] else None}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, message=f"{type(result.error).__name__}: "
