@@ -111,7 +111,8 @@ def _scan(job: dict, results: _Results) -> None:
         with _saving_on_exit(results, last_words):
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
                               mode=job["mode"], script_args=tuple(job["script_args"]),
-                              on_session=lambda s: live.__setitem__("session", s))
+                              on_session=lambda s: live.__setitem__("session", s),
+                              virtual_cuda=job.get("virtual_cuda", True))
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,

@@ -66,7 +66,11 @@ def cli():
 @click.option("--show", type=click.Choice(VIEWS), default="user", show_default=True,
               help="Place each site at your line that leads to it, or at the library line "
                    "that synced (tables; JSON has both).")
-def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show):
+@click.option("--virtual-cuda/--no-virtual-cuda", default=True, show_default=True,
+              help="simulate mode, scripts: run on a virtual CUDA device so the script takes "
+                   "the branch a GPU run takes (--no-virtual-cuda: judge its CPU branch).")
+def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
+         virtual_cuda):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
@@ -77,7 +81,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
 
     if output:
         check_directory(output)  # before the scan, not after
-    outcome = _scan_isolated(target, steps, warmup, mode, script_args)
+    outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda)
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -93,7 +97,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
                            errors.EXIT_REGRESSION)
 
 
-def _scan_isolated(target, steps, warmup, mode, script_args=()):
+def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True):
     """The scan runs in a child process (isolate.py): whatever the code does to its process,
     gpusync reaches a verdict here. Bad targets and modes are refused before it starts."""
     from . import isolate
@@ -105,7 +109,7 @@ def _scan_isolated(target, steps, warmup, mode, script_args=()):
         resolve_mode(mode)
     except ValueError as e:
         raise BadInput(str(e)) from None
-    return isolate.scan(target, steps, warmup, mode, tuple(script_args))
+    return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda)
 
 
 def _raise_user_error(outcome) -> None:

@@ -167,10 +167,11 @@ def _raise_for(result: dict[str, Any]) -> None:
 
 
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
-         script_args: tuple = ()) -> ScanOutcome:
+         script_args: tuple = (), virtual_cuda: bool = True) -> ScanOutcome:
     result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
                                     "warmup": warmup, "mode": mode,
                                     "script_args": list(script_args),
+                                    "virtual_cuda": virtual_cuda,
                                     "verbosity": verbosity.level})
     _raise_for(result)
     data = result.get("report")

@@ -13,7 +13,8 @@ from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
 
 KIND = "gpusync-scan"
-# 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup
+# 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
+# 4: virtual_cuda, and each site's predicted
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -36,6 +37,7 @@ class Site:
     # user's own line synced
     library: dict | None = None
     setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
+    predicted: str = ""  # why it was predicted rather than seen (C++ code's GPU path); "" if seen
 
     @property
     def where(self) -> str:
@@ -60,6 +62,7 @@ class Report:
     error: str | None = None  # set when the scanned code raised part-way
     step_unit: str = "optimizer"  # what a step is: detect/steps.py
     notes: list[str] = field(default_factory=list)  # what the reader must know to trust it
+    virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -97,7 +100,7 @@ def _measured_range(steps: int, warmup: int) -> tuple[int, int, int, str | None]
 
 def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
                  target: str = "", error: str | None = None, step_unit: str = "optimizer",
-                 notes: list[str] | None = None) -> Report:
+                 notes: list[str] | None = None, virtual_cuda: bool = False) -> Report:
     """Events carry their step; `steps` whole steps ran (events past them are outside any
     step: what a Workload's close() ran, or the step a --steps limit cut short)."""
     first, end, n, range_note = _measured_range(steps, warmup)
@@ -130,6 +133,7 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
             library={"file": lib.file, "line": lib.line, "function": lib.function}
             if lib is not None else None,
             setup=not inside and all(e.step < first for e in evs),
+            predicted=first_ev.predicted,
         ))
     sites.sort(key=lambda s: (s.setup, -(s.stall_ms or 0.0), -s.per_step, -s.count, s.file,
                               s.line))
@@ -143,5 +147,6 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         max_syncs_per_step=max(per_step_counts.values(), default=0),
         syncs_by_phase={p: round(by_phase[p] / n, 4) for p in PHASES if by_phase[p]},
         sites=sites, target=target, error=error, step_unit=step_unit, notes=notes,
+        virtual_cuda=virtual_cuda,
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
     )

@@ -41,11 +41,14 @@ class ScanResult:
 def run_scan(target_text: str | None, steps: int | None = None, warmup: int | None = None,
              mode: str = "auto", script_args: tuple = (),
              on_session: Callable[[Session], None] | None = None,
-             detect: bool = True, cycle: bool = False) -> ScanResult:
+             detect: bool = True, cycle: bool = False,
+             virtual_cuda: bool = True) -> ScanResult:
     """Scan a target in this process. `on_session` gets the live session first (the CLI's
     child process uses it to save what was measured if the code kills the process, tune to
     time steps); detect=False runs the steps without sync detection (timed runs); cycle=True
-    runs a factory's batches again until `steps` are done (tune, as the bench harness does)."""
+    runs a factory's batches again until `steps` are done (tune, as the bench harness does);
+    virtual_cuda: a script scanned in simulate mode runs on a virtual CUDA device, so it takes
+    the branch a GPU run takes (a factory is handed its device: "cpu" there)."""
     target = parse_target(target_text)
     try:
         mode = resolve_mode(mode)
@@ -53,7 +56,7 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
         raise BadInput(str(e)) from None
     if isinstance(target, ScriptTarget):
         return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args,
-                            on_session, detect)
+                            on_session, detect, virtual_cuda)
     if script_args:
         raise BadInput("arguments after -- are only for script targets")
     check_requires(target)
@@ -115,10 +118,10 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
 
 
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
-                 args: tuple, on_session, detect: bool) -> ScanResult:
+                 args: tuple, on_session, detect: bool, virtual_cuda: bool) -> ScanResult:
     code = compile_script(target.path)
     session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label,
-                      detect=detect)
+                      detect=detect, virtual_cuda=virtual_cuda)
     if on_session is not None:
         on_session(session)
     limit = None if steps is None else warmup + steps

@@ -34,6 +34,9 @@ class SyncEvent:
     stall_ms: float | None = None  # measured on a GPU only
     detail: str = ""  # e.g. "via IndexBackward0 (from forward)"
     fix: str = ""
+    # why this sync was predicted, not seen: it is made in C++ code (DDP's reducer) whose GPU
+    # path a virtual CUDA run cannot take; "" for a sync seen as the code ran
+    predicted: str = ""
 
     @property
     def location(self) -> Frame | None:

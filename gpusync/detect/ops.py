@@ -17,6 +17,7 @@ a TorchDispatchMode sees aten ops (the rules, and host-ness propagation), in for
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -33,6 +34,8 @@ from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
 from .rules import DISPATCH_RULES, SCALAR_LABELS
+from .virtual_cuda import DEVICE, VirtualCuda, is_cuda_device, pin_host
+from .virtual_libs import VirtualLibraries
 
 Tensor = torch.Tensor
 _TB = torch._C.TensorBase
@@ -123,13 +126,31 @@ def _non_blocking(args, kwargs) -> bool:
     return bool(bools and bools[0])
 
 
-class OpDetector:
-    """Op-level detection; `real=True` on a GPU (residency is t.is_cuda, stalls are timed)."""
+def _on_cpu(args, kwargs):
+    """A virtual-CUDA call's arguments with the GPU device replaced by the CPU it runs on."""
+    if is_cuda_device(kwargs.get("device")):
+        kwargs = {**kwargs, "device": _CPU}
+    if any(is_cuda_device(a) for a in args[1:] if isinstance(a, (str, torch.device, int))):
+        args = tuple(_CPU if i and isinstance(a, (str, torch.device, int))
+                     and is_cuda_device(a) else a for i, a in enumerate(args))
+    return args, kwargs
 
-    def __init__(self, recorder: Recorder, real: bool = False, stall_timer=None):
+
+_CPU = torch.device("cpu")
+
+
+class OpDetector:
+    """Op-level detection; `real=True` on a GPU (residency is t.is_cuda, stalls are timed);
+    `virtual=True` runs the code on a virtual CUDA device (detect/virtual_cuda.py), where
+    residency comes from what the code asked for."""
+
+    def __init__(self, recorder: Recorder, real: bool = False, stall_timer=None,
+                 virtual: bool = False):
         self.rec = recorder
         self.host = RealDevice() if real else HostSet()
         self.real = real
+        self.virtual = virtual and not real
+        self._virtual = VirtualCuda(self._host_wait) if self.virtual else None
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
         self.current_func = None  # the Python-level torch call being run (names labels)
         self._fmode = _FunctionMode(self)
@@ -137,6 +158,9 @@ class OpDetector:
         self._handles: list = []
         self._owner = threading.get_ident()
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
+        self.device_default = 0  # >0: tensors C++ code makes from nothing live on the device
+        self.placed = False  # virtual CUDA: the code asked for a tensor on the device
+        self._libraries: VirtualLibraries | None = None
 
     @property
     def current(self) -> str:
@@ -149,7 +173,14 @@ class OpDetector:
         from torch.utils.data import dataloader
 
         self._owner = threading.get_ident()
-        self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
+        if self._virtual is not None:
+            self._virtual.install()
+            self._handles.append(self._virtual)
+            self._libraries = libraries = VirtualLibraries(self)
+            libraries.install()
+            self._handles.append(libraries)
+        else:  # virtual CUDA knows where step counters were made
+            self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
         if not self.real:
             self._handles.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
                                                    self._next_batch))
@@ -185,7 +216,7 @@ class OpDetector:
                 patches.exit_function_mode(self._fmode)
             finally:
                 for h in self._handles:
-                    h.remove()
+                    h.uninstall() if isinstance(h, (VirtualCuda, VirtualLibraries)) else h.remove()
                 self._handles = []
 
     def mark_model(self, model: torch.nn.Module) -> None:
@@ -205,11 +236,28 @@ class OpDetector:
                 if isinstance(step, Tensor) and step.dim() == 0:
                     self.host.mark_host(step)
 
-    def record(self, label: str) -> bool:
+    @contextlib.contextmanager
+    def device_factories(self):
+        """While C++ library code for device tensors runs (DDP's reducer), the tensors it
+        allocates from no tensor input are its device buffers, not host memory."""
+        self.device_default += 1
+        try:
+            yield
+        finally:
+            self.device_default -= 1
+
+    def _host_wait(self, label: str) -> None:
+        """The host waits for a virtual stream, event or device (cuda.synchronize and kin)."""
+        if threading.get_ident() == self._owner:
+            self.record(label)
+
+    def record(self, label: str, predicted: str = "") -> bool:
         if self.rec.suppressed():
             return False
+        if self._libraries is not None and self._libraries.in_reducer_callback():
+            return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None
-        self.rec.record(label, skip=3, stall_ms=stall)
+        self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted)
         return True
 
     def run(self, recorded: bool, func, args, kwargs):
@@ -234,8 +282,14 @@ class OpDetector:
                 to_host = not self.host.on_device(other)
             elif self.real:
                 to_host = device.type == "cpu"
+            elif self.virtual:
+                if device.type not in ("cpu", "cuda"):
+                    return func(*args, **kwargs)  # meta and kin: no copy across the bus
+                to_host = device.type == "cpu"
             else:
                 to_host = device.type == "cpu" and _says_cpu(_call_site_line())
+        if self.virtual:
+            return self._virtual_to(func, args, kwargs, to_host)
         src_on_device = self.host.on_device(src)
         if self.real:
             recorded = self._check_real_copy(
@@ -255,6 +309,48 @@ class OpDetector:
             return out
         return func(*args, **kwargs)
 
+    def _virtual_to(self, func, args, kwargs, to_host: bool):
+        src = args[0]
+        src_on_device = self.host.on_device(src)
+        crossing = src_on_device == to_host
+        recorded = crossing and self._check_real_copy(
+            src_on_device, to_host, _non_blocking(args, kwargs), src, None)
+        if func is _TB.cuda:
+            out = src  # already on the CPU that stands for the device
+        else:
+            args, kwargs = _on_cpu(args, kwargs)
+            out = self.run(recorded, func, args, kwargs)
+        if not crossing:
+            return out
+        if to_host:
+            out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
+            self.host.mark_host(out)
+        else:
+            if out is src and not isinstance(src, torch.nn.Parameter):
+                out = out.clone()  # keep the host original on the host
+            self.host.mark_device(out)
+            self.placed = True
+        return out
+
+    def handle_device(self, func, args, kwargs):
+        real = func(*args, **kwargs)
+        return DEVICE if real.type == "cpu" and self.host.on_device(args[0]) else real
+
+    def handle_is_cuda(self, func, args, kwargs):
+        return func(*args, **kwargs) or (args[0].device.type == "cpu"
+                                          and self.host.on_device(args[0]))
+
+    def handle_get_device(self, func, args, kwargs):
+        real = func(*args, **kwargs)
+        return 0 if real == -1 and self.host.on_device(args[0]) else real
+
+    def handle_new_tensor(self, func, args, kwargs):
+        """x.new_tensor(data) is torch.tensor(data) on x's device."""
+        if kwargs.get("device") is None and self.host.on_device(args[0]):
+            kwargs = {**kwargs, "device": DEVICE}
+        return self.handle_factory(func, args, kwargs) if "device" in kwargs else func(
+            *args, **kwargs)
+
     def _check_real_copy(self, src_on_device, to_host, non_blocking, src, dst) -> bool:
         if src_on_device == (not to_host):
             return False  # same side: no copy across the bus
@@ -264,6 +360,17 @@ class OpDetector:
         if host_side is not None and not host_side.is_pinned():
             return self.record("pageable non_blocking copy")
         return False
+
+    def handle_one_hot(self, func, args, kwargs):
+        """Onehot.cpp: on CUDA, only one_hot without num_classes reads the input's max on the
+        host; the CPU kernel also checks min and max with .item() when num_classes is given."""
+        num_classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+        recorded = (self.host.on_device(args[0]) and num_classes == -1
+                    and self.record("item"))
+        if self.real:
+            return self.run(recorded, func, args, kwargs)
+        with self.rec.suppress():
+            return func(*args, **kwargs)
 
     def handle_to_host_read(self, label):
         def handler(func, args, kwargs):
@@ -281,6 +388,8 @@ class OpDetector:
         return out
 
     def handle_factory(self, func, args, kwargs):
+        if self.virtual:
+            return self._virtual_factory(func, args, kwargs)
         device = torch.device(kwargs["device"])
         if self.real:
             to_device = device.type == "cuda"
@@ -297,6 +406,31 @@ class OpDetector:
                 self.host.mark_device(out)
             else:
                 self.host.mark_host(out)
+        return out
+
+    def _virtual_factory(self, func, args, kwargs):
+        to_device = is_cuda_device(kwargs.get("device"))
+        pin = bool(kwargs.get("pin_memory"))
+        if pin:
+            kwargs = {**kwargs, "pin_memory": False}
+        recorded = False
+        if to_device:
+            self.placed = True
+            kwargs = {**kwargs, "device": _CPU}
+            if func in _COPYING_FACTORIES or func == _TB.new_tensor:
+                data = args[1 if func == _TB.new_tensor else 0] if args else kwargs.get("data")
+                if not isinstance(data, Tensor) or not self.host.on_device(data):
+                    recorded = self.record("H2D copy (torch.tensor)")
+        out = self.run(recorded, func, args, kwargs)
+        if isinstance(out, Tensor):
+            if to_device:
+                if args and out is args[0] and not self.host.on_device(out):
+                    out = out.clone()  # as_tensor(host tensor, device=cuda) is a new tensor
+                self.host.mark_device(out)
+            else:
+                self.host.mark_host(out)
+                if pin:
+                    pin_host(out)
         return out
 
 
@@ -316,7 +450,15 @@ class _FunctionMode(TorchFunctionMode):
             Tensor.__repr__: det.handle_to_host_read("repr"),
             Tensor.__format__: det.handle_to_host_read("repr"),
             _TB.data.__set__: det.handle_set_data,  # type: ignore[attr-defined]  # a getset
+            torch._C._nn.one_hot: det.handle_one_hot,
         }
+        if det.virtual:
+            self.handlers.update({
+                _TB.device.__get__: det.handle_device,
+                _TB.is_cuda.__get__: det.handle_is_cuda,  # type: ignore[attr-defined]
+                _TB.get_device: det.handle_get_device,
+                _TB.new_tensor: det.handle_new_tensor,
+            })
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         det = self.det
@@ -327,7 +469,8 @@ class _FunctionMode(TorchFunctionMode):
             handler = self.handlers.get(func)
             if handler is not None:
                 out = handler(func, args, kwargs or {})
-            elif kwargs and kwargs.get("device") is not None:
+            elif kwargs and (kwargs.get("device") is not None
+                             or (det.virtual and kwargs.get("pin_memory"))):
                 out = det.handle_factory(func, args, kwargs)
             elif kwargs:
                 out = func(*args, **kwargs)
@@ -339,6 +482,12 @@ class _FunctionMode(TorchFunctionMode):
             last = events[-1]
             remember_forward(out, last.frames, last.module)
         return out
+
+
+def _has_tensor(items) -> bool:
+    return any(isinstance(a, Tensor) or (type(a) in (list, tuple)
+                                         and any(isinstance(b, Tensor) for b in a))
+               for a in items)
 
 
 def _all_host(items, ids) -> bool:
@@ -387,6 +536,10 @@ class _DispatchMode(TorchDispatchMode):
         if key in _LIFT_IDS:  # torch.tensor(data) / Python scalars enter here: host memory
             det.host.mark_host(out)
             return out
+        if det.device_default and not _has_tensor(args) and not _has_tensor(kwargs.values()):
+            for t in _outputs(out):
+                det.host.mark_device(t)
+            return out
         # Outputs live on the host only when every tensor input does.
         if _all_host(args, ids) and (not kwargs or _all_host(kwargs.values(), ids)):
             for t in _outputs(out):
@@ -404,7 +557,7 @@ class _DispatchMode(TorchDispatchMode):
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
         dst_dev, src_dev = host.on_device(dst), host.on_device(src)
         recorded = False
-        if det.real:
+        if det.real or det.virtual:
             recorded = det._check_real_copy(src_dev, not dst_dev, non_blocking, src, dst)
         elif dst_dev != src_dev and not non_blocking:
             recorded = det.record("D2H copy" if src_dev else "H2D copy")

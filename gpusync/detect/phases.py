@@ -163,7 +163,7 @@ class PhaseTracker:
         for HOOK and the autograd node for BACKWARD."""
         if torch._C._current_graph_task_id() != -1:
             return self._classify_backward(raw)
-        if self._in_optimizer:
+        if self._in_optimizer or _in_scaler_step(raw):
             return OPTIMIZER, None, None, None
         stage = _pipeline_stage(raw)
         if stage is not None:  # a pipeline working on a batch ahead: not this step's forward
@@ -195,6 +195,15 @@ class PhaseTracker:
             frames, module = origin
             return BACKWARD, None, frames, module
         return BACKWARD, node.name() if node is not None else None, None, None
+
+
+_SCALER_FILE = os.path.join("torch", "amp", "grad_scaler.py")
+
+
+def _in_scaler_step(raw: list[tuple[str, int, str]]) -> bool:
+    """GradScaler.step reads found_inf just before it steps the optimizer: the user wrote
+    `scaler.step(optimizer)`, so that is the optimizer phase."""
+    return any(fn == "GradScaler.step" and f.endswith(_SCALER_FILE) for f, _, fn in raw)
 
 
 def _pipeline_stage(raw: list[tuple[str, int, str]]) -> str | None:

@@ -154,6 +154,17 @@ def _equal(args, kwargs, dev, overload=""):
     return "equal" if dev(args[0]) or dev(args[1]) else None
 
 
+def _sparse_operand(args, kwargs, dev, overload=""):
+    # SparseCUDATensorMath.cu s_addmm_out_sparse_dense_cuda / hspmm_out_sparse_cuda start with
+    # `sparse_.coalesce()`, which reads the new nnz on the host unless the tensor is coalesced
+    # already; the CPU kernels work on uncoalesced input and never coalesce.
+    for a in args:
+        if (_is_tensor(a) and a.layout == torch.sparse_coo and dev(a)
+                and not a.is_coalesced()):
+            return "coalesce"
+    return None
+
+
 # OpOverloadPacket -> rule. Ops absent here are sync-free on CUDA.
 DISPATCH_RULES: dict[Any, Rule] = {
     aten._local_scalar_dense: _self_on_dev("item"),
@@ -173,4 +184,7 @@ DISPATCH_RULES: dict[Any, Rule] = {
     aten.histc: _histc,
     aten.equal: _equal,
     aten._coalesce: _self_on_dev("coalesce"),
+    aten._sparse_addmm: _sparse_operand,
+    aten.addmm: _sparse_operand,
+    aten.hspmm: _sparse_operand,
 }

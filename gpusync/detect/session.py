@@ -12,6 +12,10 @@ from .phases import PhaseTracker
 from .recorder import Recorder
 
 MODES = ("auto", "simulate", "cuda")
+NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
+                  "device='cuda' while torch.cuda.is_available() said True): on a GPU machine "
+                  "it would run on the CPU and make no syncs; scan with --no-virtual-cuda to "
+                  "judge it as if its tensors lived on the device")
 
 
 def resolve_mode(mode: str) -> str:
@@ -29,16 +33,20 @@ class Session:
 
     def __init__(self, model: torch.nn.Module | None = None, mode: str = "auto",
                  auto_steps: bool = True, warmup: int = 0, target: str = "",
-                 detect: bool = True):
-        """detect=False: steps and phases only, no sync detection (timed runs)."""
+                 detect: bool = True, virtual_cuda: bool = False):
+        """detect=False: steps and phases only, no sync detection (timed runs);
+        virtual_cuda=True (simulate mode only): the code runs on a virtual CUDA device and takes
+        the path a GPU run takes (detect/virtual_cuda.py)."""
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
         self.recorder = Recorder(self.tracker)
         events = self.recorder.events
         self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
+        self.virtual_cuda = virtual_cuda and self.mode == "simulate" and detect
         self.detector = OpDetector(self.recorder, real=real,
-                                   stall_timer=StallTimer() if real else None) if detect else None
+                                   stall_timer=StallTimer() if real else None,
+                                   virtual=self.virtual_cuda) if detect else None
         self.extras = CudaExtras(self.recorder, self.detector) if real and detect else None
         self.model = model
         self.warmup = warmup
@@ -121,5 +129,8 @@ class Session:
         events = list(self.events)
         for i, e in enumerate(events):
             e.step = steps.step_of(i)
+        kwargs.setdefault("virtual_cuda", self.virtual_cuda)
+        if self.virtual_cuda and self.detector is not None and not self.detector.placed:
+            kwargs["notes"] = [*(kwargs.get("notes") or []), NOTHING_ON_GPU]
         return build_report(events, steps=steps.count, warmup=self.warmup, mode=self.mode,
                             target=self.target, step_unit=steps.unit, **kwargs)

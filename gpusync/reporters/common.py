@@ -39,7 +39,8 @@ def fix_line(site) -> str:
     inside = (f" in {short_path(lib['file'])}:{lib['line']} {lib['function']}"
               if lib else "")
     detail = f" ({site.detail})" if site.detail else ""
-    return f"{site.op}{inside}{detail}: {site.fix}"
+    predicted = f" [predicted: {site.predicted}]" if site.predicted else ""
+    return f"{site.op}{inside}{detail}{predicted}: {site.fix}"
 
 
 def library_view(report):
@@ -52,7 +53,9 @@ def library_view(report):
 
 
 def summary(report) -> str:
-    mode = ("simulated: what would sync on CUDA" if report.mode == "simulate"
+    mode = ("simulated on a virtual CUDA device: what would sync on CUDA"
+            if getattr(report, "virtual_cuda", False)
+            else "simulated: what would sync on CUDA" if report.mode == "simulate"
             else f"measured on {report.device}")
     phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
     return (f"gpusync scan of {report.target or 'watch'} ({mode}): "

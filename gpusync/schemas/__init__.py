@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 VERSIONS = {
-    "gpusync-scan": 3,
+    "gpusync-scan": 4,
     "gpusync-baseline": 3,
     "gpusync-gate": 1,
     "gpusync-bench": 1,

@@ -4,7 +4,7 @@ import torch
 device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-model = model.to(device)
+model = model.to(device)  # expect: H2D copy@other
 opt = torch.optim.Adam(model.parameters(), lr=1e-2)
 history = []
 for step in range(4):

@@ -25,7 +25,7 @@ def grad_stats(grad):
 
 
 model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
-model = model.to(device)
+model = model.to(device)  # expect: H2D copy@other
 model[0].weight.register_hook(grad_stats)
 adam = torch.optim.Adam(model[0].parameters(), lr=1e-3)  # step counters live on the host
 sgd = ClippingSGD(model[2].parameters(), lr=1e-2)

@@ -8,7 +8,7 @@ pin = torch.cuda.is_available()
 torch.manual_seed(0)
 data = TensorDataset(torch.randint(1, 5, (64,)), torch.randn(64, 4))
 loader = DataLoader(data, batch_size=16, pin_memory=pin)
-emb = torch.nn.EmbeddingBag(100, 4, mode="sum").to(device)
+emb = torch.nn.EmbeddingBag(100, 4, mode="sum").to(device)  # expect: H2D copy@other
 opt = torch.optim.SGD(emb.parameters(), lr=0.1)
 
 

@@ -21,7 +21,7 @@ class Picker(torch.nn.Module):
         return picked.sum() + kept.sum() + gathered.sum() + rep.sum() + rep2.sum()
 
 
-model = Picker().to(device)
+model = Picker().to(device)  # expect: H2D copy@other
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
     x = torch.randn(8, 4, device=device)

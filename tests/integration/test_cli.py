@@ -9,10 +9,10 @@ from tests.conftest import run_cli as gpusync
 
 CLEAN = textwrap.dedent('''
     import torch
-    m = torch.nn.Linear(3, 1)
+    m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for _ in range(3):
-        loss = m(torch.randn(4, 3)).sum()
+        loss = m(torch.randn(4, 3, device=m.weight.device)).sum()
         opt.zero_grad(); loss.backward(); opt.step()
 ''')
 SYNCING = CLEAN + "    print(loss.item())\n"
@@ -104,7 +104,7 @@ def test_output_is_written_whole(tmp_path):
     out.write_text("previous report")
     assert gpusync("scan", str(script), "-f" if False else "--format", "json",
                    "-o", str(out)).returncode == 0
-    assert json.loads(out.read_text())["schema_version"] == 3
+    assert json.loads(out.read_text())["schema_version"] == 4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gpusync-")] == []
 
 

@@ -6,10 +6,10 @@ from tests.conftest import run_main as gpusync
 
 LOOP = textwrap.dedent('''
     import torch
-    m = torch.nn.Linear(3, 1)
+    m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     for i in range(8):
-        loss = m(torch.randn(4, 3)).sum()
+        loss = m(torch.randn(4, 3, device=m.weight.device)).sum()
         opt.zero_grad(); loss.backward(); opt.step()
         print(loss.item())
 ''')

@@ -57,10 +57,10 @@ def test_the_installed_cli_works_outside_the_checkout(clean_venv, tmp_path):
     assert "sparsenn " in profiles and "writeback" in profiles
     (tmp_path / "train.py").write_text(textwrap.dedent('''
         import torch
-        m = torch.nn.Linear(3, 1)
+        m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         for _ in range(3):
-            loss = m(torch.randn(4, 3)).sum()
+            loss = m(torch.randn(4, 3, device=m.weight.device)).sum()
             opt.zero_grad(); loss.backward(); opt.step()
             print(loss.item())
     '''))

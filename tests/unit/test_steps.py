@@ -15,11 +15,11 @@ from gpusync.workload import Workload
 
 LOOP = '''
 import torch
-m = torch.nn.Linear(3, 1)
+m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
 opt = torch.optim.SGD(m.parameters(), lr=0.1)
 ran = []
 for i in range({n}):
-    loss = m(torch.randn(4, 3)).sum()
+    loss = m(torch.randn(4, 3, device=m.weight.device)).sum()
     opt.zero_grad(); loss.backward(); opt.step()
     ran.append(i)
     if i == 0:
@@ -63,12 +63,13 @@ def test_fewer_steps_than_asked_uses_what_ran_and_says_so(tmp_path):
 
 GAN = '''
 import torch
-d, g = torch.nn.Linear(2, 1), torch.nn.Linear(2, 2)
+dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+d, g = torch.nn.Linear(2, 1).to(dev), torch.nn.Linear(2, 2).to(dev)
 opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
 opt_g = torch.optim.SGD(g.parameters(), lr=0.1)
 for i in range(5):
-    fake = g(torch.randn(4, 2))
-    loss_d = d(torch.randn(4, 2)).mean() - d(fake.detach()).mean()
+    fake = g(torch.randn(4, 2, device=g.weight.device))
+    loss_d = d(torch.randn(4, 2, device=d.weight.device)).mean() - d(fake.detach()).mean()
     opt_d.zero_grad(); loss_d.backward(); opt_d.step()
     loss_g = -d(fake).mean()
     opt_g.zero_grad(); loss_g.backward(); opt_g.step()
@@ -89,11 +90,11 @@ def test_two_optimizers_with_steps_limit(tmp_path):
 
 ACCUMULATE = '''
 import torch
-m = torch.nn.Linear(3, 1)
+m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
 opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for i in range(3):
     for micro in range(4):  # gradient accumulation: 4 backward passes per optimizer step
-        m(torch.randn(2, 3)).sum().backward()
+        m(torch.randn(2, 3, device=m.weight.device)).sum().backward()
     opt.step(); opt.zero_grad()
     m.weight.sum().item()
 '''
@@ -107,11 +108,11 @@ def test_gradient_accumulation_waits_for_the_optimizer_step(tmp_path):
 
 NO_OPTIMIZER = '''
 import torch
-m = torch.nn.Linear(3, 1)
+m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
 ran = 0
 for i in range(50):
     ran += 1
-    loss = m(torch.randn(2, 3)).sum()
+    loss = m(torch.randn(2, 3, device=m.weight.device)).sum()
     loss.backward()
     with torch.no_grad():
         for p in m.parameters():
@@ -132,10 +133,10 @@ def test_a_script_without_optimizer_is_counted_by_backward_passes(tmp_path):
 def test_inference_is_counted_by_forwards_and_no_work_is_one_step(tmp_path):
     report = scan_script(tmp_path, '''
         import torch
-        m = torch.nn.Linear(3, 1)
+        m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
         with torch.no_grad():
             for i in range(4):
-                m(torch.randn(2, 3)).sum().item()
+                m(torch.randn(2, 3, device=m.weight.device)).sum().item()
     ''')
     assert report.step_unit == FORWARD and report.steps == 4 and per_step(report) == {"item": 1.0}
     report = scan_script(tmp_path, "import torch\ntorch.ones(2).sum().item()\n")
@@ -144,11 +145,11 @@ def test_inference_is_counted_by_forwards_and_no_work_is_one_step(tmp_path):
 
 
 def test_watch_counts_syncs_after_the_last_optimizer_step():
-    m = torch.nn.Linear(3, 1)
+    m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     with gpusync.watch(mode="simulate") as w:
         for _ in range(3):
-            loss = m(torch.randn(4, 3)).sum()
+            loss = m(torch.randn(4, 3, device=m.weight.device)).sum()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -180,7 +181,7 @@ def test_step_counter_places_a_round_boundary_at_the_first_new_work():
 
 # -- Workload targets ----------------------------------------------------------------------
 def _workload(batches, step=None, close=None):
-    m = torch.nn.Linear(3, 1)
+    m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
 
     def train(batch):

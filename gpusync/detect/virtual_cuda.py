@@ -1,0 +1,322 @@
+"""Virtual CUDA: a CPU-only scan in which the scanned code takes the path a CUDA run takes.
+
+Real scripts branch on the device (`"cuda" if torch.cuda.is_available() else "cpu"`, pinned
+memory and AMP only on CUDA, NCCL vs gloo) and so do libraries (torchrec's `_safe_tolist` on
+`is_cuda`, GradScaler's CUDA checks). Judging the CPU branch reports syncs a GPU run never makes
+and misses the ones it does. Here the device is virtual:
+
+- `torch.cuda` / `torch.accelerator` say one device is there; streams and events are stand-ins
+  whose host waits (`synchronize`) are recorded as the syncs they are on CUDA;
+- a tensor asked for on "cuda" is made on the CPU and remembered as device-resident; its
+  `.device` reads `cuda:0` and `.is_cuda` True (the op detector answers these getters);
+- `pin_memory()` marks host memory pinned, so a `non_blocking` copy is judged as on CUDA;
+- `init_process_group("nccl")` runs gloo; `torch.save` / `torch.load(map_location="cuda")`
+  copy across the virtual bus.
+
+Everything runs on the CPU, so what happens inside C++ (DDP's reducer, fbgemm) takes the CPU
+path: such syncs come from `detect/predicted.py`, marked as predicted. All patches are layers
+(detect/patches.py) removed when the scan ends.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import types
+import weakref
+from typing import Any, Callable
+
+import torch
+
+from . import patches
+
+DEVICE = torch.device("cuda", 0)
+_CPU = torch.device("cpu")
+
+
+def is_cuda_device(device: Any) -> bool:
+    """A device argument that names the (virtual) GPU: "cuda", "cuda:0", torch.device("cuda"),
+    or a bare index, which torch reads as the current accelerator."""
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class Pinned:
+    """Host tensors in (virtually) page-locked memory. Keyed by id() with a weakref that drops
+    the entry when the tensor dies; shared by every thread (a DataLoader pins in its own)."""
+
+    def __init__(self):
+        self._ids: dict[int, weakref.ref] = {}
+        self._lock = threading.Lock()
+
+    def add(self, t: torch.Tensor) -> torch.Tensor:
+        key = id(t)
+
+        def forget(ref, key=key, ids=self._ids):
+            if ids.get(key) is ref:
+                del ids[key]
+
+        with self._lock:
+            self._ids[key] = weakref.ref(t, forget)
+        return t
+
+    def __contains__(self, t: object) -> bool:
+        return id(t) in self._ids
+
+
+class VirtualEvent:
+    """torch.cuda.Event on the virtual device: work has already run when it is recorded."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, external: bool = False):
+        self._at: float | None = None
+
+    def record(self, stream=None) -> None:
+        self._at = time.perf_counter()
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _ACTIVE.sync("Event.synchronize")
+
+    def elapsed_time(self, end: "VirtualEvent") -> float:
+        if self._at is None or end._at is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return (end._at - self._at) * 1e3
+
+
+class VirtualStream:
+    """torch.cuda.Stream on the virtual device: waits between streams order nothing on a CPU,
+    but the host waiting on a stream is a sync."""
+
+    cuda_stream = 0
+    device_index = 0
+    device_type = 1  # c10 DeviceType::CUDA
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.device = DEVICE
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        _ACTIVE.sync("Stream.synchronize")
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else VirtualEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<virtual torch.cuda.Stream priority={self.priority}>"
+
+
+class _Active:
+    """The live virtual device: its current stream, its pinned memory, and where a host wait
+    is reported (the op detector's record)."""
+
+    def __init__(self):
+        self.pinned = Pinned()
+        self.default = VirtualStream()
+        self.current = self.default
+        self.record: Callable[[str], Any] | None = None
+
+    def sync(self, label: str) -> None:
+        if self.record is not None:
+            self.record(label)
+
+
+_ACTIVE = _Active()
+
+
+def pin_host(t: torch.Tensor) -> torch.Tensor:
+    return _ACTIVE.pinned.add(t)
+
+
+class _StreamContext:
+    def __init__(self, stream):
+        self.stream = stream
+        self.saved: VirtualStream = _ACTIVE.current
+
+    def __enter__(self):
+        self.saved = _ACTIVE.current
+        if self.stream is not None:
+            _ACTIVE.current = self.stream
+        return self.stream
+
+    def __exit__(self, *exc):
+        _ACTIVE.current = self.saved
+
+
+def _properties() -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        name="virtual CUDA device (gpusync scan)", major=9, minor=0,
+        total_memory=80 * 2**30, multi_processor_count=132, is_integrated=False,
+        is_multi_gpu_board=False, L2_cache_size=50 * 2**20, warp_size=32)
+
+
+def _set_stream(stream) -> None:
+    _ACTIVE.current = stream
+
+
+def _cuda_api() -> dict[str, Any]:
+    """torch.cuda's functions as they answer with one GPU present."""
+    const = lambda value: (lambda *a, **k: value)  # noqa: E731
+    return {
+        "is_available": const(True),
+        "device_count": const(1),
+        "current_device": const(0),
+        "set_device": const(None),
+        "get_device_name": const(_properties().name),
+        "get_device_capability": const((9, 0)),
+        "get_device_properties": lambda *a, **k: _properties(),
+        "is_bf16_supported": const(True),
+        "synchronize": lambda *a, **k: _ACTIVE.sync("cuda.synchronize"),
+        "current_stream": lambda *a, **k: _ACTIVE.current,
+        "default_stream": lambda *a, **k: _ACTIVE.default,
+        "stream": lambda s=None: _StreamContext(s),
+        "set_stream": _set_stream,
+        "memory_allocated": const(0),
+        "max_memory_allocated": const(0),
+        "memory_reserved": const(0),
+        "max_memory_reserved": const(0),
+        "reset_peak_memory_stats": const(None),
+        "reset_max_memory_allocated": const(None),
+        "empty_cache": const(None),
+        "mem_get_info": const((80 * 2**30, 80 * 2**30)),
+        "manual_seed": const(None),
+        "manual_seed_all": const(None),
+        "ipc_collect": const(None),
+        "is_current_stream_capturing": const(False),
+        "_exchange_device": const(0),
+        "_maybe_exchange_device": const(0),
+    }
+
+
+def _accelerator_api() -> dict[str, Any]:
+    const = lambda value: (lambda *a, **k: value)  # noqa: E731
+    return {
+        "is_available": const(True),
+        "device_count": const(1),
+        "current_accelerator": const(torch.device("cuda")),
+        "current_device_index": const(0),
+        "set_device_index": const(None),
+        "current_stream": lambda *a, **k: _ACTIVE.current,
+        "set_stream": _set_stream,
+        "synchronize": lambda *a, **k: _ACTIVE.sync("cuda.synchronize"),
+    }
+
+
+def _nccl_to_gloo(call, *args, **kwargs):
+    backend = kwargs.get("backend", args[0] if args else None)
+    if isinstance(backend, str) and "nccl" in backend:
+        if "backend" in kwargs:
+            kwargs["backend"] = "gloo"
+        else:
+            args = ("gloo", *args[1:])
+    kwargs.pop("device_id", None)  # binds NCCL to a GPU: nothing to bind
+    return call(*args, **kwargs)
+
+
+def _pin_memory(call, self, *args, **kwargs):
+    return pin_host(self.clone())
+
+
+def _is_pinned(call, self, *args, **kwargs):
+    return self in _ACTIVE.pinned
+
+
+def _record_stream(call, self, stream):
+    if isinstance(stream, VirtualStream):
+        return None
+    return call(self, stream)
+
+
+class _Swap:
+    """Replace an attribute outright (a class stays a class for isinstance checks)."""
+
+    def __init__(self, owner: Any, name: str, value: Any):
+        self.owner, self.name = owner, name
+        self.own = name in vars(owner)
+        self.original = vars(owner).get(name)
+        setattr(owner, name, value)
+
+    def remove(self) -> None:
+        if self.own:
+            setattr(self.owner, self.name, self.original)
+        else:
+            delattr(self.owner, self.name)
+
+
+def _install() -> list:
+    import torch.cuda
+    import torch.distributed as dist
+
+    handles: list = []
+    try:
+        for name, fn in _cuda_api().items():
+            handles.append(patches.add_layer(torch.cuda, name,
+                                             lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
+        for name, fn in _accelerator_api().items():
+            handles.append(patches.add_layer(torch.accelerator, name,
+                                             lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
+        handles.append(_Swap(torch.cuda, "Stream", VirtualStream))
+        handles.append(_Swap(torch.cuda, "Event", VirtualEvent))
+        handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
+        handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
+        handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
+        if dist.is_available():
+            handles.append(patches.add_layer(dist, "init_process_group", _nccl_to_gloo))
+            handles.append(patches.add_layer(dist, "is_nccl_available",
+                                             lambda call, *a, **k: True))
+    except BaseException:
+        for h in reversed(handles):
+            h.remove()
+        raise
+    return handles
+
+
+def _uninstall(handles: list) -> None:
+    for h in reversed(handles):
+        h.remove()
+    _ACTIVE.current = _ACTIVE.default
+
+
+_SHARED = patches.Shared(_install, _uninstall)
+
+
+class VirtualCuda:
+    """One scan's use of the virtual device; `record(label)` reports a host wait."""
+
+    def __init__(self, record: Callable[[str], Any]):
+        self._record = record
+        self._on = False
+
+    def install(self) -> None:
+        _ACTIVE.record = self._record
+        _SHARED.acquire()
+        self._on = True
+
+    def uninstall(self) -> None:
+        if self._on:
+            self._on = False
+            _ACTIVE.record = None
+            _SHARED.release()

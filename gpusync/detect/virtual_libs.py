@@ -1,0 +1,243 @@
+"""Where torch itself would leak the CPU into a virtual CUDA run, and how it is closed.
+
+On virtual CUDA (virtual_cuda.py) a tensor is made on the CPU and remembered as device-resident;
+its `.device` getter says cuda. A few places create tensor objects or devices where no mode
+sees them, or move data across the bus in C++; each is a layer here, read in torch's source:
+- `nn.Parameter(data)` wraps its data in a new tensor object (`_make_subclass`), unseen by the
+  dispatch mode: it lives where its data does;
+- `torch._C._group_tensors_by_device_and_dtype` (clip_grad_norm_, optimizers' foreach paths)
+  keys its groups by the real device: device-resident groups get the virtual device back;
+- `torch.save` copies every CUDA storage to the host (serialization.py `_save`:
+  `storage.cpu()`), and `torch.load(map_location="cuda")` copies them back (`_utils._to`):
+  both are blocking copies, recorded at the user's call.
+- DDP's reducer works in C++: on a CPU it takes the CPU path, so its GPU-only syncs are
+  predicted from its source (reducer.cpp, logger.cpp, reducer_cuda.cpp) and marked as such:
+  `verify_params_across_processes` at construction (`at::tensor` on the device, `.item()`, a
+  blocking copy back), the CUDA timer's event waits in forwards 2-11 and every 100th after
+  (`Logger::set_runtime_stats_and_log`), and the bucket rebuild's pageable non_blocking and
+  blocking copies (`sync_bucket_indices`) in the forward that rebuilds. The tensors the reducer
+  allocates in C++ (its buckets) are taken to live on the device, like its parameters, and
+  what it does in its backward callbacks (CPU copies, reads of its CPU buffers) is not a sync
+  of its CUDA path, whose bucket allreduce the host does not wait for.
+- fbgemm's TBE has no CPU kernel for a GPU-placed table: a TBE built for the virtual device
+  gets its tables placed on the host with the CPU kernels (as fbgemm does for MTIA), while its
+  tensors are still made "on cuda", so torchrec and the TBE's own code take their GPU paths.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import weakref
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+
+from . import patches
+from .virtual_cuda import DEVICE, is_cuda_device
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.nn.Module):
+        obj = obj.state_dict()
+    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+
+
+def _map_to_cpu(map_location: Any) -> tuple[Any, bool]:
+    """(the map_location to run with, whether it sent storages to the GPU)."""
+    if is_cuda_device(map_location):
+        return "cpu", True
+    if isinstance(map_location, dict):
+        to_gpu = any(is_cuda_device(v) for v in map_location.values())
+        return {k: ("cpu" if is_cuda_device(v) else v) for k, v in map_location.items()}, to_gpu
+    return map_location, False
+
+
+_TBE_MODULE = "fbgemm_gpu.split_table_batched_embeddings_ops_training"
+
+
+def _tbe_on_host(call, tbe, *args, **kwargs):
+    module = sys.modules[_TBE_MODULE]
+    device = kwargs.get("device")
+    specs = kwargs.get("embedding_specs", args[0] if args else None)
+    if (device is None or is_cuda_device(device)) and specs is not None:
+        host = [(spec[0], spec[1], module.EmbeddingLocation.HOST, module.ComputeDevice.CPU,
+                 *spec[4:]) for spec in specs]
+        if "embedding_specs" in kwargs:
+            kwargs["embedding_specs"] = host
+        else:
+            args = (host, *args[1:])
+    return call(tbe, *args, **kwargs)
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `then(module)` once the module named is imported (now, if it already is): fbgemm
+    is patched only in a scan that uses it, without importing it into every scan."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def install(self) -> None:
+        if self.name in sys.modules:
+            self.then(sys.modules[self.name])
+        else:
+            sys.meta_path.insert(0, self)
+
+    def uninstall(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        self.uninstall()
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, then = spec.loader, self.then
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                then(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+_VERIFY = ("made in C++ by DDP's verify_params_across_processes (reducer.cpp) on CUDA "
+           "parameters; a virtual CUDA run takes its CPU path")
+_LOGGER = ("made in C++ by DDP's runtime logger on CUDA (reducer_cuda.cpp CudaTimer "
+           "measureDifference: cudaEventSynchronize, forwards 2-11 and every 100th)")
+_REBUILD = ("made in C++ by DDP's bucket rebuild on CUDA (reducer.cpp sync_bucket_indices), "
+            "in the forward that rebuilds the buckets")
+_GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LOG_EVERY = 100  # kDDPRuntimeLoggingSampleRate, torch/csrc/distributed/c10d/logger.cpp
+
+
+class VirtualLibraries:
+    """Installed by the op detector on virtual CUDA; uses its residency and its record."""
+
+    def __init__(self, detector):
+        self.det = detector
+        self._handles: list = []
+
+    def install(self) -> None:
+        self._handles = [
+            patches.add_layer(torch.nn.Parameter, "__new__", self._new_parameter),
+            patches.add_layer(torch._C, "_group_tensors_by_device_and_dtype", self._grouped),
+            patches.add_layer(torch, "save", self._save),
+            patches.add_layer(torch, "load", self._load),
+        ]
+        self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
+        self._fbgemm.install()
+        self._forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._ddps: weakref.WeakSet = weakref.WeakSet()
+        if torch.distributed.is_available():
+            from torch.nn.parallel import distributed as ddp_module
+
+            ddp = ddp_module.DistributedDataParallel
+            self._handles += [
+                patches.add_layer(ddp, "__init__", self._ddp_init),
+                patches.add_layer(ddp, "_pre_forward", self._ddp_pre_forward),
+                patches.add_layer(ddp_module, "_verify_param_shape_across_processes",
+                                  self._ddp_verify),
+            ]
+
+    def _patch_tbe(self, module) -> None:
+        self._handles.append(patches.add_layer(
+            module.SplitTableBatchedEmbeddingBagsCodegen, "__init__", _tbe_on_host))
+
+    def uninstall(self) -> None:
+        self._fbgemm.uninstall()
+        for h in reversed(self._handles):
+            h.remove()
+        self._handles = []
+
+    def _new_parameter(self, call, cls, data=None, *args, **kwargs):
+        param = call(cls, data, *args, **kwargs)
+        if data is None or not self.det.host.on_device(data):
+            self.det.host.mark_host(param)
+        return param
+
+    def _grouped(self, call, *args, **kwargs):
+        groups = call(*args, **kwargs)
+        on_device = self.det.host.on_device
+        out = {}
+        for (device, dtype), value in groups.items():
+            first = next((t for ts in value[0] for t in ts if t is not None), None)
+            if device.type == "cpu" and first is not None and on_device(first):
+                device = DEVICE
+            out[(device, dtype)] = value
+        return out
+
+    def _on_device(self, module) -> bool:
+        first = next(iter(module.parameters()), None)
+        return first is not None and self.det.host.on_device(first)
+
+    def _ddp_init(self, call, ddp, *args, **kwargs):
+        with self.det.device_factories():
+            out = call(ddp, *args, **kwargs)
+        self._ddps.add(ddp)
+        return out
+
+    def in_reducer_callback(self) -> bool:
+        """Inside a C++ callback of the autograd engine (DDP's reducer), with no Python code
+        and no autograd node between it and the engine."""
+        if (not self._ddps or torch._C._current_graph_task_id() == -1
+                or torch._C._current_autograd_node() is not None):
+            return False
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_GPUSYNC_DIR):
+            frame = frame.f_back
+        return frame is not None and frame.f_code.co_name == "_engine_run_backward"
+
+    def _ddp_verify(self, call, process_group, tensors, *args, **kwargs):
+        det = self.det
+        if any(det.host.on_device(t) for t in tensors):
+            for label in ("H2D copy", "item", "D2H copy"):
+                det.record(label, predicted=_VERIFY)
+        with det.rec.suppress():
+            return call(process_group, tensors, *args, **kwargs)
+
+    def _ddp_pre_forward(self, call, ddp, *args, **kwargs):
+        det = self.det
+        on_device = self._on_device(ddp.module)
+        rebuilt_before = getattr(ddp, "_has_rebuilt_buckets", False)
+        if (on_device and torch.is_grad_enabled() and ddp.require_backward_grad_sync
+                and not getattr(ddp, "_use_python_reducer", False)
+                and not getattr(ddp, "_delay_all_reduce_all_params", False)):
+            done = self._forwards.get(ddp, 0)  # forwards the reducer has counted so far
+            self._forwards[ddp] = done + 1
+            if done > 0 and (done <= 10 or done % _LOG_EVERY == 0):
+                det.record("Event.synchronize", predicted=_LOGGER)
+        with det.device_factories():
+            out = call(ddp, *args, **kwargs)
+        if on_device and not rebuilt_before and getattr(ddp, "_has_rebuilt_buckets", False):
+            det.record("pageable non_blocking copy", predicted=_REBUILD)
+            det.record("D2H copy", predicted=_REBUILD)
+        return out
+
+    def _save(self, call, obj, *args, **kwargs):
+        det = self.det
+        recorded = any(det.host.on_device(t) for t in _tensors(obj)) and det.record("D2H copy")
+        return det.run(recorded, call, (obj, *args), kwargs)
+
+    def _load(self, call, f, map_location=None, *args, **kwargs):
+        det = self.det
+        map_location, to_gpu = _map_to_cpu(map_location)
+        with det.rec.suppress():
+            out = call(f, map_location, *args, **kwargs)
+        loaded = _tensors(out) if to_gpu else []
+        for t in loaded:
+            det.host.mark_device(t)
+        if loaded:
+            det.placed = True
+            det.record("H2D copy")
+        return out

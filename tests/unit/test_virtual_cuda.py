@@ -1,0 +1,137 @@
+"""Virtual CUDA (gpusync/detect/virtual_cuda.py): on a CPU, code takes the path a CUDA run takes,
+residency follows what the code asked for, host waits are recorded, and nothing is left behind."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from gpusync.detect.session import Session
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
+
+
+def ops(session):
+    return [e.op for e in session.events]
+
+
+def scan():
+    return Session(mode="simulate", virtual_cuda=True)
+
+
+def test_cuda_is_there_and_tensors_say_where_they_live():
+    with scan() as s:
+        assert torch.cuda.is_available() and torch.cuda.device_count() == 1
+        on_gpu = torch.ones(3, device="cuda")
+        on_host = torch.ones(3)
+        assert on_gpu.is_cuda and on_gpu.device == torch.device("cuda", 0)
+        assert on_gpu.get_device() == 0
+        assert not on_host.is_cuda and on_host.device.type == "cpu"
+        assert (on_gpu + 1).is_cuda  # residency flows through ops
+        assert torch.zeros_like(on_gpu).device.type == "cuda"
+        assert ops(s) == []
+
+
+def test_copies_are_judged_as_on_cuda():
+    with scan() as s:
+        host = torch.arange(4.0)
+        host.to("cuda")
+        assert ops(s) == ["H2D copy"]
+        host.pin_memory().to("cuda", non_blocking=True)  # pinned + non_blocking: async
+        assert ops(s) == ["H2D copy"]
+        host.to("cuda", non_blocking=True)  # pageable: staged, synchronous in effect
+        assert ops(s) == ["H2D copy", "pageable non_blocking copy"]
+        moved = host.cuda()
+        assert moved.is_cuda and not host.is_cuda
+        moved.cpu()
+        assert ops(s)[-2:] == ["H2D copy", "D2H copy"]
+
+
+def test_module_to_moves_parameters_to_the_device():
+    with scan() as s:
+        model = torch.nn.Linear(3, 2)
+        assert not model.weight.is_cuda
+        model.to("cuda")
+        assert model.weight.is_cuda and model.bias.is_cuda
+        assert set(ops(s)) == {"H2D copy"}
+
+
+def test_streams_events_and_synchronize_are_host_waits():
+    with scan() as s:
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            assert torch.cuda.current_stream() is stream
+        assert torch.cuda.current_stream() is not stream
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        assert event.query()
+        torch.cuda.synchronize()
+        event.synchronize()
+        stream.synchronize()
+        assert ops(s) == ["cuda.synchronize", "Event.synchronize", "Stream.synchronize"]
+
+
+def test_host_reads_of_device_values_sync():
+    with scan() as s:
+        x = torch.arange(3, device="cuda")
+        x.tolist()
+        x.sum().item()
+        torch.arange(3).tolist()  # host: no sync
+        assert ops(s) == ["tolist", "item"]
+
+
+def test_everything_is_restored_after_the_scan():
+    before = (torch.cuda.Stream, torch.cuda.Event, torch.save, torch.load,
+              dist.init_process_group, torch.cuda.is_available)
+    with scan():
+        assert torch.cuda.Stream is not before[0]
+    assert (torch.cuda.Stream, torch.cuda.Event, torch.save, torch.load,
+            dist.init_process_group, torch.cuda.is_available) == before
+    assert not torch.cuda.is_available()
+    assert "pin_memory" not in vars(torch.Tensor) and "is_pinned" not in vars(torch.Tensor)
+    assert not torch.accelerator.is_available()
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.ones(1, device="cuda")
+
+
+def test_restored_when_the_code_raises():
+    with pytest.raises(ZeroDivisionError):
+        with scan():
+            raise ZeroDivisionError
+    assert not torch.cuda.is_available()
+    assert "pin_memory" not in vars(torch.Tensor)
+
+
+def test_save_and_load_cross_the_bus(tmp_path):
+    path = tmp_path / "ckpt.pt"
+    with scan() as s:
+        state = {"w": torch.ones(2, device="cuda")}
+        torch.save(state, path)
+        assert ops(s) == ["D2H copy"]
+        loaded = torch.load(path, map_location="cuda")
+        assert loaded["w"].is_cuda
+        assert ops(s) == ["D2H copy", "H2D copy"]
+        on_host = torch.load(path, map_location="cpu")
+        assert not on_host["w"].is_cuda
+        assert ops(s) == ["D2H copy", "H2D copy"]
+
+
+def test_one_hot_syncs_on_cuda_only_without_num_classes():
+    with scan() as s:
+        y = torch.tensor([0, 2, 1], device="cuda")
+        assert ops(s) == ["H2D copy (torch.tensor)"]
+        torch.nn.functional.one_hot(y, num_classes=3)
+        assert ops(s) == ["H2D copy (torch.tensor)"]
+        torch.nn.functional.one_hot(y)
+        assert ops(s) == ["H2D copy (torch.tensor)", "item"]
+
+
+def test_sparse_matmul_coalesces_an_uncoalesced_operand():
+    with scan() as s:
+        i = torch.tensor([[0, 0, 1], [1, 1, 0]], device="cuda")
+        v = torch.ones(3, device="cuda")
+        dense = torch.ones(2, 2, device="cuda")
+        del s.events[:]
+        adj = torch.sparse_coo_tensor(i, v, (2, 2), check_invariants=False)
+        torch.sparse.mm(adj, dense)
+        assert ops(s) == ["coalesce"]
+        torch.sparse.mm(adj.coalesce(), dense)  # the explicit coalesce syncs, the mm not
+        assert ops(s) == ["coalesce", "coalesce"]
