@@ -81,7 +81,8 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
 
     if output:
         check_directory(output)  # before the scan, not after
-    outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda)
+    outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda,
+                             command="scan")
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -97,11 +98,14 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
                            errors.EXIT_REGRESSION)
 
 
-def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True):
+def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True,
+                   command="scan"):
     """The scan runs in a child process (isolate.py): whatever the code does to its process,
-    gpusync reaches a verdict here. Bad targets and modes are refused before it starts."""
+    gpusync reaches a verdict here. Bad targets and modes are refused before it starts.
+    Progress (whole steps done) shows on stderr once it has run for a few seconds."""
     from . import isolate
     from .detect.session import resolve_mode
+    from .progress import Progress
     from .targets import parse_target
 
     parse_target(target)
@@ -109,7 +113,11 @@ def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=Tru
         resolve_mode(mode)
     except ValueError as e:
         raise BadInput(str(e)) from None
-    return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda)
+    total = None if steps is None else steps + (1 if warmup is None else warmup)
+    with Progress(f"gpusync {command}", delay=5.0) as progress:
+        progress.stage(f"scanning {target or 'sparsenn'}", total=total)
+        return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
+                            progress)
 
 
 def _raise_user_error(outcome) -> None:
@@ -130,10 +138,10 @@ def _raised_at(traceback_text: str) -> str:
     return f" at {found[-1][0]}:{found[-1][1]}" if found else ""
 
 
-def _scan_or_fail(target, steps, warmup, mode):
+def _scan_or_fail(target, steps, warmup, mode, command):
     """baseline and gate: stdout is theirs (a message, a verdict), so when the code fails,
     the report of what ran goes to stderr, before the traceback."""
-    outcome = _scan_isolated(target, steps, warmup, mode)
+    outcome = _scan_isolated(target, steps, warmup, mode, command=command)
     if outcome.failure is not None and outcome.report is not None:
         click.echo(render(outcome.report, "table"), err=True, nl=False)
     _raise_user_error(outcome)
@@ -157,7 +165,7 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
     from .isolate import step_times
 
     check_directory(output)  # before the scan, not after
-    report = _scan_or_fail(target, steps, warmup, mode)
+    report = _scan_or_fail(target, steps, warmup, mode, "baseline")
     samples = None
     if timing:
         samples = step_times(target, report.mode, timing_steps, warmup=3)
@@ -203,7 +211,7 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
     target = target or data.get("target") or None
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
-    report = _scan_or_fail(target, steps, warmup, mode)
+    report = _scan_or_fail(target, steps, warmup, mode, "gate")
     problems = gate.compare_counts(data, report)
     timing_result = None
     if timing or (timing is None and "timing" in data):
@@ -289,16 +297,19 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str:
 
     from .bench.render import technique_table
     from .bench.techniques import TECHNIQUES
+    from .progress import Progress
 
     device = _device(device)
     results, not_run = [], {}
-    for name in names:
-        try:
-            results.append(TECHNIQUES[name](device, steps, repeats))
-        except GpusyncError as e:
-            if len(names) == 1:
-                raise
-            not_run[name] = str(e)  # `all` measures what this machine can run
+    with Progress("gpusync bench", delay=5.0) as progress:
+        for k, name in enumerate(names, 1):
+            progress.stage(f"technique {k}/{len(names)}: {name}")
+            try:
+                results.append(TECHNIQUES[name](device, steps, repeats, progress=progress))
+            except GpusyncError as e:
+                if len(names) == 1:
+                    raise
+                not_run[name] = str(e)  # `all` measures what this machine can run
     if fmt == "json":
         from .schemas import document
 

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from . import errors, verbosity
 from .errors import GpusyncError
+from .progress import Progress
 from .report import Report
 
 JOB, RESULT = "job.json", "result.json"
@@ -167,12 +168,16 @@ def _raise_for(result: dict[str, Any]) -> None:
 
 
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
-         script_args: tuple = (), virtual_cuda: bool = True) -> ScanOutcome:
+         script_args: tuple = (), virtual_cuda: bool = True,
+         progress: Progress | None = None) -> ScanOutcome:
+    """Scan in a child process; `progress` follows its whole steps (from its snapshots)."""
+    on_snapshot = None if progress is None else (
+        lambda snapshot: progress.update((snapshot.get("report") or {}).get("steps", 0)))
     result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
                                     "warmup": warmup, "mode": mode,
                                     "script_args": list(script_args),
                                     "virtual_cuda": virtual_cuda,
-                                    "verbosity": verbosity.level})
+                                    "verbosity": verbosity.level}, on_snapshot=on_snapshot)
     _raise_for(result)
     data = result.get("report")
     report = Report.from_dict(data) if data else None

@@ -1,7 +1,8 @@
 """Progress on stderr for commands that run for a while: what runs now, how far it is,
 elapsed and estimated remaining time. On a terminal a live tqdm bar; elsewhere (CI logs) plain
 lines, one when a stage begins and at most one every `every` seconds within it. Never stdout:
-that carries gpusync's reports.
+that carries gpusync's reports. With `delay`, nothing is shown for a run shorter than that:
+a quick scan stays quiet.
 """
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from typing import Any, TextIO
 
 class Progress:
     def __init__(self, name: str, stream: TextIO | None = None, live: bool | None = None,
-                 every: float = 30.0, clock=time.monotonic, enabled: bool | None = None):
+                 every: float = 30.0, clock=time.monotonic, enabled: bool | None = None,
+                 delay: float = 0.0):
         from . import verbosity
 
         self.enabled = verbosity.level >= verbosity.NORMAL if enabled is None else enabled
         self.name, self.stream = name, stream or sys.stderr
         self.live = self.stream.isatty() if live is None else live
-        self.every, self.clock = every, clock
+        self.every, self.clock, self.delay = every, clock, delay
         self.start = clock()
+        self._pending = False  # the stage's first line waits for `delay` to pass
         self._bar: Any = None
         self._stage = ""
         self._total: int | None = None
@@ -31,20 +34,30 @@ class Progress:
         self._stage, self._total = text, total
         if not self.enabled:
             return
-        if self.live and total:
+        if self.live:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=f"{self.name}: {text}", file=self.stream,
-                             unit="step", leave=False, dynamic_ncols=True)
+                             unit="step", leave=False, dynamic_ncols=True,
+                             delay=max(0.0, self.delay - self.elapsed()))
+        elif self.elapsed() < self.delay:
+            self._pending = True
         else:
             self._line(text)
 
     def update(self, done: int) -> None:
         """`done` units of the current stage are finished."""
         if self._bar is not None:
-            self._bar.update(max(0, min(done, self._bar.total) - self._bar.n))
-        elif self.enabled and self._total and self.clock() - self._last_line >= self.every:
-            self._line(f"{self._stage}: {done}/{self._total}")
+            top = done if self._bar.total is None else min(done, self._bar.total)
+            self._bar.update(max(0, top - self._bar.n))
+        elif not self.enabled or self.elapsed() < self.delay:
+            return
+        elif self._pending:
+            self._pending = False
+            self._line(self._stage)
+        elif self.clock() - self._last_line >= self.every:
+            self._line(f"{self._stage}: {done}/{self._total}" if self._total
+                       else f"{self._stage}: step {done}")
 
     def note(self, text: str) -> None:
         """A line that stays (a stage's outcome), under the live bar if there is one."""

@@ -14,6 +14,7 @@ import torch
 
 from ..detect.session import Session
 from ..errors import Unavailable
+from ..progress import Progress
 from ..workload import Workload
 from .timing import BlockTimer, Samples
 
@@ -206,7 +207,8 @@ def _scan_alone(variant: Variant, mode: str, cuda: bool,
 def run_technique(technique: str, variants: list[Variant], device: str, steps: int = 20,
                   repeats: int = 10, warmup: int = 3, parity_steps: int = 5,
                   timer: Callable[[Callable[[], Any], int], float] | None = None,
-                  scan_mode: str | None = None, self_checks: int = 0) -> TechniqueResult:
+                  scan_mode: str | None = None, self_checks: int = 0,
+                  progress: Progress | None = None) -> TechniqueResult:
     """Measure `variants` (the first is the baseline). self_checks: run the baseline's parity
     steps that many more times, from fresh state, and keep the largest difference from its
     first run (result.baseline_noise: non-deterministic kernels, BLAS threading)."""
@@ -218,6 +220,8 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
     baseline = variants[0].name
 
     # parity: fresh state, same inputs, compare what each variant produced
+    if progress is not None:
+        progress.stage(f"{technique}: parity and syncs of {len(variants)} variants")
     results = {}
     for v in variants:
         try:
@@ -245,9 +249,13 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
             step()
     samples: dict[str, list[float]] = {v.name: [] for v in variants}
     names = [v.name for v in variants]
+    if progress is not None:
+        progress.stage(f"{technique}: timing", total=repeats * len(names))
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             samples[name].append(timer(steppers[name], steps))
+            if progress is not None:
+                progress.update(sum(len(s) for s in samples.values()))
     for step in steppers.values():
         step.close()
 

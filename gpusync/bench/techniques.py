@@ -133,8 +133,10 @@ def torchrec_pipeline_variants(device: str) -> list[Variant]:
             for name, kind, opts in specs]
 
 
-def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2):
-    """Runs under torchrun: world_size gloo processes on CPU, NCCL ranks on GPUs."""
+def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2,
+                    progress=None):
+    """Runs under torchrun: world_size gloo processes on CPU, NCCL ranks on GPUs (progress:
+    the caller's stage line only; the ranks report nothing until they end)."""
     import json
     import subprocess
     import sys
@@ -161,13 +163,13 @@ def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2):
 
 
 def _in_process(variants_fn):
-    def run(device, steps, repeats):
+    def run(device, steps, repeats, progress=None):
         return run_technique(variants_fn.__name__.replace("_variants", ""), variants_fn(device),
-                             device, steps=steps, repeats=repeats)
+                             device, steps=steps, repeats=repeats, progress=progress)
     return run
 
 
-# name -> runner(device, steps, repeats) -> TechniqueResult
+# name -> runner(device, steps, repeats, progress=None) -> TechniqueResult
 TECHNIQUES = {"writeback": _in_process(writeback_variants),
               "streamer": _in_process(streamer_variants),
               "pipeline": _in_process(pipeline_variants),

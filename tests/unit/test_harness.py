@@ -32,8 +32,17 @@ def fake_timer(values):
 def test_samples_statistics_parity_and_syncs():
     variants = [counter_variant("naive", 1.0, read=True), counter_variant("fast", 1.0),
                 counter_variant("wrong", 2.0)]
+    import io
+
+    from gpusync.progress import Progress
+
+    out = io.StringIO()
+    progress = Progress("gpusync bench", stream=out, live=False, every=0)
     result = run_technique("demo", variants, "cpu", steps=4, repeats=5,
-                           timer=fake_timer([10.0, 20.0, 30.0]))
+                           timer=fake_timer([10.0, 20.0, 30.0]), progress=progress)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("gpusync bench: demo: parity and syncs of 3 variants")
+    assert lines[-1].startswith("gpusync bench: demo: timing: 15/15")  # blocks done/planned
     by = {m.name: m for m in result.variants}
     assert result.baseline == "naive" and len(by["naive"].samples_ms) == 5
     assert by["naive"].syncs_per_step == 1 and by["naive"].syncs_by_phase == {"other": 1.0}

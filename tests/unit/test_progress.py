@@ -49,3 +49,36 @@ def test_on_a_terminal_a_live_bar_that_is_cleared_and_notes_that_stay():
     text = out.getvalue()
     assert "gpusync tune: candidate 1/1 base: timing" in text and "10/10" in text
     assert "gpusync tune: kept line\n" in text
+
+
+def test_with_a_delay_a_quick_run_shows_nothing_and_a_long_one_its_stage_then_steps():
+    out, clock = io.StringIO(), Clock()
+    p = Progress("gpusync scan", stream=out, live=False, every=30, clock=clock, delay=5)
+    p.stage("running train.py")
+    clock.now += 2
+    p.update(1)
+    assert out.getvalue() == ""  # 2 s: a quick scan stays quiet
+    clock.now += 4
+    p.update(2)
+    clock.now += 31
+    p.update(7)
+    assert out.getvalue().splitlines() == ["gpusync scan: running train.py (6s elapsed)",
+                                           "gpusync scan: running train.py: step 7 (37s elapsed)"]
+
+
+def test_a_scan_in_its_child_process_reports_its_whole_steps(tmp_path):
+    from gpusync import isolate
+
+    script = tmp_path / "slow.py"
+    script.write_text("import time, torch\nm = torch.nn.Linear(2, 1)\n"
+                      "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+                      "for _ in range(4):\n"
+                      "    m(torch.randn(2, 2)).sum().backward(); opt.step(); time.sleep(0.8)\n")
+    out = io.StringIO()
+    progress = Progress("gpusync scan", stream=out, live=False, every=0)
+    progress.stage("scanning slow.py")
+    outcome = isolate.scan(str(script), None, 0, "simulate", progress=progress)
+    assert outcome.failure is None and outcome.report.steps == 4
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("gpusync scan: scanning slow.py")
+    assert any(": step " in ln for ln in lines[1:]), lines  # from the child's snapshots
