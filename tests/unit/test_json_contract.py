@@ -26,7 +26,7 @@ def test_a_document_that_breaks_its_schema_is_caught():
         check_contract(schemas.document("gpusync-gate", {"status": "fine"}))
 
 
-def _fake_technique(device, steps, repeats):
+def _fake_technique(device, steps, repeats, progress=None):
     from gpusync.bench.harness import Stepper, Variant, run_technique
 
     def make():
@@ -34,7 +34,7 @@ def _fake_technique(device, steps, repeats):
         return Stepper(lambda: state.add_(1.0), result=lambda: state.clone())
 
     return run_technique("fake", [Variant("naive", make), Variant("fast", make)], device,
-                         steps=steps, repeats=repeats)
+                         steps=steps, repeats=repeats, progress=progress)
 
 
 def test_bench_and_bench_all(monkeypatch):
@@ -45,7 +45,7 @@ def test_bench_and_bench_all(monkeypatch):
     assert proc.returncode == 0, proc.stderr
     assert check_contract(json.loads(proc.stdout))["technique"] == "fake"
 
-    def unavailable(device, steps, repeats):
+    def unavailable(device, steps, repeats, progress=None):
         from gpusync.errors import Unavailable
 
         raise Unavailable("needs CUDA streams")
