@@ -25,6 +25,10 @@ class Known:
                 and (not self.functions or any(f in frame.function for f in self.functions)))
 
 
+SERIALIZATION_FIX = ("torch.save / torch.load copy CUDA tensors to and from the host, one "
+                     "blocking copy per storage: checkpoint less often, or copy the state to "
+                     "pinned host memory with non_blocking=True and save it from there")
+
 KNOWN = (
     Known("fbgemm_gpu/", ("writeback",),
           "fbgemm's EXACT_SGD writeback dedup (unique, nonzero) runs on the host in its "
@@ -53,11 +57,7 @@ KNOWN = (
           "clip_grad_norm_(error_if_nonfinite=True) reads the norm on the host: drop "
           "error_if_nonfinite, or check with torch._assert_async(torch.isfinite(norm))",
           "torch 2.13"),
-    Known("torch/serialization.py", (),
-          "torch.save / torch.load copy CUDA tensors to and from the host: checkpoint less "
-          "often, or copy the state to pinned host memory with non_blocking=True and save it "
-          "from there",
-          "torch 2.13"),
+    Known("torch/serialization.py", (), SERIALIZATION_FIX, "torch 2.13"),
 )
 
 

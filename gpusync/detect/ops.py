@@ -110,6 +110,8 @@ def _target_of_to(args, kwargs):
     for a in args[1:]:
         if isinstance(a, Tensor):
             return a.device, a
+        if isinstance(a, int) and not isinstance(a, bool):
+            return torch.device("cuda", a), None  # .to(0): a CUDA device index
         if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
             try:
                 return torch.device(a), None
@@ -251,13 +253,14 @@ class OpDetector:
         if threading.get_ident() == self._owner:
             self.record(label)
 
-    def record(self, label: str, predicted: str = "") -> bool:
+    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool:
         if self.rec.suppressed():
             return False
         if self._libraries is not None and self._libraries.in_reducer_callback():
             return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None
-        self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted)
+        self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted, detail=detail,
+                        fix=fix)
         return True
 
     def run(self, recorded: bool, func, args, kwargs):
@@ -355,7 +358,10 @@ class OpDetector:
         if src_on_device == (not to_host):
             return False  # same side: no copy across the bus
         if not non_blocking:
-            return self.record("D2H copy" if src_on_device else "H2D copy")
+            pinned = not src_on_device and src is not None and src.is_pinned()
+            return self.record("D2H copy" if src_on_device else "H2D copy",
+                               detail="the source is pinned already: add non_blocking=True"
+                               if pinned else "")
         host_side = dst if src_on_device else src
         if host_side is not None and not host_side.is_pinned():
             return self.record("pageable non_blocking copy")

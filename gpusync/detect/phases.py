@@ -90,7 +90,7 @@ class PhaseTracker:
         if not self._ours():
             return
         if not self._module_stack and not self._in_optimizer and not self._in_backward:
-            self.steps.work_starts()
+            self.steps.work_starts(training=torch.is_grad_enabled())
             self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push
         self._module_stack.append(module)
 

@@ -24,7 +24,7 @@ class Recorder:
         return self._suppress > 0 or not self.recording or self.closed
 
     def record(self, label: str, skip: int = 2, stall_ms: float | None = None,
-               detail: str = "", predicted: str = "") -> SyncEvent | None:
+               detail: str = "", predicted: str = "", fix: str = "") -> SyncEvent | None:
         if self.suppressed():
             return None
         raw = raw_stack(skip)
@@ -42,7 +42,8 @@ class Recorder:
             frames, module = fwd_frames, fwd_module
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
-            stall_ms=stall_ms, detail=detail, fix=library_fix(frames) or fix_for(label),
+            stall_ms=stall_ms, detail=detail,
+            fix=fix or library_fix(frames) or fix_for(label),
             predicted=predicted,
         )
         self.events.append(event)

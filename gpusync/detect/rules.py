@@ -43,6 +43,11 @@ FIXES: dict[str, str] = {
     "equal": "torch._assert_async((a == b).all()) for checks; keep the result on the device",
     "coalesce": ("use dense gradients, or a fused sparse optimizer (fbgemm TBE) that needs no "
                  "coalesce"),
+    "linalg error check": ("use the *_ex variant (torch.linalg.inv_ex, cholesky_ex, ...) and "
+                           "check its info with torch._assert_async(info == 0)"),
+    "normal(std tensor)": ("sample as mean + std * torch.randn_like(mean) (what "
+                           "Normal.rsample does): torch.normal(mean, std_tensor) checks std >= 0 "
+                           "on the host"),
     "tolist": "keep the data on the device; if the host needs it, copy it non_blocking into a "
     "pinned buffer and read it after an event (gpusync.techniques.streamer)",
     "numpy": "copy non_blocking into a pinned buffer and read it after an event",
@@ -102,13 +107,22 @@ def _self_on_dev(label: str) -> Rule:
     return rule
 
 
+def _host_index(self, defined, dev) -> bool:
+    # IndexingUtils.h expandTensors(ensure_same_device): a host integer index into a device
+    # tensor is copied up with a blocking .to(self.device()) (test_sync_warning: x[ind_cpu])
+    return dev(self) and any(i.dtype not in _MASK_DTYPES and not dev(i) for i in defined)
+
+
 def _index(args, kwargs, dev, overload=""):
     self, indices = args[0], args[1]
-    masks = [i for i in indices if _is_tensor(i) and i.dtype in _MASK_DTYPES]
-    if not masks:
-        return None  # integer gathers are sync-free
-    if dev(self) or any(dev(m) for m in masks):
-        return "bool-mask index"
+    defined = [i for i in indices if _is_tensor(i)]
+    masks = [i for i in defined if i.dtype in _MASK_DTYPES]
+    if any(dev(m) for m in masks):
+        return "bool-mask index"  # nonzero on the device, its size read on the host
+    if _host_index(self, defined, dev):
+        return "H2D copy"
+    # a host mask runs nonzero on the host and is copied up non_blocking from pinned memory
+    # (test_sync_warning: x[mask_cpu] does not sync); integer gathers are sync-free
     return None
 
 
@@ -117,8 +131,10 @@ def _index_put(args, kwargs, dev, overload=""):
     accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
     defined = [i for i in indices if _is_tensor(i)]
     masks = [i for i in defined if i.dtype in _MASK_DTYPES]
-    if not masks or not (dev(self) or any(dev(m) for m in masks)):
-        return None
+    if _host_index(self, defined, dev):
+        return "H2D copy"
+    if not any(dev(m) for m in masks):
+        return None  # host masks: nonzero on the host (test_sync_warning: x[mask_cpu] = y)
     # ATen's canDispatchToMaskedFill: one mask, a one-element host value, no accumulate
     # -> masked_fill_, which does not sync.
     if (
@@ -154,6 +170,26 @@ def _equal(args, kwargs, dev, overload=""):
     return "equal" if dev(args[0]) or dev(args[1]) else None
 
 
+def _tensor_value_on_dev(args, kwargs, dev, overload=""):
+    # masked_fill_(mask, value_tensor) / index_fill_(dim, index, value_tensor): the CUDA
+    # kernels take value.item() (cuda/Indexing.cu masked_fill__cuda, index_fill_ source.item())
+    value = args[-1]
+    return "item" if _is_tensor(value) and dev(value) else None
+
+
+def _normal_std(args, kwargs, dev, overload=""):
+    # DistributionTemplates.h CHECK_NORMAL_TENSOR_STD: std.min().ge(0).item<bool>()
+    std = _arg(args, kwargs, 1, "std")
+    return "normal(std tensor)" if _is_tensor(std) and dev(std) and std.numel() > 0 else None
+
+
+def _any_on_dev(label: str) -> Rule:
+    def rule(args, kwargs, dev, overload=""):
+        return label if any(_is_tensor(a) and dev(a) for a in args) else None
+
+    return rule
+
+
 def _sparse_operand(args, kwargs, dev, overload=""):
     # SparseCUDATensorMath.cu s_addmm_out_sparse_dense_cuda / hspmm_out_sparse_cuda start with
     # `sparse_.coalesce()`, which reads the new nnz on the host unless the tensor is coalesced
@@ -187,4 +223,19 @@ DISPATCH_RULES: dict[Any, Rule] = {
     aten._sparse_addmm: _sparse_operand,
     aten.addmm: _sparse_operand,
     aten.hspmm: _sparse_operand,
+    aten.bmm: _sparse_operand,
+    aten.mm: _sparse_operand,  # torch.spmm, sparse @ dense, and sparse backwards
+    # BatchLinearAlgebra.cpp _linalg_check_errors: infos.any().item<bool>() (inv, solve,
+    # cholesky, svd, eigh, lstsq, ... unless the *_ex variant is used)
+    aten._linalg_check_errors: _self_on_dev("linalg error check"),
+    aten.linalg_eig: _self_on_dev("linalg error check"),  # isfinite().all().item()
+    aten.allclose: _any_on_dev("equal"),  # isclose(...).all().item()
+    aten.masked_fill: _tensor_value_on_dev,
+    aten.masked_fill_: _tensor_value_on_dev,
+    aten.index_fill: _tensor_value_on_dev,
+    aten.index_fill_: _tensor_value_on_dev,
+    aten.normal: _normal_std,
+    aten.nanmedian: lambda args, kwargs, dev, overload="": (
+        "item" if overload == "default" and dev(args[0]) else None),
+    aten._to_sparse: _self_on_dev("nonzero"),  # dense_to_sparse: self.nonzero()
 }

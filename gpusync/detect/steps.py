@@ -68,10 +68,14 @@ class StepCounter:
         self._marked: list[int] = []  # end_step() positions
 
     # -- signals -----------------------------------------------------------------------------
-    def work_starts(self) -> None:
-        """A top-level forward, a backward or an optimizer step is about to run."""
+    def work_starts(self, training: bool = True) -> None:
+        """A top-level forward, a backward or an optimizer step is about to run. A forward
+        without autograd (validation after optimizer.step(), logging) is no sign of the next
+        training round: `training=False` moves only the forward count's boundary."""
         pos = None
-        for r in self._rounds.values():
+        for unit, r in self._rounds.items():
+            if not training and unit != FORWARD:
+                continue
             if r.pending and r.candidate is None:
                 r.candidate = pos = self.position() if pos is None else pos
 

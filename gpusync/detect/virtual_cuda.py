@@ -208,6 +208,15 @@ def _cuda_api() -> dict[str, Any]:
         "is_current_stream_capturing": const(False),
         "_exchange_device": const(0),
         "_maybe_exchange_device": const(0),
+        "_lazy_init": const(None),  # torch.set_default_device("cuda") and kin initialize CUDA
+        "get_rng_state": lambda *a, **k: torch.get_rng_state(),
+        "get_rng_state_all": lambda *a, **k: [torch.get_rng_state()],
+        "set_rng_state": const(None),
+        "set_rng_state_all": const(None),
+        "memory_stats": const({}),
+        "memory_summary": const(""),
+        "set_per_process_memory_fraction": const(None),
+        "utilization": const(0),
     }
 
 
@@ -250,6 +259,30 @@ def _record_stream(call, self, stream):
     return call(self, stream)
 
 
+class _AnyGenerator(type(torch.Generator)):  # type: ignore[misc]
+    """isinstance(g, torch.Generator) stays true for every generator (the default one too)."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch._C.Generator)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, torch._C.Generator)
+
+
+class VirtualGenerator(torch._C.Generator, metaclass=_AnyGenerator):
+    """torch.Generator(device="cuda"): a CPU generator (CUDA's RNG stream is not emulated)."""
+
+    def __new__(cls, device=None):
+        return super().__new__(  # type: ignore[call-arg]  # torch._C.Generator takes a device
+            cls, "cpu" if is_cuda_device(device) else device or "cpu")
+
+
+def _no_compile(call, model=None, **kwargs):
+    """torch.compile runs eagerly: a compiled CUDA graph cannot run on the CPU, and its host
+    reads (graph breaks at .item()) are the eager program's."""
+    return model if model is not None else (lambda fn: fn)
+
+
 class _Swap:
     """Replace an attribute outright (a class stays a class for isinstance checks)."""
 
@@ -280,6 +313,10 @@ def _install() -> list:
                                              lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
         handles.append(_Swap(torch.cuda, "Stream", VirtualStream))
         handles.append(_Swap(torch.cuda, "Event", VirtualEvent))
+        handles.append(_Swap(torch, "Generator", VirtualGenerator))
+        handles.append(patches.add_layer(torch, "compile", _no_compile))
+        for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
+            handles.append(patches.add_layer(torch.cuda.nvtx, name, lambda call, *a, **k: 0))
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))

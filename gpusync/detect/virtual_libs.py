@@ -9,7 +9,9 @@ sees them, or move data across the bus in C++; each is a layer here, read in tor
   keys its groups by the real device: device-resident groups get the virtual device back;
 - `torch.save` copies every CUDA storage to the host (serialization.py `_save`:
   `storage.cpu()`), and `torch.load(map_location="cuda")` copies them back (`_utils._to`):
-  both are blocking copies, recorded at the user's call.
+  blocking copies, one per storage, recorded at the user's call. A file this run saved from
+  the device loads back onto it without map_location, as it would on a GPU; a map_location
+  function that calls `storage.cuda()` is followed.
 - DDP's reducer works in C++: on a CPU it takes the CPU path, so its GPU-only syncs are
   predicted from its source (reducer.cpp, logger.cpp, reducer_cuda.cpp) and marked as such:
   `verify_params_across_processes` at construction (`at::tensor` on the device, `.item()`, a
@@ -37,13 +39,34 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import patches
+from .library import SERIALIZATION_FIX
 from .virtual_cuda import DEVICE, is_cuda_device
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.nn.Module):
-        obj = obj.state_dict()
-    return [t for t in tree_leaves(obj) if isinstance(t, torch.Tensor)]
+    """The tensors a checkpoint holds: in containers, and in modules (whole-model saves)."""
+    out: list[torch.Tensor] = []
+    for leaf in tree_leaves(obj):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif isinstance(leaf, torch.nn.Module):
+            out.extend(_tensors(leaf.state_dict()))
+        elif hasattr(leaf, "state_dict") and callable(leaf.state_dict):  # an optimizer
+            try:
+                out.extend(_tensors(leaf.state_dict()))
+            except Exception:  # not a torch state_dict: nothing to count
+                pass
+    return out
+
+
+def _storages(tensors) -> int:
+    """How many storages (torch.save copies each CUDA storage once, views share theirs)."""
+    return len({t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+               | {id(t) for t in tensors if not t.numel()})
+
+
+def _path(f: Any) -> str | None:
+    return os.path.abspath(os.fspath(f)) if isinstance(f, (str, os.PathLike)) else None
 
 
 def _map_to_cpu(map_location: Any) -> tuple[Any, bool]:
@@ -138,6 +161,7 @@ class VirtualLibraries:
         self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
         self._forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._saved_from_device: set[str] = set()
         self._ddps: weakref.WeakSet = weakref.WeakSet()
         if torch.distributed.is_available():
             from torch.nn.parallel import distributed as ddp_module
@@ -224,20 +248,49 @@ class VirtualLibraries:
             det.record("D2H copy", predicted=_REBUILD)
         return out
 
-    def _save(self, call, obj, *args, **kwargs):
+    def _save(self, call, obj, f, *args, **kwargs):
         det = self.det
-        recorded = any(det.host.on_device(t) for t in _tensors(obj)) and det.record("D2H copy")
-        return det.run(recorded, call, (obj, *args), kwargs)
+        on_device = [t for t in _tensors(obj) if det.host.on_device(t)]
+        for _ in range(_storages(on_device)):
+            det.record("D2H copy", detail="torch.save: one per CUDA storage", fix=SERIALIZATION_FIX)
+        path = _path(f)
+        if path is not None:
+            (self._saved_from_device.add if on_device else self._saved_from_device.discard)(path)
+        with det.rec.suppress():
+            return call(obj, f, *args, **kwargs)
 
     def _load(self, call, f, map_location=None, *args, **kwargs):
         det = self.det
+        if map_location is None and _path(f) in self._saved_from_device:
+            map_location = "cuda"  # saved from the device in this run: it loads back there
+        moved: list[bool] = []
+        if callable(map_location):
+            map_location = self._follow(map_location, moved)
         map_location, to_gpu = _map_to_cpu(map_location)
         with det.rec.suppress():
             out = call(f, map_location, *args, **kwargs)
-        loaded = _tensors(out) if to_gpu else []
+        loaded = _tensors(out) if to_gpu or any(moved) else []
         for t in loaded:
             det.host.mark_device(t)
         if loaded:
             det.placed = True
-            det.record("H2D copy")
+        for _ in range(_storages(loaded)):
+            det.record("H2D copy", detail="torch.load: one per storage", fix=SERIALIZATION_FIX)
         return out
+
+    def _follow(self, fn, moved: list[bool]):
+        """A map_location function runs with storage.cuda() kept on the CPU and noted."""
+        from torch.storage import _StorageBase
+
+        def cuda(call, storage, *args, **kwargs):
+            moved.append(True)
+            return storage
+
+        def location(storage, loc):
+            handle = patches.add_layer(_StorageBase, "cuda", cuda)
+            try:
+                return fn(storage, loc)
+            finally:
+                handle.remove()
+
+        return location

@@ -271,3 +271,25 @@ def test_a_factory_at_steps_1_measures_one_step_without_its_warmup():
     result = run_scan(factory("make_warmup_sync"), steps=1, mode="simulate")
     assert result.report.measured_steps == 1
     assert {s.op: s.per_step for s in result.report.sites if s.per_step} == {"item": 1.0}
+
+
+VALIDATE_AFTER_STEP = '''
+import torch
+dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+model = torch.nn.Linear(4, 2).to(dev)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4, device=dev)
+for epoch in range(5):
+    loss = model(x).pow(2).mean()
+    loss.backward(); opt.step(); opt.zero_grad()
+    with torch.no_grad():
+        val = model(x).pow(2).mean()
+    print(loss.item(), val.item())
+'''
+
+
+def test_a_validation_forward_after_the_step_belongs_to_that_step(tmp_path):
+    """A forward without autograd is no sign of the next training round (pygcn's loop)."""
+    report = scan_script(tmp_path, VALIDATE_AFTER_STEP)
+    assert report.steps == 5 and report.syncs_per_step == 2.0 and report.max_syncs_per_step == 2
+    assert [s.per_step for s in report.sites if not s.setup] == [2.0]  # both on one line

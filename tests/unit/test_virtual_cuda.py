@@ -135,3 +135,75 @@ def test_sparse_matmul_coalesces_an_uncoalesced_operand():
         assert ops(s) == ["coalesce"]
         torch.sparse.mm(adj.coalesce(), dense)  # the explicit coalesce syncs, the mm not
         assert ops(s) == ["coalesce", "coalesce"]
+
+
+def test_checkpoints_copy_one_storage_at_a_time(tmp_path):
+    import io
+
+    with scan() as s:
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)).to("cuda")
+        del s.events[:]
+        torch.save({"model": model, "step": 3}, io.BytesIO())  # a module inside a dict
+        assert ops(s) == ["D2H copy"] * 4  # one storage.cpu() per parameter
+        path = tmp_path / "w.pt"
+        torch.save(model.state_dict(), path)
+        del s.events[:]
+        back = torch.load(path)  # saved from the device in this run: loads back onto it
+        assert all(t.is_cuda for t in back.values()) and ops(s) == ["H2D copy"] * 4
+        del s.events[:]
+        moved = torch.load(path, map_location=lambda storage, loc: storage.cuda())
+        assert all(t.is_cuda for t in moved.values()) and ops(s) == ["H2D copy"] * 4
+
+
+def test_cuda_only_apis_run_on_the_virtual_device():
+    with scan() as s:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        assert isinstance(gen, torch.Generator)
+        assert isinstance(torch.default_generator, torch.Generator)
+        torch.randn(2, device="cuda", generator=gen)
+        torch.cuda.nvtx.range_push("step")
+        torch.cuda.nvtx.range_pop()
+        assert torch.ones(2).to(0).is_cuda  # .to(index) is a CUDA device
+        compiled = torch.compile(lambda x: x * 2)  # runs eagerly
+        assert compiled(torch.ones(2, device="cuda")).is_cuda
+        torch.cuda.get_rng_state()
+        assert ops(s) == ["H2D copy"]
+    assert torch.Generator is torch._C.Generator
+
+
+def test_ops_judged_by_their_cuda_kernels():
+    with scan() as s:
+        x = torch.randn(6, 6, device="cuda")
+        host_idx, dev_idx = torch.tensor([0, 2]), torch.tensor([0, 2]).to("cuda")
+        host_mask = torch.rand(6) > 0.5
+        del s.events[:]
+        x[dev_idx]  # sync-free gather
+        x[host_mask]  # nonzero on the host, copied up from pinned memory: no sync
+        assert ops(s) == []
+        x[host_idx]  # the host index is copied up with a blocking .to(device)
+        assert ops(s) == ["H2D copy"]
+        del s.events[:]
+        torch.linalg.inv(x @ x.T + torch.eye(6, device="cuda"))
+        assert ops(s) == ["linalg error check"]
+        torch.linalg.inv_ex(x)  # the _ex variant checks nothing on the host
+        torch.normal(x, x.abs() + 0.1)  # std >= 0 is checked on the host
+        torch.allclose(x, x)
+        assert ops(s) == ["linalg error check", "normal(std tensor)", "equal"]
+        zero = torch.zeros((), device="cuda")
+        del s.events[:]
+        x.masked_fill(x > 0, zero)  # value.item() on CUDA
+        x.masked_fill(x > 0, 0.0)
+        assert ops(s) == ["item"]
+        i = torch.tensor([[0, 0], [1, 1]], device="cuda")
+        adj = torch.sparse_coo_tensor(i, torch.ones(2, device="cuda"), (6, 6),
+                                      check_invariants=False)
+        del s.events[:]
+        torch.spmm(adj, x)  # aten.mm with an uncoalesced sparse operand
+        assert ops(s) == ["coalesce"]
+
+
+def test_a_pinned_source_copied_without_non_blocking_says_so():
+    with scan() as s:
+        torch.ones(2).pin_memory().to("cuda")
+        assert ops(s) == ["H2D copy"]
+        assert "add non_blocking=True" in s.events[0].detail
