@@ -113,6 +113,10 @@ def _scan(job: dict, results: _Results) -> None:
                               mode=job["mode"], script_args=tuple(job["script_args"]),
                               on_session=lambda s: live.__setitem__("session", s),
                               virtual_cuda=job.get("virtual_cuda", True))
+    if job.get("trace") and live["session"] is not None:
+        from .fileio import write_atomic
+
+        write_atomic(job["trace"], json.dumps(live["session"].trace()))
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,

@@ -3,6 +3,7 @@ place exceptions become exit codes (see errors.py and README "Exit codes")."""
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -66,11 +67,14 @@ def cli():
 @click.option("--show", type=click.Choice(VIEWS), default="user", show_default=True,
               help="Place each site at your line that leads to it, or at the library line "
                    "that synced (tables; JSON has both).")
+@click.option("--trace", type=click.Path(dir_okay=False),
+              help="Also write the scan as a Chrome / Perfetto trace (JSON trace events): "
+                   "steps, phases and each sync on the host's timeline.")
 @click.option("--virtual-cuda/--no-virtual-cuda", default=True, show_default=True,
               help="simulate mode, scripts: run on a virtual CUDA device so the script takes "
                    "the branch a GPU run takes (--no-virtual-cuda: judge its CPU branch).")
 def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
-         virtual_cuda):
+         trace, virtual_cuda):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
@@ -81,8 +85,14 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
 
     if output:
         check_directory(output)  # before the scan, not after
+    before = None
+    if trace:
+        check_directory(trace)
+        before = os.path.getmtime(trace) if os.path.exists(trace) else None
     outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda,
-                             command="scan")
+                             command="scan", trace=os.path.abspath(trace) if trace else None)
+    if trace and os.path.exists(trace) and os.path.getmtime(trace) != before:
+        verbosity.info(f"trace written to {trace}")
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -99,7 +109,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
 
 
 def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True,
-                   command="scan"):
+                   command="scan", trace=None):
     """The scan runs in a child process (isolate.py): whatever the code does to its process,
     gpusync reaches a verdict here. Bad targets and modes are refused before it starts.
     Progress (whole steps done) shows on stderr once it has run for a few seconds."""
@@ -117,7 +127,7 @@ def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=Tru
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
         return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
-                            progress)
+                            progress, trace)
 
 
 def _raise_user_error(outcome) -> None:

@@ -169,14 +169,14 @@ def _raise_for(result: dict[str, Any]) -> None:
 
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
          script_args: tuple = (), virtual_cuda: bool = True,
-         progress: Progress | None = None) -> ScanOutcome:
+         progress: Progress | None = None, trace: str | None = None) -> ScanOutcome:
     """Scan in a child process; `progress` follows its whole steps (from its snapshots)."""
     on_snapshot = None if progress is None else (
         lambda snapshot: progress.update((snapshot.get("report") or {}).get("steps", 0)))
     result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
                                     "warmup": warmup, "mode": mode,
                                     "script_args": list(script_args),
-                                    "virtual_cuda": virtual_cuda,
+                                    "virtual_cuda": virtual_cuda, "trace": trace,
                                     "verbosity": verbosity.level}, on_snapshot=on_snapshot)
     _raise_for(result)
     data = result.get("report")

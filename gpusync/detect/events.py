@@ -37,6 +37,7 @@ class SyncEvent:
     # why this sync was predicted, not seen: it is made in C++ code (DDP's reducer) whose GPU
     # path a virtual CUDA run cannot take; "" for a sync seen as the code ran
     predicted: str = ""
+    ts: float = 0.0  # seconds since the scan began (a trace's timeline)
 
     @property
     def location(self) -> Frame | None:

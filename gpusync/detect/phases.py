@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -43,6 +44,9 @@ _STAGES = {"start_sparse_data_dist": INPUT_DIST, "wait_sparse_data_dist": INPUT_
            "copy_batch_to_gpu": BATCH_COPY, "_copy_batch_to_gpu": BATCH_COPY}
 
 
+_MAX_SPANS = 200_000  # a trace keeps the first ones of a very long run
+
+
 class PhaseTracker:
     """Phases (which module runs, backward, optimizer) and step signals for a StepCounter.
 
@@ -52,7 +56,10 @@ class PhaseTracker:
     def __init__(self, root: torch.nn.Module | None = None, auto_steps: bool = True,
                  position: Callable[[], int] = lambda: 0):
         self.root = root
-        self.steps = StepCounter(position, explicit=not auto_steps)
+        self.t0 = time.perf_counter()
+        self.steps = StepCounter(position, explicit=not auto_steps, clock=self.now)
+        self.spans: list[tuple[str, float, float]] = []  # top-level phases, for a trace
+        self._span_start = 0.0
         self._module_stack: list[torch.nn.Module] = []
         self._paths: dict[int, dict[int, str]] = {}
         self._in_optimizer = 0
@@ -82,6 +89,14 @@ class PhaseTracker:
         self._in_optimizer = 0
         self._in_backward = 0
 
+    def now(self) -> float:
+        """Seconds since the tracker was made (the scan's clock: events, steps, spans)."""
+        return time.perf_counter() - self.t0
+
+    def _span(self, phase: str) -> None:
+        if len(self.spans) < _MAX_SPANS:
+            self.spans.append((phase, self._span_start, self.now()))
+
     def _ours(self) -> bool:
         return threading.get_ident() == self._thread
 
@@ -91,6 +106,7 @@ class PhaseTracker:
             return
         if not self._module_stack and not self._in_optimizer and not self._in_backward:
             self.steps.work_starts(training=torch.is_grad_enabled())
+            self._span_start = self.now()
             self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push
         self._module_stack.append(module)
 
@@ -103,6 +119,7 @@ class PhaseTracker:
         elif module in self._module_stack:
             del self._module_stack[self._module_stack.index(module):]
         if not self._module_stack and not self._in_optimizer and not self._in_backward:
+            self._span(FORWARD)
             self.steps.end(FORWARD)
 
     def _opt_pre(self, optimizer, args, kwargs):
@@ -110,6 +127,7 @@ class PhaseTracker:
             return
         if self._in_optimizer == 0:  # an optimizer stepping others (torchrec's) is one step
             self.steps.work_starts()
+            self._span_start = self.now()
             self.steps.begin(OPTIMIZER, id(optimizer))
         self._in_optimizer += 1
 
@@ -118,6 +136,7 @@ class PhaseTracker:
             return
         self._in_optimizer = max(0, self._in_optimizer - 1)
         if self._in_optimizer == 0:
+            self._span(OPTIMIZER)
             self.steps.end(OPTIMIZER)
 
     def _optimizer_made(self, call, *args, **kwargs):
@@ -129,6 +148,7 @@ class PhaseTracker:
         outer = self._ours() and self._in_backward == 0
         if outer:
             self.steps.work_starts()
+            self._span_start = self.now()
             self.steps.begin(BACKWARD, BACKWARD)
         self._in_backward += int(outer)
         try:
@@ -136,6 +156,7 @@ class PhaseTracker:
         finally:
             if outer:
                 self._in_backward -= 1
+                self._span(BACKWARD)
                 self.steps.end(BACKWARD)
 
     def end_step(self) -> None:

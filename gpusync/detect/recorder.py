@@ -44,7 +44,7 @@ class Recorder:
             op=label, frames=frames, phase=phase, hook=hook, module=module,
             stall_ms=stall_ms, detail=detail,
             fix=fix or library_fix(frames) or fix_for(label),
-            predicted=predicted,
+            predicted=predicted, ts=self.tracker.now(),
         )
         self.events.append(event)
         return event

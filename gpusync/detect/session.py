@@ -104,6 +104,14 @@ class Session:
             self.detector.mark_model(model)
 
     # -- results ---------------------------------------------------------------------------
+    def trace(self) -> dict:
+        """The scan as a Chrome / Perfetto trace (gpusync/trace.py)."""
+        from ..trace import trace_document
+
+        report = self.report()  # sets each event's step
+        return trace_document(list(self.events), self.tracker.steps.result().times,
+                              list(self.tracker.spans), self.tracker.now(), report)
+
     @property
     def events(self):
         return self.recorder.events

@@ -35,9 +35,11 @@ class _Rounds:
     """Boundaries of one way of counting steps."""
 
     boundaries: list[int] = field(default_factory=list)  # event positions where step k+1 begins
+    times: list[float] = field(default_factory=list)  # when each boundary's work began
     seen: set = field(default_factory=set)  # keys stepped in the current round
     pending: bool = False  # a key finished: the next sign of work is a candidate boundary
     candidate: int | None = None
+    candidate_time: float = 0.0
     events: int = 0  # keys seen in all
 
 
@@ -48,6 +50,7 @@ class Steps:
     unit: str
     boundaries: list[int]
     count: int  # whole steps; events at positions past the last one's end are outside
+    times: list[float] = field(default_factory=list)  # when step k+1 began (s since start)
 
     def step_of(self, position: int) -> int:
         return bisect.bisect_right(self.boundaries, position)
@@ -58,14 +61,17 @@ class StepCounter:
     `on_boundary(count)` runs each time a step of the unit in use completes and may raise
     (e.g. to stop a script after --steps); `explicit` counters are driven by end_step() only."""
 
-    def __init__(self, position: Callable[[], int], explicit: bool = False):
+    def __init__(self, position: Callable[[], int], explicit: bool = False,
+                 clock: Callable[[], float] = lambda: 0.0):
         self.position = position
+        self.clock = clock  # seconds since the scan began (a trace's step slices)
         self.explicit = explicit
         self.on_boundary: Callable[[int], None] | None = None
         self.optimizers_made = False  # an optimizer was built: wait for its steps
         self.stopped = False
         self._rounds = {unit: _Rounds() for unit in _FALLBACKS}
         self._marked: list[int] = []  # end_step() positions
+        self._marked_times: list[float] = []
 
     # -- signals -----------------------------------------------------------------------------
     def work_starts(self, training: bool = True) -> None:
@@ -78,6 +84,7 @@ class StepCounter:
                 continue
             if r.pending and r.candidate is None:
                 r.candidate = pos = self.position() if pos is None else pos
+                r.candidate_time = self.clock()
 
     def begin(self, unit: str, key: Hashable) -> None:
         """`key` (an optimizer, or the backward / forward pass) starts; call work_starts first."""
@@ -85,6 +92,7 @@ class StepCounter:
         r.events += 1
         if key in r.seen:
             r.boundaries.append(r.candidate if r.candidate is not None else self.position())
+            r.times.append(r.candidate_time if r.candidate is not None else self.clock())
             r.seen = {key}
             r.pending, r.candidate = False, None
             if unit == self.live_unit():
@@ -100,6 +108,7 @@ class StepCounter:
     def end_step(self) -> None:
         """A Workload step ended (explicit counting)."""
         self._marked.append(self.position())
+        self._marked_times.append(self.clock())
         self._boundary(len(self._marked))
 
     def _boundary(self, count: int) -> None:
@@ -117,11 +126,12 @@ class StepCounter:
 
     def result(self) -> Steps:
         if self.explicit:
-            return Steps(WORKLOAD, list(self._marked), len(self._marked))
+            return Steps(WORKLOAD, list(self._marked), len(self._marked),
+                         list(self._marked_times))
         for unit in _FALLBACKS:
             r = self._rounds[unit]
             if r.events:
                 # a run stopped at a boundary has not finished the round that just began
                 count = len(r.boundaries) if self.stopped else len(r.boundaries) + 1
-                return Steps(unit, list(r.boundaries), count)
+                return Steps(unit, list(r.boundaries), count, list(r.times))
         return Steps(NONE, [], 1)
