@@ -70,19 +70,26 @@ def cli():
 @click.option("--trace", type=click.Path(dir_okay=False),
               help="Also write the scan as a Chrome / Perfetto trace (JSON trace events): "
                    "steps, phases and each sync on the host's timeline.")
+@click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
+              help="Under torchrun: how long rank 0 waits for the other ranks' reports "
+                   "after its own scan, in seconds.")
 @click.option("--virtual-cuda/--no-virtual-cuda", default=True, show_default=True,
               help="simulate mode, scripts: run on a virtual CUDA device so the script takes "
                    "the branch a GPU run takes (--no-virtual-cuda: judge its CPU branch).")
 def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
-         trace, virtual_cuda):
+         trace, rank_timeout, virtual_cuda):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
     pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
     example (sparsenn).
     """
+    from . import ranks
     from .fileio import check_directory, write_atomic
 
+    env = ranks.torchrun_env()
+    if env is not None and env.rank != 0:
+        output = trace = None  # rank 0 writes the one merged report
     if output:
         check_directory(output)  # before the scan, not after
     before = None
@@ -90,9 +97,15 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
         check_directory(trace)
         before = os.path.getmtime(trace) if os.path.exists(trace) else None
     outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda,
-                             command="scan", trace=os.path.abspath(trace) if trace else None)
+                             command="scan", trace=os.path.abspath(trace) if trace else None,
+                             stop_when=ranks.PeerWatch(env) if env is not None else None)
     if trace and os.path.exists(trace) and os.path.getmtime(trace) != before:
         verbosity.info(f"trace written to {trace}")
+    if env is not None:
+        ranks.post(env, outcome)
+        if env.rank != 0:
+            return  # exit 0: torchrun must not stop rank 0 before it writes the verdict
+        outcome = _merged(ranks.gather(env, rank_timeout), outcome)
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -109,7 +122,7 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
 
 
 def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True,
-                   command="scan", trace=None):
+                   command="scan", trace=None, stop_when=None):
     """The scan runs in a child process (isolate.py): whatever the code does to its process,
     gpusync reaches a verdict here. Bad targets and modes are refused before it starts.
     Progress (whole steps done) shows on stderr once it has run for a few seconds."""
@@ -127,7 +140,18 @@ def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=Tru
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
         return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
-                            progress, trace)
+                            progress, trace, stop_when)
+
+
+def _merged(payloads, own):
+    """Rank 0's outcome for all ranks: the merged report, and the failing ranks named (with
+    the first failing rank's traceback for -v)."""
+    from . import isolate, ranks
+
+    report, failures = ranks.merge(payloads)
+    tracebacks = "".join(f"rank {r}:\n{p.get('traceback', '')}"
+                         for r, p in ranks.failed_first(payloads))
+    return isolate.ScanOutcome(report, "; ".join(failures) or None, tracebacks, located=True)
 
 
 def _raise_user_error(outcome) -> None:
@@ -137,15 +161,8 @@ def _raise_user_error(outcome) -> None:
         if verbosity.verbose():
             click.echo(outcome.traceback, err=True, nl=False)
         hint = "" if verbosity.verbose() or not outcome.traceback else " (-v: the traceback)"
-        raise errors.UserCodeError(outcome.failure + _raised_at(outcome.traceback) + hint)
-
-
-def _raised_at(traceback_text: str) -> str:
-    """' at FILE:LINE' of the innermost frame of a formatted traceback, or ''."""
-    import re
-
-    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
-    return f" at {found[-1][0]}:{found[-1][1]}" if found else ""
+        where = "" if outcome.located else errors.raised_at(outcome.traceback)
+        raise errors.UserCodeError(outcome.failure + where + hint)
 
 
 def _scan_or_fail(target, steps, warmup, mode, command):

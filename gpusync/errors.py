@@ -53,3 +53,11 @@ class SyncsFound(AssertionError):
     def __init__(self, message: str, report):
         super().__init__(message)
         self.report = report
+
+
+def raised_at(traceback_text: str) -> str:
+    """' at FILE:LINE' of the innermost frame of a formatted traceback, or ''."""
+    import re
+
+    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
+    return f" at {found[-1][0]}:{found[-1][1]}" if found else ""

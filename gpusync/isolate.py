@@ -42,11 +42,14 @@ class ScanOutcome:
     report: Report | None
     failure: str | None = None  # one line: why the verdict is exit 3
     traceback: str = ""
+    located: bool = False  # the failure line already says where (merged ranks)
 
 
 def _describe_death(returncode: int) -> str:
     if returncode == TIMED_OUT:
         return "ran past its time limit and was stopped"
+    if returncode == STOPPED:
+        return "was stopped after another rank failed"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -72,6 +75,11 @@ class Output:
 
 
 TIMED_OUT = -999  # run_child's return code when the job ran past its timeout
+STOPPED = -998  # run_child's return code when on_snapshot asked to stop (StopRequested)
+
+
+class StopRequested(Exception):
+    """Raised by an on_snapshot callback: stop the child now (another rank failed)."""
 
 
 POLL_SECONDS = 0.5
@@ -101,6 +109,9 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
         except subprocess.TimeoutExpired:
             _stop(proc, wait_first=False)
             returncode = TIMED_OUT
+        except StopRequested:
+            _stop(proc, wait_first=False)
+            returncode = STOPPED
         except KeyboardInterrupt:
             returncode = _stop(proc)
             raise
@@ -108,7 +119,7 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
             if reader is not None:
                 reader.join(timeout=10)
         result = _read_result(folder) or {"status": RUNNING}
-        if returncode == TIMED_OUT:  # what it wrote when we stopped it is not its verdict
+        if returncode in (TIMED_OUT, STOPPED):  # what it wrote then is not its verdict
             result = {"status": RUNNING, "report": result.get("report")}
         return result, returncode
     finally:
@@ -169,10 +180,17 @@ def _raise_for(result: dict[str, Any]) -> None:
 
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
          script_args: tuple = (), virtual_cuda: bool = True,
-         progress: Progress | None = None, trace: str | None = None) -> ScanOutcome:
-    """Scan in a child process; `progress` follows its whole steps (from its snapshots)."""
-    on_snapshot = None if progress is None else (
-        lambda snapshot: progress.update((snapshot.get("report") or {}).get("steps", 0)))
+         progress: Progress | None = None, trace: str | None = None,
+         stop_when: Callable[[], bool] | None = None) -> ScanOutcome:
+    """Scan in a child process; `progress` follows its whole steps (from its snapshots);
+    `stop_when()`, asked at each snapshot, stops it (torchrun: another rank failed)."""
+
+    def on_snapshot(snapshot: dict[str, Any]) -> None:
+        if progress is not None:
+            progress.update((snapshot.get("report") or {}).get("steps", 0))
+        if stop_when is not None and stop_when():
+            raise StopRequested()
+
     result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
                                     "warmup": warmup, "mode": mode,
                                     "script_args": list(script_args),

@@ -14,7 +14,7 @@ from .schemas import VERSIONS
 
 KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
-# 4: virtual_cuda, and each site's predicted
+# 4: virtual_cuda, ranks, per_rank, and each site's predicted and per_rank
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -38,6 +38,7 @@ class Site:
     library: dict | None = None
     setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
     predicted: str = ""  # why it was predicted rather than seen (C++ code's GPU path); "" if seen
+    per_rank: dict | None = None  # under torchrun: {rank: per_step}; None for one process
 
     @property
     def where(self) -> str:
@@ -63,6 +64,8 @@ class Report:
     step_unit: str = "optimizer"  # what a step is: detect/steps.py
     notes: list[str] = field(default_factory=list)  # what the reader must know to trust it
     virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
+    ranks: int = 1  # processes merged into this report (torchrun), gpusync/ranks.py
+    per_rank: list[dict] | None = None  # each rank's steps, syncs_per_step, error
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

@@ -34,7 +34,7 @@ from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
 from .rules import DISPATCH_RULES, SCALAR_LABELS
-from .virtual_cuda import DEVICE, VirtualCuda, is_cuda_device, pin_host
+from .virtual_cuda import VirtualCuda, current_device, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
 Tensor = torch.Tensor
@@ -337,7 +337,7 @@ class OpDetector:
 
     def handle_device(self, func, args, kwargs):
         real = func(*args, **kwargs)
-        return DEVICE if real.type == "cpu" and self.host.on_device(args[0]) else real
+        return current_device() if real.type == "cpu" and self.host.on_device(args[0]) else real
 
     def handle_is_cuda(self, func, args, kwargs):
         return func(*args, **kwargs) or (args[0].device.type == "cpu"
@@ -350,7 +350,7 @@ class OpDetector:
     def handle_new_tensor(self, func, args, kwargs):
         """x.new_tensor(data) is torch.tensor(data) on x's device."""
         if kwargs.get("device") is None and self.host.on_device(args[0]):
-            kwargs = {**kwargs, "device": DEVICE}
+            kwargs = {**kwargs, "device": current_device()}
         return self.handle_factory(func, args, kwargs) if "device" in kwargs else func(
             *args, **kwargs)
 

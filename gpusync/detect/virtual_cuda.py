@@ -19,6 +19,7 @@ path: such syncs come from `detect/predicted.py`, marked as predicted. All patch
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 import types
@@ -29,7 +30,11 @@ import torch
 
 from . import patches
 
-DEVICE = torch.device("cuda", 0)
+
+def current_device() -> torch.device:
+    """The virtual GPU of this process: cuda:LOCAL_RANK under torchrun (one GPU per rank), or
+    the one torch.cuda.set_device chose."""
+    return torch.device("cuda", _ACTIVE.index)
 _CPU = torch.device("cpu")
 
 
@@ -102,8 +107,11 @@ class VirtualStream:
     device_type = 1  # c10 DeviceType::CUDA
 
     def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.device = DEVICE
         self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return current_device()
 
     def synchronize(self) -> None:
         _ACTIVE.sync("Stream.synchronize")
@@ -138,6 +146,7 @@ class _Active:
         self.default = VirtualStream()
         self.current = self.default
         self.record: Callable[[str], Any] | None = None
+        self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
 
     def sync(self, label: str) -> None:
         if self.record is not None:
@@ -177,14 +186,25 @@ def _set_stream(stream) -> None:
     _ACTIVE.current = stream
 
 
+def _set_device(dev) -> None:
+    if isinstance(dev, int):
+        _ACTIVE.index = dev
+    elif dev is not None and torch.device(dev).index is not None:
+        _ACTIVE.index = torch.device(dev).index
+
+
+def _device_count() -> int:
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), _ACTIVE.index + 1)
+
+
 def _cuda_api() -> dict[str, Any]:
     """torch.cuda's functions as they answer with one GPU present."""
     const = lambda value: (lambda *a, **k: value)  # noqa: E731
     return {
         "is_available": const(True),
-        "device_count": const(1),
-        "current_device": const(0),
-        "set_device": const(None),
+        "device_count": lambda *a, **k: _device_count(),
+        "current_device": lambda *a, **k: _ACTIVE.index,
+        "set_device": lambda dev, *a, **k: _set_device(dev),
         "get_device_name": const(_properties().name),
         "get_device_capability": const((9, 0)),
         "get_device_properties": lambda *a, **k: _properties(),
@@ -224,10 +244,10 @@ def _accelerator_api() -> dict[str, Any]:
     const = lambda value: (lambda *a, **k: value)  # noqa: E731
     return {
         "is_available": const(True),
-        "device_count": const(1),
+        "device_count": lambda *a, **k: _device_count(),
         "current_accelerator": const(torch.device("cuda")),
-        "current_device_index": const(0),
-        "set_device_index": const(None),
+        "current_device_index": lambda *a, **k: _ACTIVE.index,
+        "set_device_index": lambda dev, *a, **k: _set_device(dev),
         "current_stream": lambda *a, **k: _ACTIVE.current,
         "set_stream": _set_stream,
         "synchronize": lambda *a, **k: _ACTIVE.sync("cuda.synchronize"),
@@ -349,6 +369,7 @@ class VirtualCuda:
 
     def install(self) -> None:
         _ACTIVE.record = self._record
+        _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
         _SHARED.acquire()
         self._on = True
 

@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_leaves
 
 from . import patches
 from .library import SERIALIZATION_FIX
-from .virtual_cuda import DEVICE, is_cuda_device
+from .virtual_cuda import current_device, is_cuda_device
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -194,11 +194,11 @@ class VirtualLibraries:
         groups = call(*args, **kwargs)
         on_device = self.det.host.on_device
         out = {}
-        for (device, dtype), value in groups.items():
+        for (where, dtype), value in groups.items():
             first = next((t for ts in value[0] for t in ts if t is not None), None)
-            if device.type == "cpu" and first is not None and on_device(first):
-                device = DEVICE
-            out[(device, dtype)] = value
+            if where.type == "cpu" and first is not None and on_device(first):
+                where = current_device()
+            out[(where, dtype)] = value
         return out
 
     def _on_device(self, module) -> bool:

@@ -25,12 +25,23 @@ def numbered(report):
     return list(enumerate(sites, 1))
 
 
+def headers(report) -> list[str]:
+    return HEADERS + (["per rank"] if getattr(report, "ranks", 1) > 1 else [])
+
+
 def rows(sites):
     for i, s in sites:
         phase = f"hook:{s.hook}" if s.hook else s.phase
         stall = "-" if s.stall_ms is None else f"{s.stall_ms:.3f}"
-        yield [i, s.op, phase, s.module or "", f"{short_path(s.file)}:{s.line}", s.count,
+        row = [i, s.op, phase, s.module or "", f"{short_path(s.file)}:{s.line}", s.count,
                f"{s.per_step:g}", stall]
+        per_rank = getattr(s, "per_rank", None)
+        if per_rank and len(per_rank) > 1:
+            values = list(per_rank.values())
+            # a sync on some ranks only stalls the others at their next collective
+            differs = " (differs)" if len(set(values)) > 1 else ""
+            row.append(" | ".join(f"{v:g}" for v in values) + differs)
+        yield row
 
 
 def fix_line(site) -> str:
@@ -58,7 +69,8 @@ def summary(report) -> str:
             else "simulated: what would sync on CUDA" if report.mode == "simulate"
             else f"measured on {report.device}")
     phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
-    return (f"gpusync scan of {report.target or 'watch'} ({mode}): "
+    ranks = f", {report.ranks} ranks" if getattr(report, "ranks", 1) > 1 else ""
+    return (f"gpusync scan of {report.target or 'watch'} ({mode}{ranks}): "
             f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) over "
             f"{report.measured_steps} measured step(s) after {report.warmup} warm-up; "
             f"by phase: {phases}")

@@ -1,6 +1,6 @@
 from tabulate import tabulate
 
-from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, summary
+from .common import SETUP_TITLE, fix_line, headers, numbered, rows, summary
 
 
 def render(report) -> str:
@@ -13,10 +13,10 @@ def render(report) -> str:
     steady = [(i, s) for i, s in sites if not s.setup]
     setup = [(i, s) for i, s in sites if s.setup]
     if steady:
-        out += [tabulate(list(rows(steady)), headers=HEADERS, tablefmt="github"), ""]
+        out += [tabulate(list(rows(steady)), headers=headers(report), tablefmt="github"), ""]
     if setup:
         out += [f"### Setup: {SETUP_TITLE}", "",
-                tabulate(list(rows(setup)), headers=HEADERS, tablefmt="github"), ""]
+                tabulate(list(rows(setup)), headers=headers(report), tablefmt="github"), ""]
     out += ["### Fixes", ""]
     out += [f"{i}. {fix_line(s)}" for i, s in sites]
     return "\n".join(out) + "\n"

@@ -1,0 +1,73 @@
+"""`torchrun --nproc_per_node 2 -m gpusync scan`: each rank scans its own process, rank 0 writes
+one merged report (gloo on the CPU, on a virtual CUDA device); a rank that raises is named with
+its error and line; a rank that never reports is named after --rank-timeout. Subprocesses:
+the process boundaries are what is tested."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import DETERMINISTIC, check_contract
+
+SCRIPT = textwrap.dedent('''
+    import os, time
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    rank = dist.get_rank()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    m = torch.nn.Linear(3, 1).to(dev)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(4):
+        loss = m(torch.randn(4, 3, device=dev)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        if rank == 1:
+            print(total.item())
+        if os.environ.get("FAIL_RANK") == str(rank) and step == 1:
+            raise RuntimeError(f"boom on rank {rank}")
+        if os.environ.get("HANG_RANK") == str(rank) and step == 3:
+            time.sleep(300)
+    dist.destroy_process_group()
+''')
+
+
+def torchrun(tmp_path, *args, **env):
+    (tmp_path / "ddp.py").write_text(SCRIPT)
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "gpusync", "scan", "ddp.py", "--format", "json", "-o", "r.json", *args],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        env={**os.environ, **DETERMINISTIC, **env})
+
+
+def test_two_ranks_give_one_report_with_each_ranks_counts(tmp_path):
+    proc = torchrun(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("report written") == 0  # info goes to stderr, once
+    assert proc.stderr.count("report written to r.json") == 1  # rank 0 only
+    data = check_contract(json.loads((tmp_path / "r.json").read_text()))
+    assert data["ranks"] == 2 and [r["rank"] for r in data["per_rank"]] == [0, 1]
+    item = next(s for s in data["sites"] if s["op"] == "item")
+    assert item["line"] == 16 and item["per_rank"] == {"0": 0.0, "1": 1.0}  # rank 1 only
+    assert item["per_step"] == 1.0  # the largest rank's
+    assert data["sites"][0] is not None and data["sites"][0]["op"] == "item"  # differs: first
+
+
+def test_a_rank_that_raises_is_named_with_its_line_and_rank_0_exits_3(tmp_path):
+    proc = torchrun(tmp_path, FAIL_RANK="1")
+    assert proc.returncode != 0
+    line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("gpusync: "))
+    assert line.startswith("gpusync: rank 1: the scanned code raised RuntimeError: boom on rank 1")
+    assert "ddp.py:18" in line
+    assert "exitcode  : 3" in proc.stderr  # rank 0's verdict, as torchrun reports it
+    data = json.loads((tmp_path / "r.json").read_text())  # what ran is still reported
+    assert data["ranks"] == 2 and "rank 1" in data["error"]
+
+
+def test_a_rank_that_never_reports_is_named_after_the_timeout(tmp_path):
+    proc = torchrun(tmp_path, "--rank-timeout", "3", HANG_RANK="1")
+    assert proc.returncode != 0
+    assert "rank 1 did not report (it hung or was killed)" in proc.stderr
