@@ -71,3 +71,24 @@ def test_a_rank_that_never_reports_is_named_after_the_timeout(tmp_path):
     proc = torchrun(tmp_path, "--rank-timeout", "3", HANG_RANK="1")
     assert proc.returncode != 0
     assert "rank 1 did not report (it hung or was killed)" in proc.stderr
+
+
+def test_the_torchrec_example_on_two_cpu_ranks_shows_each_ranks_input_dist(tmp_path):
+    import pytest
+
+    pytest.importorskip("torchrec")
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "gpusync", "examples",
+                           "torchrec_train.py")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "gpusync", "scan", os.path.abspath(example), "--steps", "2", "--format", "json",
+         "-o", "r.json", "--", "--batches", "8", "--rows", "2000"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, **DETERMINISTIC})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = check_contract(json.loads((tmp_path / "r.json").read_text()))
+    assert data["ranks"] == 2
+    input_dist = {s["op"]: s["per_rank"] for s in data["sites"] if s["phase"] == "input_dist"}
+    # torchrec's _safe_tolist on CUDA: a pageable non_blocking copy, then a stream wait
+    for op in ("pageable non_blocking copy", "Stream.synchronize"):
+        assert input_dist[op]["0"] > 0 and input_dist[op]["1"] > 0, input_dist
