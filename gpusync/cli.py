@@ -303,7 +303,7 @@ def _technique_options(fn):
                      help="Steps per sample (a sample is their mean)."),
         click.option("--repeats", type=click.IntRange(min=2), default=10, show_default=True,
                      help="Samples per variant."),
-        click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]),
+        click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]),
                      default="table", show_default=True),
     ]):
         fn = option(fn)
@@ -345,6 +345,10 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str:
             return json.dumps(document("gpusync-bench", payload[0]), indent=2) + "\n"
         return json.dumps(document("gpusync-bench-all", {"results": payload,
                                                          "not_run": not_run}), indent=2) + "\n"
+    if fmt == "html":
+        from .reporters.html import render_bench
+
+        return render_bench(results, not_run)
     text = "\n".join(technique_table(r, fmt) for r in results)
     return text + "".join(f"\nnot run: {name}: {why}\n" for name, why in not_run.items())
 

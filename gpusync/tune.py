@@ -197,6 +197,10 @@ def tuned_profile_text(profile: Profile, result: TechniqueResult, decision: Deci
 
 
 def render(profile: Profile, result: TechniqueResult, decision: Decision, fmt: str) -> str:
+    if fmt == "html":
+        from .reporters.html import render_tune
+
+        return render_tune(json.loads(render(profile, result, decision, "json")))
     if fmt == "json":
         from .schemas import document
 

@@ -407,6 +407,11 @@ def render(tune: ScriptTune, fmt: str) -> str:
     data = to_dict(tune)
     if fmt == "json":
         return json.dumps(data, indent=2) + "\n"
+    if fmt == "html":
+        from .reporters.html import render_tune
+
+        samples = {m.name: m.samples_ms for m in tune.result.variants} if tune.result else {}
+        return render_tune(data, samples)
     md = fmt == "markdown"
     out = [f"## gpusync tune of {tune.target}" if md else f"gpusync tune of {tune.target}"]
     if tune.result is not None:

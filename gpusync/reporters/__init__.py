@@ -1,9 +1,11 @@
 """Renderers: each is `render(report) -> str`."""
+from . import html as html_reporter
 from . import json as json_reporter
 from . import markdown, table
 from .common import library_view
 
-RENDERERS = {"table": table.render, "json": json_reporter.render, "markdown": markdown.render}
+RENDERERS = {"table": table.render, "json": json_reporter.render, "markdown": markdown.render,
+             "html": html_reporter.render_scan}
 FORMATS = tuple(RENDERERS)
 VIEWS = ("user", "library")
 

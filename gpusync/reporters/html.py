@@ -1,6 +1,6 @@
 """Self-contained HTML pages for scan, bench and tune results.
 
-One file with an embedded style and inline SVG plots: no script, no font, nothing fetched, so a
+One file, an embedded style and inline SVG plots: no script, font or anything else fetched, so a
 page opens from a CI artifact or on a machine with no network. Every string that came from the
 user's code, the command line or a library goes through html.escape (esc).
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..bench.timing import percentile
 from . import common
@@ -16,15 +16,16 @@ from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, short_path, 
 
 SVG_NS = "http://www.w3.org/2000/svg"  # a namespace name, never fetched
 BLUE, GREY, GREEN, ORANGE, RED = "#4c78a8", "#8a96a3", "#2e9d5b", "#e8a317", "#c0392b"
-CHAR_PX = 7.3  # width of one 12px monospace character: label margins are computed, not guessed
+CHAR_PX, LABEL_CHARS = 7.3, 60  # a 12px monospace character: label margins are computed
 BOX_NOTE = ("box: quartiles; thick bar: median; whiskers: the furthest sample within 1.5 IQR, "
             "dots beyond; dashed line: the baseline's median")
+TIMING = ["p50 ms", "p90 ms", "vs baseline", "syncs/step", "syncs by phase", "peak alloc MB",
+          "peak reserved MB", "parity"]
 STYLE = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI","DejaVu Sans",sans-serif;color:#1f2933;
  max-width:1150px;margin:24px auto;padding:0 16px}
-h1{font-size:21px;margin:0 0 6px}
+h1{font-size:21px;margin:0 0 6px}h3{font-size:15px;margin:18px 0 6px}
 h2{font-size:17px;margin:28px 0 8px;padding-bottom:4px;border-bottom:1px solid #d9dee3}
-h3{font-size:15px;margin:18px 0 6px}
 .summary{color:#3e4c59;margin:4px 0}.muted{color:#7b8794;font-size:12px}
 .error{color:#c0392b;font-weight:600}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
@@ -35,8 +36,7 @@ tr.site td{border-bottom:none}
 tr.fix td{color:#52606d;font-size:12px;padding-top:0;border-bottom:1px solid #cbd2d9}
 tr.predicted td{background:#fff8e1}tr.chosen td{background:#e3f6ea}
 .badge{display:inline-block;padding:0 6px;margin-left:4px;border-radius:8px;font-size:11px;
- background:#e8a317;color:#1f2933}
-.badge.chosen{background:#2e9d5b;color:#fff}
+ background:#e8a317;color:#1f2933}.badge.chosen{background:#2e9d5b;color:#fff}
 svg{display:block;margin:6px 0 14px}
 svg text{font:12px ui-monospace,"DejaVu Sans Mono",monospace;fill:#1f2933}
 pre{background:#f5f7fa;padding:8px 10px;overflow:auto;font-size:12px}
@@ -53,19 +53,20 @@ def page(title: str, body: list[str]) -> str:
             + "\n".join(body) + "\n</body></html>\n")
 
 
+def thead(headers: Sequence[str]) -> str:
+    return "<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in headers) + "</tr></thead>"
+
+
 def table(headers: Sequence[str], body: list[list], num: Sequence[int] = (),
           classes: Sequence[str] = ()) -> str:
-    """Cells are escaped here; `num` columns are right-aligned, `classes` style whole rows. A
-    column with nothing in it ("-" throughout: GPU memory on a CPU) is left out, so the
-    text columns get the width."""
+    """Cells escaped; `num` columns right-aligned; `classes` style whole rows. A column that is
+    "-" throughout (GPU memory on a CPU) is left out, so the text columns get the width."""
     keep = [i for i in range(len(headers)) if not body or any(r[i] != "-" for r in body)]
-    out = ["<table><thead><tr>" + "".join(f"<th>{esc(headers[i])}</th>" for i in keep)
-           + "</tr></thead><tbody>"]
+    out = [thead([headers[i] for i in keep]) + "<tbody>"]
     for k, row in enumerate(body):
         cls = f' class="{classes[k]}"' if k < len(classes) and classes[k] else ""
-        cells = "".join(f'<td class="num">{esc(row[i])}</td>' if i in num
-                        else f"<td>{esc(row[i])}</td>" for i in keep)
-        out.append(f"<tr{cls}>{cells}</tr>")
+        out.append(f"<tr{cls}>" + "".join(f'<td class="num">{esc(row[i])}</td>' if i in num
+                                          else f"<td>{esc(row[i])}</td>" for i in keep) + "</tr>")
     return "\n".join(out + ["</tbody></table>"])
 
 
@@ -77,8 +78,7 @@ def ticks(lo: float, hi: float, count: int = 5) -> list[float]:
     power = 10.0 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
     first = math.floor(lo / step + 1e-9) * step
-    n = math.ceil((hi - first) / step - 1e-9)
-    return [round(first + i * step, 10) for i in range(n + 1)]
+    return [round(first + i * step, 10) for i in range(math.ceil((hi - first) / step - 1e-9) + 1)]
 
 
 def svg(width: float, height: float, parts: list[str], label: str) -> str:
@@ -102,146 +102,114 @@ def rect(x: float, y: float, w: float, h: float, colour: str, extra: str = "") -
             f'fill="{colour}"{extra}/>')
 
 
-def x_axis(lo: float, hi: float, left: float, width: float, top: float, bottom: float,
-           unit: str) -> tuple[list[str], float, float]:
-    """A horizontal value axis with grid lines: (parts, axis start, axis end) for scaling."""
-    marks = ticks(lo, hi)
-    t0, t1 = marks[0], marks[-1]
-    parts = []
-    for t in marks:
-        x = left + (t - t0) / (t1 - t0) * width
-        parts += [line(x, top, x, bottom, "#e4e7eb"), text(x, bottom + 15, f"{t:g}", "middle")]
-    parts.append(line(left, bottom, left + width, bottom))
-    parts.append(text(left + width / 2, bottom + 32, unit, "middle"))
-    return parts, t0, t1
+def dot(x: float, y: float, r: float, colour: str) -> str:
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r}" fill="{colour}"/>'
 
 
-def row_label(x: float, y: float, name: str, chars: int = 50) -> str:
-    """A row's label, right-aligned at x. A long one keeps its start (the op, the name) and its
-    end (file:line) around an ellipsis; the whole of it shows on hover (its <title>)."""
-    if len(name) <= chars:
+def row_label(x: float, y: float, name: str) -> str:
+    """Right-aligned at x. A long label keeps its start (op, name) and its end (file:line)
+    around an ellipsis; hovering shows the whole of it (its <title>)."""
+    if len(name) <= LABEL_CHARS:
         return text(x, y, name, "end")
-    short = name[:20] + "\u2026" + name[-(chars - 21):]
+    short = name[:24] + "\u2026" + name[-(LABEL_CHARS - 25):]
     return (f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end"><title>{esc(name)}</title>'
             f"{esc(short)}</text>")
 
 
-def label_width(names: list[str], chars: int = 50) -> float:
-    return CHAR_PX * min(chars, max(len(n) for n in names)) + 14
+def rows_plot(names: list[str], row: float, lo: float, hi: float,
+              unit: str) -> tuple[list[str], float, Callable[[float], float], float]:
+    """The frame of a plot with a row per name and values along x: (parts, left margin,
+    x of a value, bottom)."""
+    left = CHAR_PX * min(LABEL_CHARS, max(map(len, names))) + 14
+    width, top = 640.0, 8.0
+    bottom = top + row * len(names)
+    marks = ticks(lo, hi)
+
+    def sx(v: float) -> float:
+        return left + (v - marks[0]) / (marks[-1] - marks[0]) * width
+
+    parts = [p for t in marks for p in (line(sx(t), top, sx(t), bottom, "#e4e7eb"),
+                                        text(sx(t), bottom + 15, f"{t:g}", "middle"))]
+    parts += [line(left, bottom, left + width, bottom),
+              text(left + width / 2, bottom + 32, unit, "middle")]
+    parts += [row_label(left - 8, top + k * row + row / 2 + 4, n) for k, n in enumerate(names)]
+    return parts, left, sx, bottom
 
 
 def hbars(items: list[tuple[str, float, str]], unit: str, label: str) -> str:
-    """Horizontal bars: (label, value, colour) a row each, the value printed at the bar's end."""
-    left = label_width([name for name, _, _ in items])
-    width, row, top = 640.0, 22.0, 8.0
-    bottom = top + row * len(items)
-    parts, t0, t1 = x_axis(0.0, max(v for _, v, _ in items), left, width, top, bottom, unit)
-    for k, (name, value, colour) in enumerate(items):
-        y = top + k * row
-        w = (value - t0) / (t1 - t0) * width
-        parts += [row_label(left - 8, y + 15, name), rect(left, y + 4, w, row - 8, colour),
-                  text(left + w + 4, y + 15, f"{value:g}")]
-    return svg(left + width + 60, bottom + 40, parts, label)
-
-
-def vbars(items: list[tuple[str, float]], unit: str, label: str) -> str:
-    """Vertical bars, one per category (phases), value axis on the left."""
-    left, top, height, col = 60.0, 12.0, 180.0, 96.0
-    bottom = top + height
-    marks = ticks(0.0, max(v for _, v in items))
-    parts = [text(14, top + height / 2, unit, "middle",
-                  f' transform="rotate(-90 14 {top + height / 2:.1f})"')]
-    for t in marks:
-        y = bottom - t / marks[-1] * height
-        parts += [line(left, y, left + col * len(items), y, "#e4e7eb"),
-                  text(left - 6, y + 4, f"{t:g}", "end")]
-    for k, (name, value) in enumerate(items):
-        x, h = left + k * col + 18, value / marks[-1] * height
-        parts += [rect(x, bottom - h, col - 36, h, BLUE), text(x + col / 2 - 18, bottom - h - 4,
-                  f"{value:g}", "middle"), text(x + col / 2 - 18, bottom + 16, name, "middle")]
-    parts.append(line(left, bottom, left + col * len(items), bottom))
-    return svg(left + col * len(items) + 20, bottom + 28, parts, label)
+    """Horizontal bars, (name, value, colour) a row each, the value at the bar's end."""
+    parts, left, sx, bottom = rows_plot([n for n, _, _ in items], 22.0, 0.0,
+                                        max(v for _, v, _ in items), unit)
+    for k, (_, value, colour) in enumerate(items):
+        y = 8.0 + k * 22.0
+        parts += [rect(left, y + 4, sx(value) - left, 14, colour),
+                  text(sx(value) + 4, y + 15, f"{value:g}")]
+    return svg(left + 700, bottom + 40, parts, label)
 
 
 def box_plot(items: list[dict], baseline: str, label: str) -> str:
-    """Step times, a row per candidate ({name, samples_ms?, p50_ms, p90_ms, colour}): a box
-    (quartiles, median line, whiskers to the furthest sample within 1.5 IQR, dots beyond) when
+    """Step times, a row per candidate ({name, label, colour, p50_ms, p90_ms, samples_ms?}): a
+    box (quartiles, median, whiskers to the furthest sample within 1.5 IQR, dots beyond) where
     samples exist, else the P50 as a dot with a whisker to the P90. The baseline's median is a
-    dashed line, so each row reads as faster or slower than the script as it is."""
+    dashed line, so each row reads as faster or slower than the baseline."""
     values = [x for c in items for x in (c.get("samples_ms") or [c["p50_ms"], c["p90_ms"]])]
-    left = label_width([c["label"] for c in items])
-    width, row, top = 640.0, 34.0, 8.0
-    bottom = top + row * len(items)
-    parts, t0, t1 = x_axis(min(values), max(values), left, width, top, bottom, "step time (ms)")
-
-    def sx(v: float) -> float:
-        return left + (v - t0) / (t1 - t0) * width
-
+    row = 34.0
+    parts, left, sx, bottom = rows_plot([c["label"] for c in items], row, min(values),
+                                        max(values), "step time (ms)")
     base = next((c for c in items if c["name"] == baseline), None)
-    if base is not None:  # its median: from the samples drawn, where there are samples
-        bx = sx(percentile(base.get("samples_ms") or [base["p50_ms"]], 50))
-        parts.append(line(bx, top, bx, bottom, GREY, ' stroke-dasharray="4 3"'))
+    if base is not None:  # its median from the samples drawn, where there are samples
+        x = sx(percentile(base.get("samples_ms") or [base["p50_ms"]], 50))
+        parts.append(line(x, 8.0, x, bottom, GREY, ' stroke-dasharray="4 3"'))
     for k, c in enumerate(items):
-        y, mid, colour = top + k * row + 6, top + k * row + row / 2, c["colour"]
-        parts.append(row_label(left - 8, mid + 4, c["label"]))
+        y, colour = 8.0 + k * row + 6, c["colour"]
+        mid = y + 11
         samples = sorted(c.get("samples_ms") or [])
         if not samples:  # only P50 and P90 are known
             parts += [line(sx(c["p50_ms"]), mid, sx(c["p90_ms"]), mid, colour),
                       line(sx(c["p90_ms"]), mid - 5, sx(c["p90_ms"]), mid + 5, colour),
-                      f'<circle cx="{sx(c["p50_ms"]):.1f}" cy="{mid:.1f}" r="5" '
-                      f'fill="{colour}"/>']
+                      dot(sx(c["p50_ms"]), mid, 5, colour)]
             continue
         q1, med, q3 = (percentile(samples, q) for q in (25, 50, 75))
         lo = min(x for x in samples if x >= q1 - 1.5 * (q3 - q1))
         hi = max(x for x in samples if x <= q3 + 1.5 * (q3 - q1))
         parts += [line(sx(lo), mid, sx(q1), mid, colour), line(sx(q3), mid, sx(hi), mid, colour),
-                  line(sx(lo), y + 4, sx(lo), y + row - 16, colour),
-                  line(sx(hi), y + 4, sx(hi), y + row - 16, colour),
-                  rect(sx(q1), y, max(sx(q3) - sx(q1), 1.5), row - 12, colour,
-                       ' fill-opacity="0.35" stroke="' + colour + '"'),
-                  line(sx(med), y, sx(med), y + row - 12, colour, ' stroke-width="2.5"')]
-        parts += [f'<circle cx="{sx(x):.1f}" cy="{mid:.1f}" r="2.5" fill="{colour}"/>'
-                  for x in samples if x < lo or x > hi]
-    return svg(left + width + 30, bottom + 40, parts, label)
+                  line(sx(lo), mid - 7, sx(lo), mid + 7, colour),
+                  line(sx(hi), mid - 7, sx(hi), mid + 7, colour),
+                  rect(sx(q1), y, max(sx(q3) - sx(q1), 1.5), 22, colour,
+                       f' fill-opacity="0.35" stroke="{colour}"'),
+                  line(sx(med), y, sx(med), y + 22, colour, ' stroke-width="2.5"')]
+        parts += [dot(sx(x), mid, 2.5, colour) for x in samples if x < lo or x > hi]
+    return svg(left + 670, bottom + 40, parts, label)
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def phases(by_phase: dict | None) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in (by_phase or {}).items()) or "-"
-
-
 def timing_cells(c: dict, base_p50: float | None) -> list[str]:
-    """The columns bench and tune share, as technique_table spells them."""
-    ratio = (c["p50_ms"] / base_p50) if c.get("p50_ms") is not None and base_p50 else None
-    return [fmt(c.get("p50_ms")), fmt(c.get("p90_ms")), fmt(ratio), fmt(c.get("syncs_per_step"),
-            "g"), phases(c.get("syncs_by_phase")), fmt(c.get("peak_alloc_mb"), ".1f"),
-            fmt(c.get("peak_reserved_mb"), ".1f"), c.get("parity") or "-"]
-
-
-TIMING = ["p50 ms", "p90 ms", "vs baseline", "syncs/step", "syncs by phase", "peak alloc MB",
-          "peak reserved MB", "parity"]
+    """The columns bench and tune share, spelled as bench.render.technique_table does."""
+    ratio = c["p50_ms"] / base_p50 if c.get("p50_ms") is not None and base_p50 else None
+    by_phase = ", ".join(f"{k} {v:g}" for k, v in (c.get("syncs_by_phase") or {}).items())
+    return [fmt(c.get("p50_ms")), fmt(c.get("p90_ms")), fmt(ratio),
+            fmt(c.get("syncs_per_step"), "g"), by_phase or "-",
+            fmt(c.get("peak_alloc_mb"), ".1f"), fmt(c.get("peak_reserved_mb"), ".1f"),
+            c.get("parity") or "-"]
 
 
 def site_table(report, sites: list) -> str:
-    """The sites' rows (common.rows), each followed by its fix; predicted sites are shaded and
-    badged, since no CUDA run saw them."""
-    # the per-rank column is recent (common.headers): use it where common has it
-    heads = getattr(common, "headers", lambda _: HEADERS)(report)
-    out = ["<table><thead><tr>" + "".join(f"<th>{esc(h)}</th>" for h in heads)
-           + "</tr></thead><tbody>"]
+    """common.rows, each site followed by its fix; predicted sites shaded and badged (no CUDA
+    run saw them)."""
+    heads = getattr(common, "headers", lambda _: HEADERS)(report)  # + per rank, where known
+    out = [thead(heads) + "<tbody>"]
     for (_, site), row in zip(sites, rows(sites), strict=True):
-        cls = "site predicted" if site.predicted else "site"
         cells = [f'<td class="num">{esc(c)}</td>' if k == 0 or k >= 5 else f"<td>{esc(c)}</td>"
                  for k, c in enumerate(row)]
-        if site.predicted:
+        mark = " predicted" if site.predicted else ""
+        if mark:
             cells[1] = f'<td>{esc(row[1])}<span class="badge">predicted</span></td>'
-        out.append(f'<tr class="{cls}">' + "".join(cells) + "</tr>")
-        fix_cls = "fix predicted" if site.predicted else "fix"
-        out.append(f'<tr class="{fix_cls}"><td></td><td colspan="{len(heads) - 1}">fix: '
-                   f"{esc(fix_line(site))}</td></tr>")
+        out += [f'<tr class="site{mark}">' + "".join(cells) + "</tr>",
+                f'<tr class="fix{mark}"><td></td><td colspan="{len(heads) - 1}">fix: '
+                f"{esc(fix_line(site))}</td></tr>"]
     return "\n".join(out + ["</tbody></table>"])
 
 
@@ -249,6 +217,7 @@ def render_scan(report) -> str:
     sites = numbered(report)
     steady = [(i, s) for i, s in sites if not s.setup]
     setup = [(i, s) for i, s in sites if s.setup]
+    title = f"gpusync scan of {report.target or 'watch'}"
     body = [f"<h1>gpusync scan: {esc(report.target or 'watch')}</h1>",
             f'<p class="summary">{esc(summary(report))}</p>',
             f'<p class="muted">device {esc(report.device)}, torch {esc(report.torch_version)}, '
@@ -259,50 +228,49 @@ def render_scan(report) -> str:
     if report.notes:
         body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in report.notes) + "</ul>")
     if not report.sites:
-        return page(f"gpusync scan of {report.target}",
-                    body + ["<p>No host&lt;-device syncs found.</p>"])
+        return page(title, body + ["<p>No host&lt;-device syncs found.</p>"])
     if report.syncs_by_phase:
-        body += ["<h2>Syncs per step by phase</h2>",
-                 vbars(list(report.syncs_by_phase.items()), "syncs/step", "syncs per phase")]
+        body += ["<h2>Syncs per step by phase</h2>", hbars(
+            [(k, v, BLUE) for k, v in report.syncs_by_phase.items()], "syncs/step", "phases")]
     if steady:
-        items = [(f"#{i} {s.op} {short_path(s.file)}:{s.line}", s.per_step,
-                  ORANGE if s.predicted else BLUE) for i, s in steady]
+        bars = [(f"#{i} {s.op} {short_path(s.file)}:{s.line}", s.per_step,
+                 ORANGE if s.predicted else BLUE) for i, s in steady]
         legend = (' <span class="badge">predicted</span> in orange: known from the library\'s '
                   "source, not seen" if any(s.predicted for _, s in steady) else "")
-        body += ["<h2>Syncs per step by site</h2>", hbars(items, "syncs/step", "syncs per site"),
+        body += ["<h2>Syncs per step by site</h2>", hbars(bars, "syncs/step", "syncs per site"),
                  f'<p class="muted">mean per measured step.{legend}</p>',
                  "<h2>Sites, per step</h2>", site_table(report, steady)]
     if setup:
         body += [f"<h2>Setup: {esc(SETUP_TITLE)}</h2>", site_table(report, setup)]
-    return page(f"gpusync scan of {report.target}", body)
+    return page(title, body)
 
 
-def render_bench(results) -> str:
-    """TechniqueResult objects (or their to_dict(), as `bench --format json` writes them)."""
+def render_bench(results, not_run: dict | None = None) -> str:
+    """TechniqueResult objects, or their to_dict() (what `bench --format json` holds);
+    `not_run`: technique -> why this machine could not run it (`bench all`)."""
     body = ["<h1>gpusync bench</h1>"]
     for result in results:
         d = result.to_dict() if hasattr(result, "to_dict") else result
         base = next(v for v in d["variants"] if v["name"] == d["baseline"])
-        body += [f"<h2>{esc(d['technique'])} on {esc(d['device'])}</h2>",
-                 f'<p class="summary">{esc(d["date"])}: {d["repeats"]} samples per variant, '
-                 f"each the mean of {d['steps']} steps</p>"]
         items = [{**v, "label": v["name"] + (" (baseline)" if v is base else ""),
                   "colour": GREY if v is base else BLUE} for v in d["variants"]]
-        body += [box_plot(items, d["baseline"], f"{d['technique']} step times"),
-                 f'<p class="muted">{BOX_NOTE}</p>']
-        body.append(table(["variant", *TIMING],
-                          [[c["label"], *timing_cells(c, base["p50_ms"])] for c in items],
-                          num=range(1, 5)))
+        body += [f"<h2>{esc(d['technique'])} on {esc(d['device'])}</h2>",
+                 f'<p class="summary">{esc(d["date"])}: {esc(d["repeats"])} samples per '
+                 f"variant, each the mean of {esc(d['steps'])} steps</p>",
+                 box_plot(items, d["baseline"], f"{d['technique']} step times"),
+                 f'<p class="muted">{BOX_NOTE}</p>',
+                 table(["variant", *TIMING], [[c["label"], *timing_cells(c, base["p50_ms"])]
+                                              for c in items], num=range(1, 5))]
         body += [f'<p class="muted">not run: {esc(name)}: {esc(why)}</p>'
                  for name, why in d.get("skipped", {}).items()]
+    body += [f"<p>not run: {esc(name)}: {esc(why)}</p>" for name, why in (not_run or {}).items()]
     return page("gpusync bench", body)
 
 
-def _profile_candidates(data: dict) -> list[dict]:
-    """`tune PROFILE --format json` keeps its candidates as a bench result with verdicts:
-    spelled here as the script form's candidates, raw samples kept."""
-    result, verdicts = data["result"], data.get("verdicts", {})
-    out = []
+def profile_candidates(data: dict) -> list[dict]:
+    """`tune PROFILE --format json` holds a bench result and verdicts: its candidates in the
+    script form's spelling, raw samples kept."""
+    result, verdicts, out = data["result"], data.get("verdicts", {}), []
     for v in result["variants"]:
         verdict = verdicts.get(v["name"], "")
         status = ("chosen" if v["name"] == data["chosen"] else "rejected"
@@ -313,10 +281,10 @@ def _profile_candidates(data: dict) -> list[dict]:
 
 
 def render_tune(data: dict, samples: dict | None = None) -> str:
-    """The `gpusync tune --format json` document (a script's, or a profile's); `samples`
+    """A `gpusync tune --format json` document (a script's, or a profile's). `samples`
     (candidate -> raw step times) draws boxes where the document holds only P50 and P90."""
     profile = data.get("kind") == "gpusync-tune-profile"
-    cands = _profile_candidates(data) if profile else data["candidates"]
+    cands = profile_candidates(data) if profile else data["candidates"]
     baseline = data["result"]["baseline"] if profile else data.get("baseline", "baseline")
     chosen = data.get("chosen", baseline)
     target = data.get("target") or data.get("result", {}).get("technique", "")
@@ -325,9 +293,8 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
                                          f"{data.get('p90_gain', 0):.1%} lower than the baseline")
     body = [f"<h1>gpusync tune: {esc(target)}</h1>",
             f'<p class="summary">chosen: <span class="badge chosen">{esc(chosen)}</span>'
-            f"{esc(gain)}</p>",
-            f'<p class="muted">{esc(data.get("command", ""))} {esc(data.get("device", ""))} '
-            f"{esc(data.get('date', ''))}</p>"]
+            f"{esc(gain)}</p>", f'<p class="muted">{esc(data.get("command", ""))} '
+            f"{esc(data.get('device', ''))} {esc(data.get('date', ''))}</p>"]
     if data.get("notes"):
         body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in data["notes"]) + "</ul>")
     items = []
@@ -356,7 +323,9 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
     if settings:
         body += ["<h2>Chosen settings</h2>", table(
             ["setting", "value", "change"],
-            [[k, v, "changed" if k in changes else "-"] for k, v in settings.items()])]
+            # spelled as the libraries read them (true, not True); "" is an unset variable
+            [[k, str(v).lower() if isinstance(v, bool) else v if v != "" else '""',
+              "changed" if k in changes else "-"] for k, v in settings.items()])]
     emit = data.get("emit", {})
     if emit.get("python"):
         body.append(f"<h3>In your code</h3><pre>{esc(emit['python'])}</pre>")

@@ -1,5 +1,8 @@
 """The HTML reports in a real browser: a headless Chromium / Chrome renders a scan page and a
-tune page from file:// (no network) to a PNG. Skipped where no such browser is installed."""
+tune page from file:// (no network) to a PNG. Skipped where no such browser is installed.
+With GPUSYNC_SCREENSHOTS=DIR the PNGs are kept there: README's images come from this test
+(`GPUSYNC_SCREENSHOTS=docs/img pytest tests/integration/test_html_screenshot.py`)."""
+import os
 import shutil
 import subprocess
 import textwrap
@@ -43,4 +46,8 @@ def test_scan_and_tune_pages_render_in_a_headless_browser(tmp_path):
     for name, page in pages.items():
         html_path = tmp_path / f"{name}.html"
         html_path.write_text(page, encoding="utf-8")
-        screenshot(exe, html_path, tmp_path / f"{name}.png", tmp_path / f"profile-{name}")
+        png = tmp_path / f"{name}.png"
+        screenshot(exe, html_path, png, tmp_path / f"profile-{name}")
+        keep = os.environ.get("GPUSYNC_SCREENSHOTS")
+        if keep:
+            shutil.copyfile(png, os.path.join(keep, f"{name}-report.png"))

@@ -155,6 +155,8 @@ def test_bench_page_has_a_box_plot_and_table_per_technique(bench_result):
     assert "step time (ms)" in text and "p50 ms" in text
     assert "peak alloc MB" not in text  # no GPU: the empty columns are left out
     assert render_bench([bench_result.to_dict()]) == render_bench([bench_result])  # JSON too
+    skipped = check_page(render_bench([], not_run={"collectives": f"needs torchrun {EVIL}"}))
+    assert f"not run: collectives: needs torchrun {EVIL}" in skipped.joined
 
 
 def test_box_plot_whiskers_stop_at_1_5_iqr_and_outliers_are_dots():
@@ -226,3 +228,18 @@ def test_tune_profile_document_is_drawn_from_its_samples(bench_result):
     assert "fast (chosen)" in text and "naive (baseline)" in text
     assert page.split("<svg")[1].count("<rect") == 3  # a box per variant
     assert "rejected" in text and "pipeline" in text
+
+
+def test_every_command_with_format_html_writes_a_page(tmp_path, monkeypatch):
+    from gpusync.bench import techniques
+    from tests.conftest import run_main
+    from tests.unit.test_json_contract import _fake_technique
+
+    (tmp_path / "train.py").write_text(textwrap.dedent(SCRIPT))
+    proc = run_main("scan", "train.py", "--format", "html", "-o", "r.html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r.html").read_text().lstrip().lower().startswith("<!doctype html")
+    monkeypatch.setitem(techniques.TECHNIQUES, "writeback", _fake_technique)
+    proc = run_main("bench", "writeback", "--steps", "1", "--repeats", "2", "--format", "html")
+    assert proc.returncode == 0, proc.stderr
+    assert "<svg" in proc.stdout and "naive" in proc.stdout
