@@ -130,10 +130,12 @@ def _timing(job: dict, results: _Results) -> None:
 
     from .bench.workloads import step_times
 
+    live: dict[str, Any] = {"steps": 0}
     try:
-        with _saving_on_exit(results, dict):
+        with _snapshots(results, lambda: {"steps": live["steps"]}), \
+                _saving_on_exit(results, dict):
             samples = step_times(job["target"], job["mode"], job["steps"],
-                                 warmup=job["warmup"])
+                                 warmup=job["warmup"], live=live)
     except GpusyncError:
         raise
     except (Exception, SystemExit) as e:

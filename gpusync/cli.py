@@ -249,7 +249,7 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
             timing_result = (gate.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU")
         else:
             base = data["timing"]["samples_ms"]
-            now = step_times(target, "cuda", len(base), warmup=3)
+            now = step_times(target, "cuda", len(base), warmup=3, command="gate")
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if verdict.only_improvements:

@@ -216,11 +216,16 @@ def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
     return ScanOutcome(report, failure)
 
 
-def step_times(target: str | None, mode: str, steps: int, warmup: int) -> list[float]:
-    """Step times of an unscanned run (baseline --timing, gate timings), in a child too."""
-    result, returncode = run_child({"kind": "timing", "target": target, "mode": mode,
-                                    "steps": steps, "warmup": warmup,
-                                    "verbosity": verbosity.level})
+def step_times(target: str | None, mode: str, steps: int, warmup: int,
+               command: str = "baseline") -> list[float]:
+    """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
+    progress (steps done of warm-up + steps) on stderr once it has run for a few seconds."""
+    with Progress(f"gpusync {command}", delay=5.0) as progress:
+        progress.stage("timing steps without the scanner", total=warmup + steps)
+        result, returncode = run_child(
+            {"kind": "timing", "target": target, "mode": mode, "steps": steps,
+             "warmup": warmup, "verbosity": verbosity.level},
+            on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
     _raise_for(result)
     status = result.get("status")
     if status == DONE:

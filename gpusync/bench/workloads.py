@@ -23,13 +23,17 @@ def build(target_text: str | None, mode: str, batches: int = 8):
 
 
 def step_times(target_text: str | None, mode: str, steps: int, warmup: int,
-               timer: BlockTimer | None = None) -> Samples:
+               timer: BlockTimer | None = None, live: dict | None = None) -> Samples:
+    """live["steps"]: the steps done so far (warm-up included), for progress."""
     workload, batches = build(target_text, mode)
     timer = timer or BlockTimer(cuda=mode == "cuda")
+    live = live if live is not None else {}
     with workload:
-        for _ in range(warmup):
+        for i in range(warmup):
             workload.step(next(batches))
+            live["steps"] = i + 1
         samples = Samples("step")
         for _ in range(steps):
             samples.ms.append(timer(lambda: workload.step(next(batches))))
+            live["steps"] = warmup + len(samples.ms)
         return samples
