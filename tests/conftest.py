@@ -35,6 +35,15 @@ def run_cli(*args, cwd=None):
                           text=True, cwd=cwd, timeout=300, env={**os.environ, **DETERMINISTIC})
 
 
+PROGRESS_LINE = re.compile(r"^gpusync [a-z]+: .* \(\d+s elapsed\)$")
+
+
+def stderr_lines(proc) -> list[str]:
+    """stderr's non-empty lines less progress lines, which appear once a command has run 5 s
+    (on a loaded CI machine even a small scan may)."""
+    return [ln for ln in proc.stderr.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
+
+
 def run_main(*args, cwd=None):
     """The click entry point in this process, output captured like run_cli's. The code it
     scans still runs in gpusync's child process, which inherits DETERMINISTIC."""

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import check_contract
+from tests.conftest import check_contract, stderr_lines
 from tests.conftest import run_cli as gpusync
 
 CLEAN = textwrap.dedent('''
@@ -22,7 +22,7 @@ SYNCING = CLEAN + "    print(loss.item())\n"
 def one_line_error(proc):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    lines = stderr_lines(proc)
     assert len(lines) == 1, proc.stderr
     return lines[0]
 
@@ -76,13 +76,13 @@ def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(t
     assert proc.returncode == 3
     assert "item" in proc.stdout and "user bug" in proc.stdout
     assert "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines()[-1] == (
+    assert stderr_lines(proc)[-1] == (
         f"gpusync: the scanned code raised RuntimeError: user bug at {script}:9 "
         "(-v: the traceback)")
     proc = gpusync("scan", str(script), "-v")
     assert proc.returncode == 3
     assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
-    assert proc.stderr.splitlines()[-1].endswith(f"user bug at {script}:9")
+    assert stderr_lines(proc)[-1].endswith(f"user bug at {script}:9")
 
 
 def test_quiet_shows_errors_only(tmp_path):
@@ -90,9 +90,9 @@ def test_quiet_shows_errors_only(tmp_path):
 
     (tmp_path / "t.py").write_text(CLEAN)
     proc = run_main("-q", "scan", "t.py", "-o", "r.txt", cwd=tmp_path)
-    assert proc.returncode == 0 and proc.stderr == "" and (tmp_path / "r.txt").exists()
+    assert proc.returncode == 0 and proc.stderr == "" and (tmp_path / "r.txt").exists()  # -q
     proc = run_main("scan", "t.py", "-o", "r.txt", cwd=tmp_path)
-    assert proc.stderr == "report written to r.txt\n"  # without -q
+    assert stderr_lines(proc) == ["report written to r.txt"]  # without -q
     proc = run_main("scan", "-q", "missing.py", cwd=tmp_path)
     assert proc.returncode == 2 and "missing.py" in proc.stderr  # errors still show
 

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import check_contract
+from tests.conftest import check_contract, stderr_lines
 from tests.conftest import run_main as run
 
 LOOP = textwrap.dedent('''
@@ -175,7 +175,7 @@ def test_a_baseline_that_breaks_its_schema_never_passes(project, mutate, message
     (project / "base.json").write_text(json.dumps(data))  # json writes NaN / Infinity as such
     proc = gate(project)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    lines = stderr_lines(proc)
     assert len(lines) == 1 and message in lines[0], proc.stderr
 
 

@@ -10,12 +10,12 @@ from gpusync.bench.harness import max_diff, parity_text
 from gpusync.errors import BadInput
 from gpusync.fileio import write_atomic
 from gpusync.profiles import load_profile
-from tests.conftest import run_main
+from tests.conftest import run_main, stderr_lines
 
 
 def one_line(proc, code=2):
     assert proc.returncode == code, proc.stdout + proc.stderr
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    lines = stderr_lines(proc)
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     return lines[0]
 
