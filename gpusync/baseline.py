@@ -52,21 +52,34 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def rank_sites(report):
+    """(site, key suffix, per_step) for each site; under torchrun one per rank that made it,
+    so a baseline and a gate count each rank on its own (`key | rank 1`)."""
+    for s in report.sites:
+        per_rank = getattr(s, "per_rank", None)
+        if getattr(report, "ranks", 1) > 1 and per_rank:
+            for rank, value in per_rank.items():
+                if value > 0 or s.setup:
+                    yield s, f" | rank {rank}", value
+        else:
+            yield s, "", s.per_step
+
+
 def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "",
                 steps: int | None = None) -> dict:
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
-    for s in report.sites:
+    for s, suffix, per_step in rank_sites(report):
         if s.setup:  # ran only before the measured steps: not a per-step count
             continue
         file = stable_file(s.file)
-        key = site_key(s.op, s.phase, s.module, file, s.function)
+        key = site_key(s.op, s.phase, s.module, file, s.function) + suffix
         entry = merged.setdefault(key, {
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
             "file": file, "function": s.function, "lines": [], "per_step": 0.0, "margin": 0.0,
             "fix": s.fix})
-        entry["per_step"] = round(entry["per_step"] + s.per_step, 4)
+        entry["per_step"] = round(entry["per_step"] + per_step, 4)
         entry["lines"] = sorted(set(entry["lines"]) | {s.line})
     data = {
         "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
@@ -78,6 +91,7 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
         "max_syncs_per_step": report.max_syncs_per_step,
         "syncs_by_phase": dict(sorted(report.syncs_by_phase.items())),
         "sites": [merged[k] for k in sorted(merged)],
+        "ranks": getattr(report, "ranks", 1),
     }
     if timing_ms is not None:
         data["timing"] = {"device": timing_device, "samples_ms": [round(x, 4) for x in timing_ms]}
@@ -87,8 +101,9 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
 def per_step_by_key(report) -> dict[str, float]:
     """The current run's counts, keyed like a baseline."""
     out: dict[str, float] = defaultdict(float)
-    for s in report.sites:
-        out[site_key(s.op, s.phase, s.module, stable_file(s.file), s.function)] += s.per_step
+    for s, suffix, per_step in rank_sites(report):
+        out[site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix] += (
+            per_step)
     return {k: round(v, 4) for k, v in out.items()}
 
 

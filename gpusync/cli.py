@@ -96,16 +96,13 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     if trace:
         check_directory(trace)
         before = os.path.getmtime(trace) if os.path.exists(trace) else None
-    outcome = _scan_isolated(target, steps, warmup, mode, script_args, virtual_cuda,
-                             command="scan", trace=os.path.abspath(trace) if trace else None,
-                             stop_when=ranks.PeerWatch(env) if env is not None else None)
+    outcome = _scan_ranks(env, rank_timeout, target, steps, warmup, mode, script_args,
+                          virtual_cuda, command="scan",
+                          trace=os.path.abspath(trace) if trace else None)
     if trace and os.path.exists(trace) and os.path.getmtime(trace) != before:
         verbosity.info(f"trace written to {trace}")
-    if env is not None:
-        ranks.post(env, outcome)
-        if env.rank != 0:
-            return  # exit 0: torchrun must not stop rank 0 before it writes the verdict
-        outcome = _merged(ranks.gather(env, rank_timeout), outcome)
+    if outcome is None:
+        return  # a rank other than 0: exit 0, torchrun must not stop rank 0 before its verdict
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -119,6 +116,20 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
         raise GpusyncError(f"{report.max_syncs_per_step} syncs in one step, more than "
                            f"--max-syncs-per-step {max_syncs_per_step}",
                            errors.EXIT_REGRESSION)
+
+
+def _scan_ranks(env, rank_timeout, *args, **kwargs):
+    """_scan_isolated in one process, or under torchrun on every rank: rank 0 gets the
+    merged outcome (gpusync/ranks.py), the others None once their report is in the store."""
+    from . import ranks
+
+    if env is None:
+        return _scan_isolated(*args, **kwargs)
+    outcome = _scan_isolated(*args, **{**kwargs, "stop_when": ranks.PeerWatch(env)})
+    ranks.post(env, outcome)
+    if env.rank != 0:
+        return None
+    return _merged(ranks.gather(env, rank_timeout), outcome)
 
 
 def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True,
@@ -165,10 +176,13 @@ def _raise_user_error(outcome) -> None:
         raise errors.UserCodeError(outcome.failure + where + hint)
 
 
-def _scan_or_fail(target, steps, warmup, mode, command):
+def _scan_or_fail(target, steps, warmup, mode, command, env=None, rank_timeout=600.0):
     """baseline and gate: stdout is theirs (a message, a verdict), so when the code fails,
-    the report of what ran goes to stderr, before the traceback."""
-    outcome = _scan_isolated(target, steps, warmup, mode, command=command)
+    the report of what ran goes to stderr, before the traceback. Under torchrun, None on the
+    ranks other than 0 (rank 0 has the merged report)."""
+    outcome = _scan_ranks(env, rank_timeout, target, steps, warmup, mode, command=command)
+    if outcome is None:
+        return None
     if outcome.failure is not None and outcome.report is not None:
         click.echo(render(outcome.report, "table"), err=True, nl=False)
     _raise_user_error(outcome)
@@ -185,14 +199,22 @@ def _scan_or_fail(target, steps, warmup, mode, command):
 @click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
 @click.option("--timing", is_flag=True, help="Also record step-time samples (unscanned run).")
 @click.option("--timing-steps", type=click.IntRange(min=10), default=30, show_default=True)
-def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
+@click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
+              help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
+def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank_timeout):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
-    from . import baseline
+    from . import baseline, ranks
     from .fileio import check_directory
     from .isolate import step_times
 
+    env = ranks.torchrun_env()
+    if env is not None and timing:
+        raise BadInput("--timing under torchrun is not supported yet: record the counts "
+                       "under torchrun and time steps in one process")
     check_directory(output)  # before the scan, not after
-    report = _scan_or_fail(target, steps, warmup, mode, "baseline")
+    report = _scan_or_fail(target, steps, warmup, mode, "baseline", env, rank_timeout)
+    if report is None:
+        return  # a rank other than 0: rank 0 writes the baseline
     samples = None
     if timing:
         samples = step_times(target, report.mode, timing_steps, warmup=3)
@@ -219,16 +241,23 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps):
 @click.option("--steps", type=click.IntRange(min=1))
 @click.option("--warmup", type=click.IntRange(min=0))
 @click.option("--mode", type=click.Choice(MODES), help="Default: the baseline's mode.")
+@click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
+              help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
 def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, steps, warmup,
-             mode):
+             mode, rank_timeout):
     """Compare TARGET (default: the baseline's target) with a baseline. Exit 0 pass,
     1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
     import torch
 
-    from . import baseline, gate
+    from . import baseline, gate, ranks
     from .isolate import step_times
 
     data = baseline.load(baseline_path)
+    env = ranks.torchrun_env()
+    world = env.world if env is not None else 1
+    if data.get("ranks", 1) != world:
+        raise BadInput(f"baseline {baseline_path} was recorded on {data.get('ranks', 1)} "
+                       f"rank(s), this run has {world}: record it again with as many")
     mode = mode or data.get("mode", "auto")
     if mode == "cuda" and not torch.cuda.is_available():
         verdict = gate.Verdict(status=gate.CANNOT_JUDGE,
@@ -238,7 +267,9 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
     target = target or data.get("target") or None
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
-    report = _scan_or_fail(target, steps, warmup, mode, "gate")
+    report = _scan_or_fail(target, steps, warmup, mode, "gate", env, rank_timeout)
+    if report is None:
+        return  # a rank other than 0: rank 0 gives the verdict
     problems = gate.compare_counts(data, report)
     timing_result = None
     if timing or (timing is None and "timing" in data):

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import errors
-from .baseline import per_step_by_key, site_key, stable_file
+from .baseline import per_step_by_key, rank_sites, site_key, stable_file
 
 PASS, REGRESSION, CANNOT_JUDGE = "pass", "regression", "cannot-judge"
 
@@ -61,9 +61,9 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
     fewer: fewer syncs than recorded is a win to write into the baseline."""
     current = per_step_by_key(report)
     now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
-    for s in report.sites:
-        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function)
-        now_lines[key][s.line] = (stable_file(s.file), s.per_step, s.fix)
+    for s, suffix, per_step in rank_sites(report):
+        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix
+        now_lines[key][s.line] = (stable_file(s.file), per_step, s.fix)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):

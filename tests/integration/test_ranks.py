@@ -92,3 +92,25 @@ def test_the_torchrec_example_on_two_cpu_ranks_shows_each_ranks_input_dist(tmp_p
     # torchrec's _safe_tolist on CUDA: a pageable non_blocking copy, then a stream wait
     for op in ("pageable non_blocking copy", "Stream.synchronize"):
         assert input_dist[op]["0"] > 0 and input_dist[op]["1"] > 0, input_dist
+
+
+def test_baseline_and_gate_count_each_rank(tmp_path):
+    (tmp_path / "ddp.py").write_text(SCRIPT)
+
+    def run(*args, **env):
+        return subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+             "2", "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True,
+            timeout=240, env={**os.environ, **DETERMINISTIC, **env})
+
+    proc = run("baseline", "ddp.py", "-o", "base.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = check_contract(json.loads((tmp_path / "base.json").read_text()))
+    assert data["ranks"] == 2
+    assert [s["key"].rsplit(" | ", 1)[1] for s in data["sites"]] == ["rank 1"]  # item: rank 1
+    assert run("gate", "--baseline", "base.json").returncode == 0
+    # the same script where rank 0 reads the value too: a new site on rank 0 only
+    (tmp_path / "ddp.py").write_text(SCRIPT.replace("if rank == 1:", "if True:"))
+    proc = run("gate", "--baseline", "base.json")
+    assert proc.returncode != 0 and "new sync site" in proc.stdout and "rank 0" in proc.stdout
+    assert "exitcode  : 1" in proc.stderr  # rank 0's verdict: a regression
