@@ -22,7 +22,8 @@ from .schemas import VERSIONS, validator
 
 KIND = "gpusync-baseline"
 # 2: steps are whole steps (README "Steps"), steps may be null; 3: a library's syncs are keyed
-# at the user's file and function, and setup-only sites are left out
+# at the user's file and function, and setup-only sites are left out; 4: `ranks`, and under
+# torchrun each rank's sites keyed on their own ("| rank N")
 BASELINE_SCHEMA = VERSIONS[KIND]
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 VERSIONS = {
     "gpusync-scan": 4,
-    "gpusync-baseline": 3,
+    "gpusync-baseline": 4,
     "gpusync-gate": 1,
     "gpusync-bench": 1,
     "gpusync-bench-all": 1,
