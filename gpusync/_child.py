@@ -129,8 +129,14 @@ def _timing(job: dict, results: _Results) -> None:
     import traceback
 
     from .bench.workloads import step_times
+    from .targets import ScriptTarget, parse_target
 
     live: dict[str, Any] = {"steps": 0}
+    if isinstance(parse_target(job["target"]), ScriptTarget):
+        with _snapshots(results, lambda: {"steps": live["steps"]}), \
+                _saving_on_exit(results, dict):
+            results.write(_script_timing(job, live))
+        return
     try:
         with _snapshots(results, lambda: {"steps": live["steps"]}), \
                 _saving_on_exit(results, dict):
@@ -143,6 +149,21 @@ def _timing(job: dict, results: _Results) -> None:
                        "traceback": "".join(traceback.format_exception(e))})
         return
     results.write({"status": isolate.DONE, "samples_ms": samples.ms})
+
+
+def _script_timing(job: dict, live: dict[str, Any]) -> dict[str, Any]:
+    """A script's step times: its own loop, unscanned, one sample per step after the
+    warm-up (tune's timed run with no settings changed)."""
+    from .tune_script import candidate_job
+
+    data = candidate_job({"target": job["target"], "script_args": [], "settings": {},
+                          "scan": False, "mode": job["mode"], "warmup": job["warmup"],
+                          "steps": job["steps"], "block": 1}, live)
+    if data["status"] == isolate.DONE and len(data["samples_ms"]) < job["steps"]:
+        return {"status": isolate.USER_ERROR, "message": (
+            f"the script ran {data['steps_run']} whole steps; timing needs "
+            f"{job['warmup'] + job['steps']} ({job['warmup']} warm-up + {job['steps']})")}
+    return {**data, "samples_ms": data["samples_ms"][:job["steps"]]}
 
 
 def _candidate(job: dict, results: _Results) -> None:

@@ -84,25 +84,24 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
     example (sparsenn).
     """
-    from . import ranks
+    from . import ranks, runs
     from .fileio import check_directory, write_atomic
 
     env = ranks.torchrun_env()
-    if env is not None and env.rank != 0:
-        output = trace = None  # rank 0 writes the one merged report
+    if runs.follow(env):
+        return  # a rank other than 0: rank 0 writes the one merged report
     if output:
         check_directory(output)  # before the scan, not after
     before = None
     if trace:
         check_directory(trace)
         before = os.path.getmtime(trace) if os.path.exists(trace) else None
-    outcome = _scan_ranks(env, rank_timeout, target, steps, warmup, mode, script_args,
-                          virtual_cuda, command="scan",
-                          trace=os.path.abspath(trace) if trace else None)
+    with runs.leading(env, rank_timeout) as lead:
+        outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
+                            command="scan", trace=os.path.abspath(trace) if trace else None,
+                            lead=lead)
     if trace and os.path.exists(trace) and os.path.getmtime(trace) != before:
         verbosity.info(f"trace written to {trace}")
-    if outcome is None:
-        return  # a rank other than 0: exit 0, torchrun must not stop rank 0 before its verdict
     if outcome.report is not None:
         text = render(outcome.report, fmt, show)
         if output:
@@ -112,57 +111,11 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
             click.echo(text, nl=False)
     _raise_user_error(outcome)
     report = outcome.report
+    assert report is not None  # no failure: the scan finished and reported
     if max_syncs_per_step is not None and report.max_syncs_per_step > max_syncs_per_step:
         raise GpusyncError(f"{report.max_syncs_per_step} syncs in one step, more than "
                            f"--max-syncs-per-step {max_syncs_per_step}",
                            errors.EXIT_REGRESSION)
-
-
-def _scan_ranks(env, rank_timeout, *args, **kwargs):
-    """_scan_isolated in one process, or under torchrun on every rank: rank 0 gets the
-    merged outcome (gpusync/ranks.py), the others None once their report is in the store."""
-    from . import ranks
-
-    if env is None:
-        return _scan_isolated(*args, **kwargs)
-    outcome = _scan_isolated(*args, **{**kwargs, "stop_when": ranks.PeerWatch(env)})
-    ranks.post(env, outcome)
-    if env.rank != 0:
-        return None
-    return _merged(ranks.gather(env, rank_timeout), outcome)
-
-
-def _scan_isolated(target, steps, warmup, mode, script_args=(), virtual_cuda=True,
-                   command="scan", trace=None, stop_when=None):
-    """The scan runs in a child process (isolate.py): whatever the code does to its process,
-    gpusync reaches a verdict here. Bad targets and modes are refused before it starts.
-    Progress (whole steps done) shows on stderr once it has run for a few seconds."""
-    from . import isolate
-    from .detect.session import resolve_mode
-    from .progress import Progress
-    from .targets import parse_target
-
-    parse_target(target)
-    try:
-        resolve_mode(mode)
-    except ValueError as e:
-        raise BadInput(str(e)) from None
-    total = None if steps is None else steps + (1 if warmup is None else warmup)
-    with Progress(f"gpusync {command}", delay=5.0) as progress:
-        progress.stage(f"scanning {target or 'sparsenn'}", total=total)
-        return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
-                            progress, trace, stop_when)
-
-
-def _merged(payloads, own):
-    """Rank 0's outcome for all ranks: the merged report, and the failing ranks named (with
-    the first failing rank's traceback for -v)."""
-    from . import isolate, ranks
-
-    report, failures = ranks.merge(payloads)
-    tracebacks = "".join(f"rank {r}:\n{p.get('traceback', '')}"
-                         for r, p in ranks.failed_first(payloads))
-    return isolate.ScanOutcome(report, "; ".join(failures) or None, tracebacks, located=True)
 
 
 def _raise_user_error(outcome) -> None:
@@ -176,13 +129,12 @@ def _raise_user_error(outcome) -> None:
         raise errors.UserCodeError(outcome.failure + where + hint)
 
 
-def _scan_or_fail(target, steps, warmup, mode, command, env=None, rank_timeout=600.0):
+def _scan_or_fail(target, steps, warmup, mode, command, lead=None):
     """baseline and gate: stdout is theirs (a message, a verdict), so when the code fails,
-    the report of what ran goes to stderr, before the traceback. Under torchrun, None on the
-    ranks other than 0 (rank 0 has the merged report)."""
-    outcome = _scan_ranks(env, rank_timeout, target, steps, warmup, mode, command=command)
-    if outcome is None:
-        return None
+    the report of what ran goes to stderr, before the traceback."""
+    from . import runs
+
+    outcome = runs.scan(target, steps, warmup, mode, command=command, lead=lead)
     if outcome.failure is not None and outcome.report is not None:
         click.echo(render(outcome.report, "table"), err=True, nl=False)
     _raise_user_error(outcome)
@@ -203,21 +155,18 @@ def _scan_or_fail(target, steps, warmup, mode, command, env=None, rank_timeout=6
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
 def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank_timeout):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
-    from . import baseline, ranks
+    from . import baseline, ranks, runs
     from .fileio import check_directory
-    from .isolate import step_times
 
     env = ranks.torchrun_env()
-    if env is not None and timing:
-        raise BadInput("--timing under torchrun is not supported yet: record the counts "
-                       "under torchrun and time steps in one process")
-    check_directory(output)  # before the scan, not after
-    report = _scan_or_fail(target, steps, warmup, mode, "baseline", env, rank_timeout)
-    if report is None:
+    if runs.follow(env):
         return  # a rank other than 0: rank 0 writes the baseline
-    samples = None
-    if timing:
-        samples = step_times(target, report.mode, timing_steps, warmup=3)
+    check_directory(output)  # before the scan, not after
+    with runs.leading(env, rank_timeout) as lead:
+        report = _scan_or_fail(target, steps, warmup, mode, "baseline", lead)
+        samples = None
+        if timing:
+            samples = runs.step_times(target, report.mode, timing_steps, 3, lead=lead)
     data = baseline.from_report(report, samples, timing_device=report.device, steps=steps)
     baseline.save(data, output)
     click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "
@@ -247,29 +196,38 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
              mode, rank_timeout):
     """Compare TARGET (default: the baseline's target) with a baseline. Exit 0 pass,
     1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
+    from . import gate, ranks, runs
+
+    env = ranks.torchrun_env()
+    if runs.follow(env):
+        return  # a rank other than 0: rank 0 gives the verdict
+    with runs.leading(env, rank_timeout) as lead:
+        verdict = _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps,
+                        warmup, mode, env, lead)
+    click.echo(gate.render(verdict, fmt), nl=False)
+    if verdict.exit_code:
+        raise SystemExitCode(verdict.exit_code)
+
+
+def _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps, warmup, mode,
+          env, lead):
     import torch
 
-    from . import baseline, gate, ranks
-    from .isolate import step_times
+    from . import baseline, gate, runs
 
     data = baseline.load(baseline_path)
-    env = ranks.torchrun_env()
     world = env.world if env is not None else 1
     if data.get("ranks", 1) != world:
         raise BadInput(f"baseline {baseline_path} was recorded on {data.get('ranks', 1)} "
                        f"rank(s), this run has {world}: record it again with as many")
     mode = mode or data.get("mode", "auto")
     if mode == "cuda" and not torch.cuda.is_available():
-        verdict = gate.Verdict(status=gate.CANNOT_JUDGE,
-                               notes=["the baseline was measured on a GPU; this machine has none"])
-        click.echo(gate.render(verdict, fmt), nl=False)
-        raise SystemExitCode(verdict.exit_code)
+        return gate.Verdict(status=gate.CANNOT_JUDGE,
+                            notes=["the baseline was measured on a GPU; this machine has none"])
     target = target or data.get("target") or None
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
-    report = _scan_or_fail(target, steps, warmup, mode, "gate", env, rank_timeout)
-    if report is None:
-        return  # a rank other than 0: rank 0 gives the verdict
+    report = _scan_or_fail(target, steps, warmup, mode, "gate", lead)
     problems = gate.compare_counts(data, report)
     timing_result = None
     if timing or (timing is None and "timing" in data):
@@ -280,14 +238,12 @@ def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, 
             timing_result = (gate.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU")
         else:
             base = data["timing"]["samples_ms"]
-            now = step_times(target, "cuda", len(base), warmup=3, command="gate")
+            now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead)
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if verdict.only_improvements:
         verdict.suggested_baseline = baseline.suggest(data, report, baseline_path)
-    click.echo(gate.render(verdict, fmt), nl=False)
-    if verdict.exit_code:
-        raise SystemExitCode(verdict.exit_code)
+    return verdict
 
 
 class SystemExitCode(GpusyncError):
@@ -344,20 +300,30 @@ def _technique_options(fn):
 def _technique_command(name: str):
     @_technique_options
     def command(device, steps, repeats, fmt):
-        click.echo(_run_techniques([name], device, steps, repeats, fmt), nl=False)
+        _echo(_run_techniques([name], device, steps, repeats, fmt))
 
     command.__doc__ = f"Measure the {name} technique's variants (naive first)."
     return bench.command(name)(_verbosity(command))
 
 
-def _run_techniques(names, device, steps, repeats, fmt) -> str:
+def _run_techniques(names, device, steps, repeats, fmt) -> str | None:
+    """The techniques' report. Under torchrun, collectives runs first, on every rank (its
+    process group is torchrun's); the others run on rank 0 only; other ranks return None."""
     import json
 
+    from . import ranks
     from .bench.render import technique_table
     from .bench.techniques import TECHNIQUES
     from .progress import Progress
 
     device = _device(device)
+    env = ranks.torchrun_env()
+    if env is not None:
+        names = sorted(names, key=lambda name: name != "collectives")
+        if env.rank != 0:
+            if "collectives" in names:
+                TECHNIQUES["collectives"](device, steps, repeats)
+            return None
     results, not_run = [], {}
     with Progress("gpusync bench", delay=5.0) as progress:
         for k, name in enumerate(names, 1):
@@ -395,7 +361,12 @@ def _register_techniques():
     @_technique_options
     def bench_all(device, steps, repeats, fmt):
         """Measure every technique."""
-        click.echo(_run_techniques(list(TECHNIQUES), device, steps, repeats, fmt), nl=False)
+        _echo(_run_techniques(list(TECHNIQUES), device, steps, repeats, fmt))
+
+
+def _echo(text: str | None) -> None:
+    if text is not None:  # None: a rank other than 0 under torchrun, which prints nothing
+        click.echo(text, nl=False)
 
 
 @cli.command("tune")
@@ -430,8 +401,12 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     tries them. A profile (.yaml or built-in name) with a tune block: its candidates.
     Default: the built-in profile sparsenn_pipeline.
     """
+    from . import ranks, runs
     from .fileio import check_directory, write_atomic
 
+    env = ranks.torchrun_env()
+    if runs.follow(env):
+        return  # a rank other than 0: rank 0 writes the verdict
     if output:
         check_directory(output)  # before minutes of measuring, not after
     device = _device(device)
@@ -445,6 +420,9 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
                            "block lists its own candidates")
         if script_args:
             raise BadInput("arguments after -- are only for script targets")
+        if env is not None:
+            raise BadInput("a profile's tune block runs in one process: run it without "
+                           "torchrun (under torchrun, tune a script or factory)")
         from .tune import render, run_tune, tuned_profile_text
 
         profile, result, decision = run_tune(target, device, steps, repeats, **rule)
@@ -461,7 +439,14 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
                             block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
                             extra=extra)
-    tuned = tune_script.tune_script(plan, rule)
+    # a rank waits for the others' candidate runs as long as one may take, and a minute
+    with runs.leading(env, timeout + 60) as lead:
+        tuned = tune_script.tune_script(plan, rule, lead=lead)
+    if env is not None:
+        tuned.command = f"torchrun --nproc_per_node {env.world} -m {tuned.command}"
+        tuned.notes.append(f"measured on {env.world} ranks: each candidate ran on every rank "
+                           "at once; a sample is the slowest rank's step time, parity holds "
+                           "on every rank's losses, syncs per step are the largest rank's")
     if tuned.runs[0].status == "failed":
         base = tuned.runs[0]
         raise errors.UserCodeError(f"the script as it is could not be timed: {base.reason}"

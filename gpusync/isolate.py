@@ -87,19 +87,21 @@ POLL_SECONDS = 0.5
 
 def run_child(job: dict[str, Any], timeout: float | None = None,
               output: Output | None = None,
-              on_snapshot: Callable[[dict[str, Any]], None] | None = None
-              ) -> tuple[dict[str, Any], int]:
+              on_snapshot: Callable[[dict[str, Any]], None] | None = None,
+              env: dict[str, str] | None = None) -> tuple[dict[str, Any], int]:
     """Run one job in a child process: (the child's last result, its return code). With
     `output`, what the child prints is kept there instead of shown; past `timeout` seconds the
     child is stopped and the return code is TIMED_OUT; `on_snapshot` is handed the child's
-    latest result (a "running" snapshot while it runs) about twice a second."""
+    latest result (a "running" snapshot while it runs) about twice a second; `env` overrides
+    variables of this process's environment (torchrun: the store of this run)."""
     folder = tempfile.mkdtemp(prefix="gpusync-")
     try:
         with open(os.path.join(folder, JOB), "w") as f:
             json.dump(job, f)
         pipe = subprocess.PIPE if output is not None else None
         proc = subprocess.Popen([sys.executable, "-m", "gpusync._child", folder], stdout=pipe,
-                                stderr=subprocess.STDOUT if pipe else None)
+                                stderr=subprocess.STDOUT if pipe else None,
+                                env=None if env is None else {**os.environ, **env})
         reader = None
         if output is not None:
             reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
@@ -178,24 +180,31 @@ def _raise_for(result: dict[str, Any]) -> None:
         raise KeyboardInterrupt
 
 
+def scan_job(target: str | None, steps: int | None, warmup: int | None, mode: str,
+             script_args: tuple = (), virtual_cuda: bool = True,
+             trace: str | None = None) -> dict[str, Any]:
+    return {"kind": "scan", "target": target, "steps": steps, "warmup": warmup, "mode": mode,
+            "script_args": list(script_args), "virtual_cuda": virtual_cuda, "trace": trace,
+            "verbosity": verbosity.level}
+
+
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
          script_args: tuple = (), virtual_cuda: bool = True,
-         progress: Progress | None = None, trace: str | None = None,
-         stop_when: Callable[[], bool] | None = None) -> ScanOutcome:
-    """Scan in a child process; `progress` follows its whole steps (from its snapshots);
-    `stop_when()`, asked at each snapshot, stops it (torchrun: another rank failed)."""
+         progress: Progress | None = None, trace: str | None = None) -> ScanOutcome:
+    """Scan in a child process; `progress` follows its whole steps (from its snapshots)."""
+    job = scan_job(target, steps, warmup, mode, script_args, virtual_cuda, trace)
+    result, returncode = run_child(job, on_snapshot=scan_progress(progress))
+    return scan_outcome(result, returncode)
 
-    def on_snapshot(snapshot: dict[str, Any]) -> None:
-        if progress is not None:
-            progress.update((snapshot.get("report") or {}).get("steps", 0))
-        if stop_when is not None and stop_when():
-            raise StopRequested()
 
-    result, returncode = run_child({"kind": "scan", "target": target, "steps": steps,
-                                    "warmup": warmup, "mode": mode,
-                                    "script_args": list(script_args),
-                                    "virtual_cuda": virtual_cuda, "trace": trace,
-                                    "verbosity": verbosity.level}, on_snapshot=on_snapshot)
+def scan_progress(progress: Progress | None) -> Callable[[dict[str, Any]], None] | None:
+    if progress is None:
+        return None
+    return lambda snapshot: progress.update((snapshot.get("report") or {}).get("steps", 0))
+
+
+def scan_outcome(result: dict[str, Any], returncode: int) -> ScanOutcome:
+    """What a scan child's last result and return code mean."""
     _raise_for(result)
     data = result.get("report")
     report = Report.from_dict(data) if data else None
@@ -216,6 +225,11 @@ def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
     return ScanOutcome(report, failure)
 
 
+def timing_job(target: str | None, mode: str, steps: int, warmup: int) -> dict[str, Any]:
+    return {"kind": "timing", "target": target, "mode": mode, "steps": steps,
+            "warmup": warmup, "verbosity": verbosity.level}
+
+
 def step_times(target: str | None, mode: str, steps: int, warmup: int,
                command: str = "baseline") -> list[float]:
     """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
@@ -223,17 +237,23 @@ def step_times(target: str | None, mode: str, steps: int, warmup: int,
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
         result, returncode = run_child(
-            {"kind": "timing", "target": target, "mode": mode, "steps": steps,
-             "warmup": warmup, "verbosity": verbosity.level},
+            timing_job(target, mode, steps, warmup),
             on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
+    return timing_samples(result, returncode)
+
+
+def timing_samples(result: dict[str, Any], returncode: int, rank: str = "") -> list[float]:
+    """A timing child's samples; a failure raises (UserCodeError), `rank` ("rank 1: ")
+    naming where under torchrun."""
     _raise_for(result)
     status = result.get("status")
     if status == DONE:
         return list(result["samples_ms"])
     if status == USER_ERROR:
         sys.stderr.write(result.get("traceback", ""))
-        raise errors.UserCodeError(f"timing the workload: {result.get('message')}")
+        raise errors.UserCodeError(f"{rank}timing the workload: {result.get('message')}")
     if status == EARLY_EXIT:
-        raise errors.UserCodeError(f"timing the workload: the code ended the process with "
-                                   f"os._exit({result.get('code')})")
-    raise errors.UserCodeError(f"timing the workload: the process {_describe_death(returncode)}")
+        raise errors.UserCodeError(f"{rank}timing the workload: the code ended the process "
+                                   f"with os._exit({result.get('code')})")
+    raise errors.UserCodeError(f"{rank}timing the workload: the process "
+                               f"{_describe_death(returncode)}")

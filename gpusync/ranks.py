@@ -1,13 +1,14 @@
-"""Scans under torchrun: every rank scans its own process, rank 0 writes one merged report.
+"""Commands under torchrun: every rank runs the code in its own child, rank 0 merges.
 
-`torchrun --nproc_per_node N -m gpusync scan TARGET` starts N gpusync processes; each runs the
-target in its child process (which inherits torchrun's RANK / WORLD_SIZE / MASTER_* so the
-code's own init_process_group works). The reports meet in torchrun's own rendezvous store
-(the agent's TCPStore at MASTER_ADDR:MASTER_PORT, which outlives the ranks' code): each rank
-sets one key; rank 0 waits for all of them, with a time limit, and merges. A rank that raised
-is named with its error; a rank that never reports (hung, killed) is named too. Ranks other
-than 0 print nothing and exit 0 once their report is in, so that torchrun does not stop rank 0
-before it writes the verdict.
+`torchrun --nproc_per_node N -m gpusync scan TARGET` starts N gpusync processes. Rank 0 leads
+(Lockstep): it decides each child run (a scan, a timing run, a tune candidate) and every rank
+runs it at the same time, its child inheriting torchrun's RANK / WORLD_SIZE / MASTER_ADDR so the
+code's own init_process_group works, with MASTER_PORT pointing at a store of that run's own.
+The results meet in torchrun's rendezvous store (the agent's TCPStore, which outlives the
+ranks' code): each rank sets one key per run; rank 0 waits for them, with a time limit, and
+merges. A rank that raised is named with its error; a rank that never reports (hung, killed)
+is named too. Ranks other than 0 print nothing and exit 0 once rank 0 is done, so that
+torchrun does not stop rank 0 before it writes the verdict.
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def torchrun_env() -> RankEnv | None:
                        "--nproc_per_node N -m gpusync scan ...` (its store carries the reports)")
     run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return RankEnv(int(os.environ["RANK"]), world, f"gpusync/{run}/{attempt}/scan")
+    return RankEnv(int(os.environ["RANK"]), world, f"gpusync/{run}/{attempt}")
 
 
 def _store(timeout: float):
@@ -50,52 +51,140 @@ def _store(timeout: float):
                          wait_for_workers=False)
 
 
-def post(env: RankEnv, outcome) -> None:
-    """This rank's report (or failure) into the store; a failure also counts in
-    `{key}/failures`, which the other ranks watch (PeerWatch)."""
-    payload = {"report": outcome.report.to_dict() if outcome.report is not None else None,
-               "failure": outcome.failure, "traceback": outcome.traceback, "at": time.time()}
-    store = _store(60)
-    if outcome.failure:
-        store.add(f"{env.key}/failures", 1)
-    store.set(f"{env.key}/{env.rank}", json.dumps(payload))
+_FOREVER = datetime.timedelta(days=7)  # torchrun stops the other ranks if rank 0 dies
+
+
+@dataclasses.dataclass
+class Ran:
+    """One rank's child run: its last result, its return code, the last lines it printed
+    (when captured) and when it ended."""
+
+    result: dict[str, Any]
+    returncode: int
+    output: str = ""
+    at: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        from .isolate import DONE
+
+        return self.result.get("status") != DONE
+
+
+class Lockstep:
+    """The child runs of one command on every rank, one after another and in step. Rank 0
+    leads: it decides each job (`run`) and every rank runs it; the others `follow` until
+    rank 0 is done (`close`). Each run gets a store of its own, served by rank 0's gpusync
+    process and handed to the children as MASTER_PORT, so that the code's
+    init_process_group in one run never meets the keys of another. A run that fails on one
+    rank stops the others' (PeerWatch); rank 0 waits `timeout` seconds for the others'
+    results after its own run, and a rank that never reports is None."""
+
+    def __init__(self, env: RankEnv, timeout: float = 600.0):
+        self.env, self.timeout = env, timeout
+        self.count = 0
+        self._agent = _store(60)
+
+    def _key(self, run: int, leaf: str) -> str:
+        return f"{self.env.key}/{run}/{leaf}"
+
+    def run(self, job: dict[str, Any], own: dict[str, Any] | None = None,
+            capture: bool = False, on_snapshot=None, timeout: float | None = None
+            ) -> dict[int, Ran | None]:
+        """Rank 0: run `job` on every rank (`own`: fields only rank 0's job has, e.g. the
+        trace file it writes) and return every rank's run, rank 0's first."""
+        import torch.distributed as dist
+
+        run = self.count
+        self.count += 1
+        server = dist.TCPStore(os.environ["MASTER_ADDR"], 0, is_master=True,
+                               wait_for_workers=False, timeout=_FOREVER)
+        self._agent.set(self._key(run, "job"), json.dumps(
+            {"job": job, "port": server.port, "capture": capture, "timeout": timeout}))
+        out: dict[int, Ran | None] = {0: self._here(run, {**job, **(own or {})}, server.port,
+                                                     capture, on_snapshot, timeout)}
+        deadline = time.monotonic() + self.timeout
+        for rank in range(1, self.env.world):
+            key = self._key(run, str(rank))
+            try:
+                self._agent.wait([key], datetime.timedelta(
+                    seconds=max(0.1, deadline - time.monotonic())))
+                out[rank] = Ran(**json.loads(self._agent.get(key)))
+            except Exception:  # a timeout: the rank hung or died before it reported
+                out[rank] = None
+        del server  # every child of this run has ended (or is not waited for)
+        return out
+
+    def follow(self) -> None:
+        """Ranks other than 0: run rank 0's jobs until it is done."""
+        run = 0
+        while True:
+            key = self._key(run, "job")
+            self._agent.wait([key], _FOREVER)
+            message = json.loads(self._agent.get(key))
+            if message is None:
+                return
+            ran = self._here(run, message["job"], message["port"], message["capture"], None,
+                             message["timeout"])
+            self._agent.set(self._key(run, str(self.env.rank)),
+                            json.dumps(dataclasses.asdict(ran)))
+            run += 1
+
+    def close(self) -> None:
+        """Rank 0: no more runs (the other ranks' `follow` returns)."""
+        self._agent.set(self._key(self.count, "job"), json.dumps(None))
+
+    def _here(self, run: int, job: dict[str, Any], port: int, capture: bool, on_snapshot,
+              timeout: float | None) -> Ran:
+        from . import isolate
+
+        watch = PeerWatch(self._agent, self._key(run, "failures"))
+
+        def snapshot(data: dict[str, Any]) -> None:
+            if on_snapshot is not None:
+                on_snapshot(data)
+            if watch():
+                raise isolate.StopRequested()
+
+        output = isolate.Output() if capture else None
+        result, code = isolate.run_child(job, timeout=timeout, output=output,
+                                         on_snapshot=snapshot, env={"MASTER_PORT": str(port)})
+        ran = Ran(result, code, output.tail if output is not None else "", time.time())
+        if ran.failed:
+            self._agent.add(self._key(run, "failures"), 1)
+        return ran
 
 
 class PeerWatch:
-    """Asked at each snapshot of this rank's scan: True once another rank has failed and
+    """Asked at each snapshot of this rank's run: True once another rank's run has failed and
     `grace` seconds have passed (this rank's code is then likely stuck in a collective with
-    the failed one): its scan is stopped and what it measured until then is kept."""
+    the failed one): its run is stopped and what it measured until then is kept."""
 
-    def __init__(self, env: RankEnv, grace: float = 10.0, clock=None):
-        self.env, self.grace = env, grace
+    def __init__(self, store, key: str, grace: float = 10.0, clock=None):
+        self.store, self.key, self.grace = store, key, grace
         self.clock = clock or time.monotonic
-        self._store: Any = None
         self._seen: float | None = None
 
     def __call__(self) -> bool:
-        if self._store is None:
-            self._store = _store(60)
         if self._seen is None:
-            if self._store.add(f"{self.env.key}/failures", 0) == 0:
+            if self.store.add(self.key, 0) == 0:
                 return False
             self._seen = self.clock()
         return self.clock() - self._seen >= self.grace
 
 
-def gather(env: RankEnv, timeout: float) -> dict[int, dict[str, Any] | None]:
-    """Rank 0: every rank's payload (its own posted first), None for a rank that did not
-    report within `timeout` seconds."""
-    store = _store(timeout)
-    deadline = time.monotonic() + timeout
+def scan_payloads(runs: dict[int, Ran | None]) -> dict[int, dict[str, Any] | None]:
+    """Each rank's scan run as merge() takes it."""
+    from .isolate import scan_outcome
+
     out: dict[int, dict[str, Any] | None] = {}
-    for rank in range(env.world):
-        key = f"{env.key}/{rank}"
-        left = max(0.1, deadline - time.monotonic())
-        try:
-            store.wait([key], datetime.timedelta(seconds=left))
-            out[rank] = json.loads(store.get(key))
-        except Exception:  # a timeout: the rank hung or died before it reported
+    for rank, ran in runs.items():
+        if ran is None:
             out[rank] = None
+            continue
+        outcome = scan_outcome(ran.result, ran.returncode)
+        out[rank] = {"report": outcome.report.to_dict() if outcome.report is not None else None,
+                     "failure": outcome.failure, "traceback": outcome.traceback, "at": ran.at}
     return out
 
 

@@ -152,19 +152,31 @@ class Plan:
                 "block": self.block}
 
 
-def _run(job: dict, timeout: float, progress: Progress | None = None
+def _run(job: dict, timeout: float, progress: Progress | None = None, lead=None
          ) -> tuple[dict, str, str | None]:
-    """(result, output tail, failure reason or None); the child's steps go to `progress`."""
-    output = isolate.Output()
+    """(result, output tail, failure reason or None); the child's steps go to `progress`.
+    Under torchrun (`lead`, a ranks.Lockstep) every rank runs the job and the results are
+    merged (_merge_ranks)."""
     on_snapshot = None if progress is None else (
         lambda snapshot: progress.update(snapshot.get("steps", 0)))
+    if lead is not None:
+        runs = lead.run(job, capture=True, on_snapshot=on_snapshot, timeout=timeout)
+        merged = _merge_ranks(runs)
+        if progress is not None and "steps_run" in merged[0]:
+            progress.update(merged[0]["steps_run"])
+        return merged
+    output = isolate.Output()
     result, code = isolate.run_child(job, timeout=timeout, output=output,
                                      on_snapshot=on_snapshot)
     if progress is not None and "steps_run" in result:
         progress.update(result["steps_run"])
+    return _outcome(result, code, output.tail)
+
+
+def _outcome(result: dict, code: int, tail: str) -> tuple[dict, str, str | None]:
     status = result.get("status")
     if status == isolate.DONE:
-        return result, output.tail, None
+        return result, tail, None
     if status == isolate.FAILED:
         from .errors import GpusyncError
 
@@ -173,21 +185,54 @@ def _run(job: dict, timeout: float, progress: Progress | None = None
         raise KeyboardInterrupt
     if status == isolate.USER_ERROR:
         trace = result.get("traceback", "").rstrip().splitlines()[-12:]
-        return result, "\n".join([output.tail, *trace]).strip(), f"raised {result.get('message')}"
+        return result, "\n".join([tail, *trace]).strip(), f"raised {result.get('message')}"
     if status == isolate.EARLY_EXIT:
-        return result, output.tail, f"ended the process with os._exit({result.get('code')})"
-    return result, output.tail, f"the process {isolate._describe_death(code)}"
+        return result, tail, f"ended the process with os._exit({result.get('code')})"
+    return result, tail, f"the process {isolate._describe_death(code)}"
 
 
-def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> ScriptTune:
-    """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain."""
+def _merge_ranks(runs: dict) -> tuple[dict, str, str | None]:
+    """Every rank's run of one job as one: a failure is the first failing rank's; a sample
+    is the slowest rank's (a step ends when every rank's does); the losses are every rank's,
+    rank by rank, so parity holds on all of them; the report is ranks.merge's."""
+    from .ranks import merge
+
+    done = {rank: (ran, _outcome(ran.result, ran.returncode, ran.output))
+            for rank, ran in runs.items() if ran is not None}
+    failed = sorted((ran.at, rank) for rank, (ran, out) in done.items() if out[2] is not None)
+    if failed:
+        rank = failed[0][1]
+        result, tail, failure = done[rank][1]
+        return result, tail, f"rank {rank}: {failure}"
+    missing = sorted(set(runs) - set(done))
+    if missing:
+        return {}, "", f"rank {missing[0]} did not report (it hung or was killed)"
+    results = [done[rank][1][0] for rank in sorted(done)]
+    merged = dict(results[0])
+    merged["samples_ms"] = [max(c) for c in zip(*(r["samples_ms"] for r in results),
+                                                 strict=False)]
+    merged["losses"] = [x for r in results for x in r["losses"]]
+    merged["steps_run"] = min(r["steps_run"] for r in results)
+    for key in ("peak_alloc_mb", "peak_reserved_mb"):
+        values = [r[key] for r in results if r.get(key) is not None]
+        merged[key] = max(values) if values else None
+    if merged.get("report") is not None:
+        report, _ = merge({rank: {"report": r["report"]} for rank, r in enumerate(results)})
+        merged["report"] = report.to_dict() if report is not None else None
+    return merged, done[0][1][1], None
+
+
+def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
+                ) -> ScriptTune:
+    """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain. Under torchrun,
+    `lead` (ranks.Lockstep) runs each candidate on every rank."""
     progress = progress or Progress("gpusync tune")
     cuda = plan.mode == "cuda"
     target, timeout = plan.target, plan.timeout
     command = " ".join(["gpusync tune", target,
                         *(["--", *plan.script_args] if plan.script_args else [])])
     progress.stage("baseline: discovering what the script builds (scanned run)")
-    base_scan, tail, failure = _run(plan.job({}, True), timeout)
+    base_scan, tail, failure = _run(plan.job({}, True), timeout, lead=lead)
     if failure:
         from .errors import UserCodeError
 
@@ -210,7 +255,7 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> Scr
             r.status, r.reason = "not_applicable", r.candidate.not_applicable
         elif r.candidate.unavailable:
             r.status, r.reason = "not_run", r.candidate.unavailable
-    _measure(todo[0], 1, len(todo), plan, progress)  # the baseline: always runnable
+    _measure(todo[0], 1, len(todo), plan, progress, lead)  # the baseline: always runnable
     fitted = _fit(plan, todo[0].steps_run)
     if todo[0].status == "failed" and fitted is not None:
         tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
@@ -218,18 +263,18 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> Scr
                           f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
         plan = fitted
         tune.block = plan.block
-        _measure(todo[0], 1, len(todo), plan, progress)
+        _measure(todo[0], 1, len(todo), plan, progress, lead)
     if todo[0].status == "failed":  # nothing can be compared with it
         progress.close()
         return tune
     for k, run in enumerate(todo[1:], 2):
-        _measure(run, k, len(todo), plan, progress)
+        _measure(run, k, len(todo), plan, progress, lead)
     # the baseline against itself: how far its losses move from run to run
     noise = None
     if tune.runs[0].status == "run":
         progress.stage("baseline again: its own run-to-run difference (parity allowance)",
                        plan.steps_needed)
-        again, _, failure = _run(plan.job({}, False), timeout, progress)
+        again, _, failure = _run(plan.job({}, False), timeout, progress, lead)
         if failure is None:
             noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
     tune.result, tune.decision = _decide(tune, noise, rule)
@@ -237,7 +282,7 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None) -> Scr
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
         run = Run(extra)
         tune.runs.append(run)
-        _measure(run, 1, 1, plan, progress)
+        _measure(run, 1, 1, plan, progress, lead)
         tune.result, tune.decision = _decide(tune, noise, rule)
     progress.close()
     if not cuda:
@@ -255,17 +300,18 @@ def _fit(plan: Plan, steps_run: int) -> Plan | None:
     return dataclasses.replace(plan, block=block)
 
 
-def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress) -> None:
+def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None) -> None:
     name = run.candidate.name
     # the candidates before this one took about as long as each one left will
     left = f", about {progress.elapsed() / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
     progress.stage(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps"
                    f"{left}", plan.steps_needed)
     timed, tail, failure = _run(plan.job(run.candidate.settings, False), plan.timeout,
-                                progress)
+                                progress, lead)
     if failure is None and run.report is None:
         progress.stage(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
-        scanned, tail, failure = _run(plan.job(run.candidate.settings, True), plan.timeout)
+        scanned, tail, failure = _run(plan.job(run.candidate.settings, True), plan.timeout,
+                                      lead=lead)
         run.report = scanned.get("report")
     if failure is not None:
         run.status, run.reason, run.output = "failed", failure, tail

@@ -53,6 +53,32 @@ def variants(device: torch.device, rows_per_peer: int, dim: int, seed: int = 0):
             Variant("async", make("async"), "async_op, overlap, event-gated deferred check")]
 
 
+def measure(device_kind: str, steps: int, repeats: int, rows: int = 4096, dim: int = 64
+            ) -> dict | None:
+    """On every rank of a torchrun job: the result (as a dict) on rank 0, None on the others.
+    The process group lives only for the measurement."""
+    cuda = device_kind == "cuda"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+        result = run_technique("collectives", variants(device, rows, dim),
+                               "cuda" if cuda else "cpu", steps=steps, repeats=repeats)
+        payload = None
+        for v in result.variants:
+            v.note = f"{v.note}; {dist.get_world_size()} ranks, {dist.get_backend()}"
+        if dist.get_rank() == 0:
+            payload = result.to_dict()
+            payload["world_size"] = dist.get_world_size()
+            payload["backend"] = dist.get_backend()
+        dist.barrier()
+        return payload
+    finally:
+        dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--output", required=True)
@@ -62,24 +88,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--dim", type=int, default=64)
     args = parser.parse_args(argv)
-    cuda = args.device == "cuda"
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
-    try:
-        device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-        result = run_technique("collectives", variants(device, args.rows, args.dim),
-                               "cuda" if cuda else "cpu", steps=args.steps,
-                               repeats=args.repeats)
-        if dist.get_rank() == 0:
-            payload = result.to_dict()
-            payload["world_size"] = dist.get_world_size()
-            payload["backend"] = dist.get_backend()
-            write_atomic(args.output, json.dumps(payload, indent=2) + "\n")
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    payload = measure(args.device, args.steps, args.repeats, args.rows, args.dim)
+    if payload is not None:
+        write_atomic(args.output, json.dumps(payload, indent=2) + "\n")
     return 0
 
 

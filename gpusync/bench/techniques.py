@@ -136,15 +136,22 @@ def torchrec_pipeline_variants(device: str) -> list[Variant]:
 def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2,
                     progress=None):
     """Runs under torchrun: world_size gloo processes on CPU, NCCL ranks on GPUs (progress:
-    the caller's stage line only; the ranks report nothing until they end)."""
+    the caller's stage line only; the ranks report nothing until they end). Inside a torchrun
+    job, on its own ranks (rank 0 gets the result, the others None)."""
     import json
     import subprocess
     import sys
     import tempfile
 
     from ..errors import GpusyncError
+    from ..ranks import torchrun_env
     from .harness import TechniqueResult
 
+    if torchrun_env() is not None:
+        from .collectives_worker import measure
+
+        payload = measure(device, steps, repeats)
+        return TechniqueResult.from_dict(payload) if payload is not None else None
     if device == "cuda" and torch.cuda.device_count() < world_size:
         raise GpusyncError(f"collectives on cuda needs {world_size} GPUs (one per NCCL rank); "
                            f"this machine has {torch.cuda.device_count()}: use --device cpu")

@@ -114,3 +114,59 @@ def test_baseline_and_gate_count_each_rank(tmp_path):
     proc = run("gate", "--baseline", "base.json")
     assert proc.returncode != 0 and "new sync site" in proc.stdout and "rank 0" in proc.stdout
     assert "exitcode  : 1" in proc.stderr  # rank 0's verdict: a regression
+
+
+TUNED = textwrap.dedent('''
+    import os, time
+    import torch
+    import torch.distributed as dist
+    torch.manual_seed(0)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    m = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    for step in range(16):
+        loss = m(torch.ones(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)
+        if rank == 1 and os.environ.get("SLOW") == "1":
+            time.sleep(0.05)  # rank 1 only, after the collective: rank 0 does not wait for it
+        if rank == 1 and os.environ.get("FAIL") == "1" and step == 4:
+            raise RuntimeError("candidate breaks rank 1")
+    dist.destroy_process_group()
+''')
+
+
+def _torchrun(tmp_path, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True, timeout=400,
+        env={**os.environ, **DETERMINISTIC})
+
+
+def test_tune_runs_each_candidate_on_every_rank(tmp_path):
+    (tmp_path / "t.py").write_text(TUNED)
+    proc = _torchrun(tmp_path, "tune", "t.py", "--knob", "env:SLOW=1", "--knob", "env:FAIL=1",
+                     "--steps", "1", "--repeats", "5", "--timeout", "120", "--format", "json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = check_contract(json.loads(proc.stdout))
+    assert data["command"].startswith("torchrun --nproc_per_node 2 -m gpusync tune t.py")
+    by = {c["name"]: c for c in data["candidates"]}
+    # rank 1's sleep shows although rank 0 never waits for it: a sample is the slowest rank's
+    assert by["env:SLOW=1"]["status"] != "failed" and by["env:SLOW=1"]["p50_ms"] >= 50
+    assert by["env:SLOW=1"]["parity"] == "identical"  # every rank's losses, compared
+    fail = by["env:FAIL=1"]
+    assert fail["status"] == "failed"
+    assert fail["reason"].startswith("rank 1: raised RuntimeError: candidate breaks rank 1")
+    assert data["chosen"] == "baseline"
+    assert any("measured on 2 ranks" in n for n in data["notes"])
+
+
+def test_baseline_timing_times_every_rank(tmp_path):
+    (tmp_path / "t.py").write_text(TUNED)
+    proc = _torchrun(tmp_path, "baseline", "t.py", "--timing", "--timing-steps", "10",
+                     "-o", "b.json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = check_contract(json.loads((tmp_path / "b.json").read_text()))
+    assert data["ranks"] == 2 and len(data["timing"]["samples_ms"]) == 10
