@@ -170,3 +170,28 @@ def test_baseline_timing_times_every_rank(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = check_contract(json.loads((tmp_path / "b.json").read_text()))
     assert data["ranks"] == 2 and len(data["timing"]["samples_ms"]) == 10
+
+
+def test_two_nodes_meet_through_torchruns_c10d_rendezvous(tmp_path):
+    """Two torchrun agents (as on two nodes, here both on localhost), one rank each."""
+    import socket
+
+    (tmp_path / "ddp.py").write_text(SCRIPT)
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    nodes = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node",
+         "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id",
+         "t", "-m", "gpusync", "scan", "ddp.py", "--format", "json", "-o", f"node{n}.json"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **DETERMINISTIC}) for n in range(2)]
+    for node in nodes:
+        _, err = node.communicate(timeout=240)
+        assert node.returncode == 0, err[-2000:]
+    written = sorted(tmp_path.glob("node*.json"))
+    assert len(written) == 1  # rank 0's node writes the one report
+    data = check_contract(json.loads(written[0].read_text()))
+    assert data["ranks"] == 2
+    assert next(s for s in data["sites"] if s["op"] == "item")["per_rank"] == {"0": 0.0,
+                                                                               "1": 1.0}
