@@ -54,16 +54,31 @@ def _git_commit() -> str | None:
 
 
 def rank_sites(report):
-    """(site, key suffix, per_step) for each site; under torchrun one per rank that made it,
-    so a baseline and a gate count each rank on its own (`key | rank 1`)."""
+    """(site, key suffix, per_step) for each per-step site (sites that ran only before the
+    measured steps are not counted per step); under torchrun one per rank that made it, so a
+    baseline and a gate count each rank on its own (`key | rank 1`)."""
     for s in report.sites:
+        if s.setup:
+            continue
         per_rank = getattr(s, "per_rank", None)
         if getattr(report, "ranks", 1) > 1 and per_rank:
             for rank, value in per_rank.items():
-                if value > 0 or s.setup:
+                if value > 0:
                     yield s, f" | rank {rank}", value
         else:
             yield s, "", s.per_step
+
+
+def keyed_sites(report) -> dict[str, tuple[float, list]]:
+    """Each baseline key's count per step (summed, then rounded once: a baseline and the gate's
+    run of the same code must give the same figure) and its sites (site, per_step)."""
+    sums: dict[str, float] = defaultdict(float)
+    sites: dict[str, list] = defaultdict(list)
+    for s, suffix, per_step in rank_sites(report):
+        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix
+        sums[key] += per_step
+        sites[key].append((s, per_step))
+    return {key: (round(sums[key], 4), sites[key]) for key in sums}
 
 
 def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "",
@@ -71,17 +86,13 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
-    for s, suffix, per_step in rank_sites(report):
-        if s.setup:  # ran only before the measured steps: not a per-step count
-            continue
-        file = stable_file(s.file)
-        key = site_key(s.op, s.phase, s.module, file, s.function) + suffix
-        entry = merged.setdefault(key, {
+    for key, (per_step, sites) in keyed_sites(report).items():
+        s = sites[0][0]
+        merged[key] = {
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
-            "file": file, "function": s.function, "lines": [], "per_step": 0.0, "margin": 0.0,
-            "fix": s.fix})
-        entry["per_step"] = round(entry["per_step"] + per_step, 4)
-        entry["lines"] = sorted(set(entry["lines"]) | {s.line})
+            "file": stable_file(s.file), "function": s.function,
+            "lines": sorted({site.line for site, _ in sites}), "per_step": per_step,
+            "margin": 0.0, "fix": s.fix}
     data = {
         "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
         "mode": report.mode, "device": report.device, "torch": torch.__version__,
@@ -97,15 +108,6 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
     if timing_ms is not None:
         data["timing"] = {"device": timing_device, "samples_ms": [round(x, 4) for x in timing_ms]}
     return data
-
-
-def per_step_by_key(report) -> dict[str, float]:
-    """The current run's counts, keyed like a baseline."""
-    out: dict[str, float] = defaultdict(float)
-    for s, suffix, per_step in rank_sites(report):
-        out[site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix] += (
-            per_step)
-    return {k: round(v, 4) for k, v in out.items()}
 
 
 def save(data: dict, path: str) -> None:

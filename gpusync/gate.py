@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from . import errors
-from .baseline import per_step_by_key, rank_sites, site_key, stable_file
+from .baseline import keyed_sites, stable_file
 
 PASS, REGRESSION, CANNOT_JUDGE = "pass", "regression", "cannot-judge"
 
@@ -59,11 +59,12 @@ class Verdict:
 def compare_counts(baseline: dict, report) -> list[Problem]:
     """Exact per-step counts. A site's margin tolerates that many MORE syncs per step, never
     fewer: fewer syncs than recorded is a win to write into the baseline."""
-    current = per_step_by_key(report)
+    keyed = keyed_sites(report)
+    current = {key: per_step for key, (per_step, _) in keyed.items()}
     now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
-    for s, suffix, per_step in rank_sites(report):
-        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix
-        now_lines[key][s.line] = (stable_file(s.file), per_step, s.fix)
+    for key, (_, sites) in keyed.items():
+        for s, per_step in sites:
+            now_lines[key][s.line] = (stable_file(s.file), per_step, s.fix)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):

@@ -6,9 +6,10 @@ from gpusync.gate import Problem, Verdict, combine, compare_counts, render
 KEY = "item | other | - | train.py | <module>"
 
 
-def site(line, per_step, fix="keep the value on the device"):
+def site(line, per_step, fix="keep the value on the device", setup=False):
     return SimpleNamespace(op="item", phase="other", module=None, file="train.py",
-                           function="<module>", line=line, per_step=per_step, fix=fix)
+                           function="<module>", line=line, per_step=per_step, fix=fix,
+                           setup=setup, hook=None)
 
 
 def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
@@ -80,3 +81,20 @@ def test_annotations_escape_what_workflow_commands_require():
     verdict = Verdict("regression", [Problem("new site", "50% a\r\nb", "a,b:c.py", 3)])
     assert render(verdict, "github").splitlines()[0] == (
         "::error file=a%2Cb%3Ac.py,line=3,title=gpusync%3A new site::50%25 a%0D%0Ab")
+
+
+def test_the_same_run_gives_the_baselines_figure_exactly():
+    from gpusync.baseline import from_report
+
+    # two lines of one key, 6 in 7 steps each: summed then rounded on both sides (1.7143)
+    now = SimpleNamespace(sites=[site(7, 6 / 7), site(8, 6 / 7)], ranks=1, target="t.py",
+                          mode="simulate", device="cpu", warmup=1, measured_steps=7,
+                          syncs_per_step=12 / 7, max_syncs_per_step=2, syncs_by_phase={})
+    recorded = from_report(now)
+    assert recorded["sites"][0]["per_step"] == 1.7143
+    assert compare_counts(recorded, now) == []
+
+
+def test_a_new_site_is_shown_at_its_line_not_at_a_setup_site_with_its_key():
+    [problem] = compare_counts({"sites": []}, report(site(213, 0.0, setup=True), site(316, 1.0)))
+    assert (problem.kind, problem.line) == ("new site", 316)
