@@ -347,6 +347,16 @@ class OpDetector:
         real = func(*args, **kwargs)
         return 0 if real == -1 and self.host.on_device(args[0]) else real
 
+    def handle_parse_to(self, func, args, kwargs):
+        """Module.to(0): torch reads a bare index as the current accelerator's, which a CPU
+        build has none of; on the virtual device it is cuda:0."""
+        def indexed(a):
+            return torch.device("cuda", a) if isinstance(a, int) and not isinstance(
+                a, bool) else a
+        if "device" in kwargs:
+            kwargs = {**kwargs, "device": indexed(kwargs["device"])}
+        return func(*(indexed(a) for a in args[:1]), *args[1:], **kwargs)
+
     def handle_new_tensor(self, func, args, kwargs):
         """x.new_tensor(data) is torch.tensor(data) on x's device."""
         if kwargs.get("device") is None and self.host.on_device(args[0]):
@@ -464,6 +474,7 @@ class _FunctionMode(TorchFunctionMode):
                 _TB.is_cuda.__get__: det.handle_is_cuda,  # type: ignore[attr-defined]
                 _TB.get_device: det.handle_get_device,
                 _TB.new_tensor: det.handle_new_tensor,
+                torch._C._nn._parse_to: det.handle_parse_to,
             })
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

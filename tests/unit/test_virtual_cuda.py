@@ -52,6 +52,10 @@ def test_module_to_moves_parameters_to_the_device():
         model.to("cuda")
         assert model.weight.is_cuda and model.bias.is_cuda
         assert set(ops(s)) == {"H2D copy"}
+        by_index = torch.nn.Linear(3, 2).to(0)  # the DDP tutorial's model.to(gpu_id)
+        assert by_index.weight.device == torch.device("cuda", 0)
+        by_keyword = torch.nn.Linear(3, 2).to(device=0, dtype=torch.float64)
+        assert by_keyword.weight.is_cuda and by_keyword.weight.dtype == torch.float64
 
 
 def test_streams_events_and_synchronize_are_host_waits():
