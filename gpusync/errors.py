@@ -56,8 +56,29 @@ class SyncsFound(AssertionError):
 
 
 def raised_at(traceback_text: str) -> str:
-    """' at FILE:LINE' of the innermost frame of a formatted traceback, or ''."""
+    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (not
+    gpusync, an installed library or the standard library; the innermost frame when there is
+    none), or ''."""
     import re
 
     found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
-    return f" at {found[-1][0]}:{found[-1][1]}" if found else ""
+    if not found:
+        return ""
+    users = [f for f in found if _users_file(f[0])]
+    file, line = (users or found)[-1]
+    return f" at {file}:{line}"
+
+
+def _users_file(path: str) -> bool:
+    import os
+    import sysconfig
+
+    if path.startswith("<"):
+        return False
+    path = os.path.abspath(path)
+    if path.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep):
+        return False
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not path.startswith(sysconfig.get_paths()["stdlib"] + os.sep)
