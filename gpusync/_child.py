@@ -156,7 +156,8 @@ def _script_timing(job: dict, live: dict[str, Any]) -> dict[str, Any]:
     warm-up (tune's timed run with no settings changed)."""
     from .tune_script import candidate_job
 
-    data = candidate_job({"target": job["target"], "script_args": [], "settings": {},
+    data = candidate_job({"target": job["target"], "script_args": job.get("script_args", []),
+                          "settings": {},
                           "scan": False, "mode": job["mode"], "warmup": job["warmup"],
                           "steps": job["steps"], "block": 1}, live)
     if data["status"] == isolate.DONE and len(data["samples_ms"]) < job["steps"]:

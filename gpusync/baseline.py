@@ -82,7 +82,7 @@ def keyed_sites(report) -> dict[str, tuple[float, list]]:
 
 
 def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "",
-                steps: int | None = None) -> dict:
+                steps: int | None = None, script_args=()) -> dict:
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
@@ -105,6 +105,8 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
         "sites": [merged[k] for k in sorted(merged)],
         "ranks": getattr(report, "ranks", 1),
     }
+    if script_args:
+        data["script_args"] = list(script_args)
     if timing_ms is not None:
         data["timing"] = {"device": timing_device, "samples_ms": [round(x, 4) for x in timing_ms]}
     return data
@@ -216,7 +218,7 @@ def load(path: str) -> dict:
 def suggest(old: dict, report, old_path: str) -> str:
     """Write the baseline this run would record next to the old one, keeping the old margins
     and timing samples. Returns its path."""
-    new = from_report(report, steps=old.get("steps"))
+    new = from_report(report, steps=old.get("steps"), script_args=old.get("script_args", ()))
     margins = {s["key"]: s.get("margin", 0.0) for s in old["sites"]}
     for site in new["sites"]:
         site["margin"] = margins.get(site["key"], 0.0)

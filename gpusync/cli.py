@@ -129,12 +129,12 @@ def _raise_user_error(outcome) -> None:
         raise errors.UserCodeError(outcome.failure + where + hint)
 
 
-def _scan_or_fail(target, steps, warmup, mode, command, lead=None):
+def _scan_or_fail(target, steps, warmup, mode, command, lead=None, script_args=()):
     """baseline and gate: stdout is theirs (a message, a verdict), so when the code fails,
     the report of what ran goes to stderr, before the traceback."""
     from . import runs
 
-    outcome = runs.scan(target, steps, warmup, mode, command=command, lead=lead)
+    outcome = runs.scan(target, steps, warmup, mode, script_args, command=command, lead=lead)
     if outcome.failure is not None and outcome.report is not None:
         click.echo(render(outcome.report, "table"), err=True, nl=False)
     _raise_user_error(outcome)
@@ -144,6 +144,7 @@ def _scan_or_fail(target, steps, warmup, mode, command, lead=None):
 @cli.command("baseline")
 @_verbosity
 @click.argument("target", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--output", "-o", type=click.Path(dir_okay=False), default="gpusync-baseline.json",
               show_default=True)
 @click.option("--steps", type=click.IntRange(min=1))
@@ -153,8 +154,10 @@ def _scan_or_fail(target, steps, warmup, mode, command, lead=None):
 @click.option("--timing-steps", type=click.IntRange(min=10), default=30, show_default=True)
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
-def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank_timeout):
-    """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`."""
+def baseline_cmd(target, script_args, output, steps, warmup, mode, timing, timing_steps,
+                 rank_timeout):
+    """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`.
+    A script's arguments go after --; the gate runs it with them again."""
     from . import baseline, ranks, runs
     from .fileio import check_directory
 
@@ -163,11 +166,13 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank
         return  # a rank other than 0: rank 0 writes the baseline
     check_directory(output)  # before the scan, not after
     with runs.leading(env, rank_timeout) as lead:
-        report = _scan_or_fail(target, steps, warmup, mode, "baseline", lead)
+        report = _scan_or_fail(target, steps, warmup, mode, "baseline", lead, script_args)
         samples = None
         if timing:
-            samples = runs.step_times(target, report.mode, timing_steps, 3, lead=lead)
-    data = baseline.from_report(report, samples, timing_device=report.device, steps=steps)
+            samples = runs.step_times(target, report.mode, timing_steps, 3, lead=lead,
+                                      script_args=script_args)
+    data = baseline.from_report(report, samples, timing_device=report.device, steps=steps,
+                                script_args=script_args)
     baseline.save(data, output)
     click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "
                f"{data['syncs_per_step']:g} syncs/step ({report.mode}, {report.device})")
@@ -176,6 +181,7 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank
 @cli.command("gate")
 @_verbosity
 @click.argument("target", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--baseline", "baseline_path", type=click.Path(dir_okay=False), required=True)
 @click.option("--time-factor", type=Finite(min=1.0), default=1.1, show_default=True,
               help="Slower by more than this factor (median) AND significant -> regression.")
@@ -192,25 +198,25 @@ def baseline_cmd(target, output, steps, warmup, mode, timing, timing_steps, rank
 @click.option("--mode", type=click.Choice(MODES), help="Default: the baseline's mode.")
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
-def gate_cmd(target, baseline_path, time_factor, p_max, max_noise, timing, fmt, steps, warmup,
-             mode, rank_timeout):
-    """Compare TARGET (default: the baseline's target) with a baseline. Exit 0 pass,
-    1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
+def gate_cmd(target, script_args, baseline_path, time_factor, p_max, max_noise, timing, fmt,
+             steps, warmup, mode, rank_timeout):
+    """Compare TARGET (default: the baseline's target, with its arguments) with a baseline.
+    Exit 0 pass, 1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
     from . import gate, ranks, runs
 
     env = ranks.torchrun_env()
     if runs.follow(env):
         return  # a rank other than 0: rank 0 gives the verdict
     with runs.leading(env, rank_timeout) as lead:
-        verdict = _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps,
-                        warmup, mode, env, lead)
+        verdict = _gate(target, script_args, baseline_path, time_factor, p_max, max_noise,
+                        timing, steps, warmup, mode, env, lead)
     click.echo(gate.render(verdict, fmt), nl=False)
     if verdict.exit_code:
         raise SystemExitCode(verdict.exit_code)
 
 
-def _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps, warmup, mode,
-          env, lead):
+def _gate(target, script_args, baseline_path, time_factor, p_max, max_noise, timing, steps,
+          warmup, mode, env, lead):
     import torch
 
     from . import baseline, gate, runs
@@ -224,10 +230,12 @@ def _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps, w
     if mode == "cuda" and not torch.cuda.is_available():
         return gate.Verdict(status=gate.CANNOT_JUDGE,
                             notes=["the baseline was measured on a GPU; this machine has none"])
+    if not script_args and target in (None, data.get("target")):
+        script_args = tuple(data.get("script_args") or ())  # the baseline's run, again
     target = target or data.get("target") or None
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
-    report = _scan_or_fail(target, steps, warmup, mode, "gate", lead)
+    report = _scan_or_fail(target, steps, warmup, mode, "gate", lead, script_args)
     problems = gate.compare_counts(data, report)
     timing_result = None
     if timing or (timing is None and "timing" in data):
@@ -238,7 +246,8 @@ def _gate(target, baseline_path, time_factor, p_max, max_noise, timing, steps, w
             timing_result = (gate.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU")
         else:
             base = data["timing"]["samples_ms"]
-            now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead)
+            now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead,
+                                  script_args=script_args)
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if verdict.only_improvements:

@@ -225,19 +225,20 @@ def scan_outcome(result: dict[str, Any], returncode: int) -> ScanOutcome:
     return ScanOutcome(report, failure)
 
 
-def timing_job(target: str | None, mode: str, steps: int, warmup: int) -> dict[str, Any]:
+def timing_job(target: str | None, mode: str, steps: int, warmup: int,
+               script_args: tuple = ()) -> dict[str, Any]:
     return {"kind": "timing", "target": target, "mode": mode, "steps": steps,
-            "warmup": warmup, "verbosity": verbosity.level}
+            "warmup": warmup, "script_args": list(script_args), "verbosity": verbosity.level}
 
 
 def step_times(target: str | None, mode: str, steps: int, warmup: int,
-               command: str = "baseline") -> list[float]:
+               command: str = "baseline", script_args: tuple = ()) -> list[float]:
     """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
     progress (steps done of warm-up + steps) on stderr once it has run for a few seconds."""
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
         result, returncode = run_child(
-            timing_job(target, mode, steps, warmup),
+            timing_job(target, mode, steps, warmup, script_args),
             on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
     return timing_samples(result, returncode)
 

@@ -70,15 +70,15 @@ def merged(payloads) -> isolate.ScanOutcome:
 
 
 def step_times(target, mode, steps, warmup, command="baseline",
-               lead: ranks.Lockstep | None = None) -> list[float]:
+               lead: ranks.Lockstep | None = None, script_args=()) -> list[float]:
     """Step times of an unscanned run (isolate.step_times). Under torchrun every rank times
     the same steps and a sample is the slowest rank's (a step ends when every rank's does);
     a rank that fails is named, the first to fail first."""
     if lead is None:
-        return isolate.step_times(target, mode, steps, warmup, command)
+        return isolate.step_times(target, mode, steps, warmup, command, script_args)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
-        runs = lead.run(isolate.timing_job(target, mode, steps, warmup),
+        runs = lead.run(isolate.timing_job(target, mode, steps, warmup, script_args),
                         on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
     reported = {rank: ran for rank, ran in runs.items() if ran is not None}
     ordered = sorted(reported.items(), key=lambda kv: (not kv[1].failed, kv[1].at, kv[0]))

@@ -22,6 +22,7 @@ import yaml
 
 from .bench.harness import Stepper, TechniqueResult, Variant, run_technique, workload_step
 from .bench.render import technique_table
+from .bench.timing import Samples
 from .errors import BadInput, GpusyncError, UserCodeError
 from .gate import mann_whitney_greater
 from .profiles import Candidate, Profile
@@ -50,8 +51,11 @@ class Decision:
 
 
 def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_approximate: bool,
-           tolerance: float, p_max: float, min_gain: float) -> Decision:
-    """Pure: the measured result in, the choice and a verdict per candidate out."""
+           tolerance: float, p_max: float, min_gain: float,
+           again_ms: list[float] | None = None) -> Decision:
+    """Pure: the measured result in, the choice and a verdict per candidate out. `again_ms`:
+    the baseline timed again after the candidates; a candidate must beat that run too, so a
+    machine that drifted (the first run cold, a neighbour's load) cannot make a win."""
     base = next(m for m in result.variants if m.name == result.baseline)
     noise = result.baseline_noise or 0.0
     if not math.isfinite(noise):  # NaN losses, or a shape that changes from run to run
@@ -81,6 +85,15 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
             verdicts[m.name] = (f"not clearly faster: median {_speed(gain)}, p={p:.2g} "
                                 f"(needs {min_gain:.0%} faster and p < {p_max:g})")
             continue
+        if again_ms:
+            gain_again = 1.0 - m.p50_ms / Samples("again", again_ms).median
+            p_again = mann_whitney_greater(again_ms, m.samples_ms)
+            if gain_again < min_gain or p_again >= p_max:
+                verdicts[m.name] = (
+                    f"not clearly faster: median {_speed(gain)} (p={p:.2g}) but "
+                    f"{faster(gain_again)} than the baseline timed again at the end "
+                    f"(p={p_again:.2g}): the machine's speed drifted")
+                continue
         verdicts[m.name] = f"median {_speed(gain)}, p={p:.2g}"
         qualified.append(m.name)
         if gain > best_gain:

@@ -119,6 +119,7 @@ class ScriptTune:
     builds: dict
     runs: list[Run]
     block: int = 1
+    baseline_again_ms: list[float] = field(default_factory=list)
     result: TechniqueResult | None = None
     decision: Any = None
     notes: list[str] = field(default_factory=list)
@@ -277,6 +278,7 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
         again, _, failure = _run(plan.job({}, False), timeout, progress, lead)
         if failure is None:
             noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
+            tune.baseline_again_ms = list(again.get("samples_ms") or [])
     tune.result, tune.decision = _decide(tune, noise, rule)
     extra = knobs.combined(_group_winners(tune, plan.extra), builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
@@ -364,7 +366,7 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
                              steps=tune.block, repeats=len(base.samples_ms), baseline_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
              for r in measured}
-    return result, decide(result, cands, **rule)
+    return result, decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)
 
 
 def _loss_diff(base: list[float], other: list[float]) -> float | None:

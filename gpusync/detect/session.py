@@ -36,17 +36,20 @@ class Session:
                  detect: bool = True, virtual_cuda: bool = False):
         """detect=False: steps and phases only, no sync detection (timed runs);
         virtual_cuda=True (simulate mode only): the code runs on a virtual CUDA device and takes
-        the path a GPU run takes (detect/virtual_cuda.py)."""
+        the path a GPU run takes (detect/virtual_cuda.py). A timed run on the virtual device
+        keeps the op detector (residency is what makes the device virtual); its report is not
+        used, and on a CPU its step times are indicative only, as any CPU time is."""
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
         self.recorder = Recorder(self.tracker)
         events = self.recorder.events
         self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
-        self.virtual_cuda = virtual_cuda and self.mode == "simulate" and detect
+        self.virtual_cuda = virtual_cuda and self.mode == "simulate"
         self.detector = OpDetector(self.recorder, real=real,
                                    stall_timer=StallTimer() if real else None,
-                                   virtual=self.virtual_cuda) if detect else None
+                                   virtual=self.virtual_cuda) if (
+            detect or self.virtual_cuda) else None
         self.extras = CudaExtras(self.recorder, self.detector) if real and detect else None
         self.model = model
         self.warmup = warmup

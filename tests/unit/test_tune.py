@@ -130,3 +130,11 @@ def test_script_tune_losses_with_nan_or_inf_never_match():
     assert _loss_diff([1.0, 2.0], [1.0, math.inf]) == math.inf
     assert _loss_diff([1.0], [1.0, 2.0]) == math.inf  # a candidate that ran fewer steps
     assert _loss_diff([], [1.0]) is None
+
+
+def test_a_win_must_hold_against_the_baseline_timed_again_at_the_end():
+    res = result(measured("fast", scaled(0.85)))
+    drifted = decide(res, cands(), False, 0.0, p_max=0.01, min_gain=0.02, again_ms=scaled(0.8))
+    assert drifted.chosen == "base" and "drifted" in drifted.verdicts["fast"]
+    steady = decide(res, cands(), False, 0.0, p_max=0.01, min_gain=0.02, again_ms=scaled(1.0))
+    assert steady.chosen == "fast"
