@@ -215,10 +215,10 @@ def load(path: str) -> dict:
     return data
 
 
-def suggest(old: dict, report, old_path: str) -> str:
-    """Write the baseline this run would record next to the old one, keeping the old margins
-    and timing samples. Returns its path."""
-    new = from_report(report, steps=old.get("steps"), script_args=old.get("script_args", ()))
+def suggest(old: dict, report, old_path: str, script_args=()) -> str:
+    """Write the baseline this run (with these script arguments) would record next to the old
+    one, keeping the old margins and timing samples. Returns its path."""
+    new = from_report(report, steps=old.get("steps"), script_args=script_args)
     margins = {s["key"]: s.get("margin", 0.0) for s in old["sites"]}
     for site in new["sites"]:
         site["margin"] = margins.get(site["key"], 0.0)

@@ -251,7 +251,8 @@ def _gate(target, script_args, baseline_path, time_factor, p_max, max_noise, tim
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if verdict.only_improvements:
-        verdict.suggested_baseline = baseline.suggest(data, report, baseline_path)
+        verdict.suggested_baseline = baseline.suggest(data, report, baseline_path,
+                                                      script_args)
     return verdict
 
 

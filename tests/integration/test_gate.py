@@ -196,3 +196,18 @@ def test_no_suggestion_when_a_win_comes_with_a_regression(project):
     assert proc.returncode == 1
     assert "fewer syncs" in proc.stdout and "new sync site" in proc.stdout
     assert not (project / "base.suggested.json").exists()
+
+
+def test_a_scripts_arguments_are_recorded_and_used_again(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP.replace(
+        "import torch", "import sys, torch") + "    if '--log' in sys.argv:\n"
+                                                 "        v = loss.item()\n")
+    proc = run("baseline", "train.py", "-o", "base.json", "--", "--log", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = check_contract(json.loads((tmp_path / "base.json").read_text()))
+    assert data["script_args"] == ["--log"] and data["syncs_per_step"] > 0
+    assert run("gate", "--baseline", "base.json", cwd=tmp_path).returncode == 0  # --log again
+    proc = run("gate", "train.py", "--baseline", "base.json", "--", "--quiet", cwd=tmp_path)
+    assert proc.returncode == 1 and "fewer syncs" in proc.stdout
+    suggested = json.loads((tmp_path / "base.suggested.json").read_text())
+    assert suggested["script_args"] == ["--quiet"]  # what this run was given
