@@ -244,8 +244,9 @@ class VirtualLibraries:
         with det.device_factories():
             out = call(ddp, *args, **kwargs)
         if on_device and not rebuilt_before and getattr(ddp, "_has_rebuilt_buckets", False):
-            det.record("pageable non_blocking copy", predicted=_REBUILD)
-            det.record("D2H copy", predicted=_REBUILD)
+            for _ in ("bucket indices", "bucket sizes"):  # each broadcast from rank 0
+                det.record("pageable non_blocking copy", predicted=_REBUILD)
+                det.record("D2H copy", predicted=_REBUILD)
         return out
 
     def _save(self, call, obj, f, *args, **kwargs):

@@ -26,7 +26,7 @@ optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.05)
 for step in range(5):
     x = torch.randn(32, 16, device=device)
     y = torch.randn(32, 4, device=device)
-    # cuda: DistributedDataParallel._pre_forward -> Logger::set_runtime_stats_and_log -> CudaTimer::measureDifference (reducer_cuda.cpp) CUDAEvent::synchronize, iterations 2-11; Reducer::rebuild_buckets -> sync_bucket_indices (reducer.cpp) pageable non_blocking H2D + blocking D2H, iteration 2
+    # cuda: DistributedDataParallel._pre_forward -> Logger::set_runtime_stats_and_log -> CudaTimer::measureDifference (reducer_cuda.cpp) CUDAEvent::synchronize, iterations 2-11; Reducer::rebuild_buckets -> sync_bucket_indices (reducer.cpp) pageable non_blocking H2D + blocking D2H of the bucket indices, then of the bucket sizes, iteration 2
     out = ddp_model(x)  # expect: Event.synchronize@forward, pageable non_blocking copy@forward, D2H copy@forward
     loss = torch.nn.functional.mse_loss(out, y)
     optimizer.zero_grad(set_to_none=True)

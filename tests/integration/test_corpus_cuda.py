@@ -32,6 +32,10 @@ def test_predicted_sites_say_why():
                          (30, "Event.synchronize"), (30, "pageable non_blocking copy"),
                          (30, "D2H copy")}
     assert all("DDP" in s.predicted for s in result.report.sites if s.predicted)
+    # sync_bucket_indices copies the bucket indices, then the bucket sizes, there and back
+    rebuild = {s.op: s.count for s in result.report.sites if s.line == 30 and s.op != (
+        "Event.synchronize")}
+    assert rebuild == {"pageable non_blocking copy": 2, "D2H copy": 2}
 
 
 def test_the_cpu_path_is_still_there_on_request():
