@@ -183,19 +183,20 @@ class OpDetector:
             self._handles.append(libraries)
         else:  # virtual CUDA knows where step counters were made
             self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
-        if not self.real:
-            self._handles.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
-                                                   self._next_batch))
+        self._handles.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
+                                               self._next_batch))
         self._handles.append(patches.add_layer(autograd, "_engine_run_backward",
                                                self._backward_seen))
         self._fmode.__enter__()
         self._dmode.__enter__()
 
     def _next_batch(self, call, it):
+        self.rec.tracker.batch_fetched()
         batch = call(it)
-        for leaf in tree_leaves(batch):
-            if isinstance(leaf, Tensor):
-                self.host.mark_host(leaf)  # DataLoader batches are made in host memory
+        if not self.real:
+            for leaf in tree_leaves(batch):
+                if isinstance(leaf, Tensor):
+                    self.host.mark_host(leaf)  # DataLoader batches are made in host memory
         return batch
 
     def _backward_seen(self, call, *args, **kwargs):

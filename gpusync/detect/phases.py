@@ -101,6 +101,15 @@ class PhaseTracker:
         return threading.get_ident() == self._thread
 
     # -- hooks -----------------------------------------------------------------------------
+    def batch_fetched(self) -> None:
+        """A DataLoader hands out a batch: outside any forward, backward or optimizer step that
+        is the next iteration beginning, so copying the batch to the device belongs to it
+        (not to the step before). Under no_grad (a validation loader) it moves only the
+        forward count's boundary, as a forward there does."""
+        if self._ours() and not self._module_stack and not self._in_optimizer and (
+                not self._in_backward):
+            self.steps.work_starts(training=torch.is_grad_enabled())
+
     def _fwd_pre(self, module, args):
         if not self._ours():
             return

@@ -5,7 +5,8 @@ starts: `loss.item()` logged after `optimizer.step()` belongs to that step, not 
 A round ends when an optimizer steps a second time (so a GAN stepping its discriminator and
 generator once each per iteration makes one step, not two); it begins at the first sign of
 new work after the previous round's last optimizer step: a top-level module forward, a
-backward pass, or an optimizer step. Since a round's end is known only when it repeats, its
+backward pass, an optimizer step, or a DataLoader handing out a batch (its copy to the device
+belongs to the step that uses it). Since a round's end is known only when it repeats, its
 boundary is placed afterwards, at a position in the event list: events carry no step number
 until the report is built.
 

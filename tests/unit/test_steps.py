@@ -293,3 +293,24 @@ def test_a_validation_forward_after_the_step_belongs_to_that_step(tmp_path):
     report = scan_script(tmp_path, VALIDATE_AFTER_STEP)
     assert report.steps == 5 and report.syncs_per_step == 2.0 and report.max_syncs_per_step == 2
     assert [s.per_step for s in report.sites if not s.setup] == [2.0]  # both on one line
+
+
+def test_a_batch_copied_before_the_forward_belongs_to_its_own_step(tmp_path):
+    """The DataLoader handing out the next batch begins the next step: its copy to the device
+    is counted there, once per step, not in the step before (which made 6 in 7)."""
+    from gpusync.scan import run_scan
+
+    script = tmp_path / "loop.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "m = torch.nn.Linear(4, 1).to('cuda')\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))\n"
+        "for x, y in DataLoader(data, batch_size=8):\n"
+        "    x = x.to('cuda')\n"
+        "    loss = ((m(x) - y.to('cuda')) ** 2).mean()\n"
+        "    opt.zero_grad(); loss.backward(); opt.step()\n")
+    report = run_scan(str(script), mode="simulate", warmup=1).report
+    copies = {s.line: s.per_step for s in report.sites if not s.setup}
+    assert copies == {7: 1.0, 8: 1.0} and report.measured_steps == 7
