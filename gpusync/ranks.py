@@ -201,9 +201,9 @@ def _site_key(s: Site) -> tuple:
 
 
 def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, list[str]]:
-    """One report over the ranks that reported, and a line per rank that failed. Per-step
-    figures are the largest rank's (a sync on one rank stalls every collective); each site
-    keeps its per-rank figures in `per_rank`."""
+    """One report over the ranks that reported, and a line per rank that failed. A site's
+    figures (count, per step, stall) are the largest rank's (a sync on one rank stalls every
+    collective); each site keeps its per-rank figures in `per_rank`."""
     reports = {r: Report.from_dict(p["report"]) for r, p in payloads.items()
                if p is not None and p.get("report") is not None}
     failures = [f"rank {rank}: {p['failure']}{raised_at(p.get('traceback') or '')}"
@@ -221,7 +221,7 @@ def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, li
             if key not in sites:
                 sites[key] = dataclasses.replace(s, count=0, per_step=0.0, stall_ms=None)
             merged = sites[key]
-            merged.count += s.count
+            merged.count = max(merged.count, s.count)
             merged.per_step = max(merged.per_step, s.per_step)
             merged.setup = merged.setup and s.setup
             if s.stall_ms is not None:
