@@ -247,6 +247,6 @@ def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, li
                    "syncs_per_step": reports[r].syncs_per_step,
                    "error": reports[r].error} for r in ranks],
         error="; ".join(failures) or first.error,
-        notes=[*first.notes, f"merged from {len(payloads)} ranks: per-step figures are the "
-               "largest rank's; each site's per_rank has every rank's"],
+        notes=[*first.notes, f"merged from {len(payloads)} ranks: a site's count and "
+               "per-step figures are the largest rank's; its per_rank has every rank's"],
     ), failures
