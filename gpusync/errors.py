@@ -56,29 +56,15 @@ class SyncsFound(AssertionError):
 
 
 def raised_at(traceback_text: str) -> str:
-    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (not
-    gpusync, an installed library or the standard library; the innermost frame when there is
-    none), or ''."""
+    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (as a
+    scan places sites: detect/frames.py; the innermost frame when there is none), or ''."""
     import re
+
+    from .detect.frames import is_users
 
     found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
     if not found:
         return ""
-    users = [f for f in found if _users_file(f[0])]
+    users = [f for f in found if is_users(f[0])]
     file, line = (users or found)[-1]
     return f" at {file}:{line}"
-
-
-def _users_file(path: str) -> bool:
-    import os
-    import sysconfig
-
-    if path.startswith("<"):
-        return False
-    path = os.path.abspath(path)
-    if path.startswith(os.path.dirname(os.path.abspath(__file__)) + os.sep):
-        return False
-    parts = path.split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return not path.startswith(sysconfig.get_paths()["stdlib"] + os.sep)

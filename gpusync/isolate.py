@@ -231,18 +231,6 @@ def timing_job(target: str | None, mode: str, steps: int, warmup: int,
             "warmup": warmup, "script_args": list(script_args), "verbosity": verbosity.level}
 
 
-def step_times(target: str | None, mode: str, steps: int, warmup: int,
-               command: str = "baseline", script_args: tuple = ()) -> list[float]:
-    """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
-    progress (steps done of warm-up + steps) on stderr once it has run for a few seconds."""
-    with Progress(f"gpusync {command}", delay=5.0) as progress:
-        progress.stage("timing steps without the scanner", total=warmup + steps)
-        result, returncode = run_child(
-            timing_job(target, mode, steps, warmup, script_args),
-            on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
-    return timing_samples(result, returncode)
-
-
 def timing_samples(result: dict[str, Any], returncode: int, rank: str = "") -> list[float]:
     """A timing child's samples; a failure raises (UserCodeError), `rank` ("rank 1: ")
     naming where under torchrun."""

@@ -188,6 +188,21 @@ def scan_payloads(runs: dict[int, Ran | None]) -> dict[int, dict[str, Any] | Non
     return out
 
 
+def failed_runs(runs: dict[int, Ran | None]) -> list[int]:
+    """The ranks whose run failed, the first to end first (as failed_first)."""
+    failed = [(ran.at, rank) for rank, ran in runs.items() if ran is not None and ran.failed]
+    return [rank for _, rank in sorted(failed)]
+
+
+def unreported(rank: int) -> str:
+    return f"rank {rank} did not report (it hung or was killed)"
+
+
+def slowest(samples: list[list[float]]) -> list[float]:
+    """Each rank's step-time samples as one: a step ends when every rank's does."""
+    return [max(column) for column in zip(*samples, strict=False)]
+
+
 def failed_first(payloads: dict[int, dict[str, Any] | None]) -> list[tuple[int, dict]]:
     """The ranks that failed, the first to fail first: the others often failed because of it
     (a collective whose peer went away)."""
@@ -208,8 +223,7 @@ def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, li
                if p is not None and p.get("report") is not None}
     failures = [f"rank {rank}: {p['failure']}{raised_at(p.get('traceback') or '')}"
                 for rank, p in failed_first(payloads)]
-    failures += [f"rank {rank} did not report (it hung or was killed)"
-                 for rank, p in sorted(payloads.items()) if p is None]
+    failures += [unreported(rank) for rank, p in sorted(payloads.items()) if p is None]
     if not reports:
         return None, failures
     ranks = sorted(reports)

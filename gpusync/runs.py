@@ -71,21 +71,29 @@ def merged(payloads) -> isolate.ScanOutcome:
 
 def step_times(target, mode, steps, warmup, command="baseline",
                lead: ranks.Lockstep | None = None, script_args=()) -> list[float]:
-    """Step times of an unscanned run (isolate.step_times). Under torchrun every rank times
-    the same steps and a sample is the slowest rank's (a step ends when every rank's does);
-    a rank that fails is named, the first to fail first."""
-    if lead is None:
-        return isolate.step_times(target, mode, steps, warmup, command, script_args)
+    """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
+    progress (steps done of warm-up + steps) on stderr once it has run for a few seconds.
+    Under torchrun every rank times the same steps and a sample is the slowest rank's; a
+    rank that fails is named, the first to fail first."""
+    job = isolate.timing_job(target, mode, steps, warmup, script_args)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
-        runs = lead.run(isolate.timing_job(target, mode, steps, warmup, script_args),
-                        on_snapshot=lambda snapshot: progress.update(snapshot.get("steps", 0)))
+
+        def on_snapshot(snapshot):
+            progress.update(snapshot.get("steps", 0))
+
+        if lead is None:
+            result, code = isolate.run_child(job, on_snapshot=on_snapshot)
+        else:
+            runs = lead.run(job, on_snapshot=on_snapshot)
+    if lead is None:
+        return isolate.timing_samples(result, code)
     reported = {rank: ran for rank, ran in runs.items() if ran is not None}
-    ordered = sorted(reported.items(), key=lambda kv: (not kv[1].failed, kv[1].at, kv[0]))
-    samples = [isolate.timing_samples(ran.result, ran.returncode, f"rank {rank}: ")
-               for rank, ran in ordered]
+    for rank in ranks.failed_runs(runs):  # raises, naming the rank
+        isolate.timing_samples(reported[rank].result, reported[rank].returncode,
+                               f"rank {rank}: ")
     missing = sorted(set(runs) - set(reported))
     if missing:
-        raise errors.UserCodeError(f"timing the workload: rank {missing[0]} did not report "
-                                   "(it hung or was killed)")
-    return [max(column) for column in zip(*samples, strict=False)]
+        raise errors.UserCodeError(f"timing the workload: {ranks.unreported(missing[0])}")
+    return ranks.slowest([isolate.timing_samples(ran.result, ran.returncode)
+                          for ran in reported.values()])

@@ -161,17 +161,16 @@ def _run(job: dict, timeout: float, progress: Progress | None = None, lead=None
     on_snapshot = None if progress is None else (
         lambda snapshot: progress.update(snapshot.get("steps", 0)))
     if lead is not None:
-        runs = lead.run(job, capture=True, on_snapshot=on_snapshot, timeout=timeout)
-        merged = _merge_ranks(runs)
-        if progress is not None and "steps_run" in merged[0]:
-            progress.update(merged[0]["steps_run"])
-        return merged
-    output = isolate.Output()
-    result, code = isolate.run_child(job, timeout=timeout, output=output,
-                                     on_snapshot=on_snapshot)
-    if progress is not None and "steps_run" in result:
-        progress.update(result["steps_run"])
-    return _outcome(result, code, output.tail)
+        outcome = _merge_ranks(lead.run(job, capture=True, on_snapshot=on_snapshot,
+                                        timeout=timeout))
+    else:
+        output = isolate.Output()
+        result, code = isolate.run_child(job, timeout=timeout, output=output,
+                                         on_snapshot=on_snapshot)
+        outcome = _outcome(result, code, output.tail)
+    if progress is not None and "steps_run" in outcome[0]:
+        progress.update(outcome[0]["steps_run"])
+    return outcome
 
 
 def _outcome(result: dict, code: int, tail: str) -> tuple[dict, str, str | None]:
@@ -196,22 +195,20 @@ def _merge_ranks(runs: dict) -> tuple[dict, str, str | None]:
     """Every rank's run of one job as one: a failure is the first failing rank's; a sample
     is the slowest rank's (a step ends when every rank's does); the losses are every rank's,
     rank by rank, so parity holds on all of them; the report is ranks.merge's."""
-    from .ranks import merge
+    from .ranks import failed_runs, merge, slowest, unreported
 
-    done = {rank: (ran, _outcome(ran.result, ran.returncode, ran.output))
+    done = {rank: _outcome(ran.result, ran.returncode, ran.output)
             for rank, ran in runs.items() if ran is not None}
-    failed = sorted((ran.at, rank) for rank, (ran, out) in done.items() if out[2] is not None)
+    failed = failed_runs(runs)
     if failed:
-        rank = failed[0][1]
-        result, tail, failure = done[rank][1]
-        return result, tail, f"rank {rank}: {failure}"
+        result, tail, failure = done[failed[0]]
+        return result, tail, f"rank {failed[0]}: {failure}"
     missing = sorted(set(runs) - set(done))
     if missing:
-        return {}, "", f"rank {missing[0]} did not report (it hung or was killed)"
-    results = [done[rank][1][0] for rank in sorted(done)]
+        return {}, "", unreported(missing[0])
+    results = [done[rank][0] for rank in sorted(done)]
     merged = dict(results[0])
-    merged["samples_ms"] = [max(c) for c in zip(*(r["samples_ms"] for r in results),
-                                                 strict=False)]
+    merged["samples_ms"] = slowest([r["samples_ms"] for r in results])
     merged["losses"] = [x for r in results for x in r["losses"]]
     merged["steps_run"] = min(r["steps_run"] for r in results)
     for key in ("peak_alloc_mb", "peak_reserved_mb"):
@@ -220,7 +217,7 @@ def _merge_ranks(runs: dict) -> tuple[dict, str, str | None]:
     if merged.get("report") is not None:
         report, _ = merge({rank: {"report": r["report"]} for rank, r in enumerate(results)})
         merged["report"] = report.to_dict() if report is not None else None
-    return merged, done[0][1][1], None
+    return merged, done[0][1], None
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None

@@ -52,6 +52,12 @@ def _kind(filename: str) -> int:
     return kind
 
 
+def is_users(filename: str) -> bool:
+    """True for the user's own code: not gpusync's machinery, torch, an installed package or
+    the standard library."""
+    return _kind(filename) == _USER
+
+
 def is_internal(filename: str) -> bool:
     """True for torch's frames and the machinery's (gpusync, its tools, the standard library):
     code in which no hook of the user's or of another library runs."""

@@ -100,20 +100,23 @@ class PhaseTracker:
     def _ours(self) -> bool:
         return threading.get_ident() == self._thread
 
+    def _between_work(self) -> bool:
+        """Outside every module forward, optimizer step and backward pass."""
+        return not self._module_stack and not self._in_optimizer and not self._in_backward
+
     # -- hooks -----------------------------------------------------------------------------
     def batch_fetched(self) -> None:
         """A DataLoader hands out a batch: outside any forward, backward or optimizer step that
         is the next iteration beginning, so copying the batch to the device belongs to it
         (not to the step before). Under no_grad (a validation loader) it moves only the
         forward count's boundary, as a forward there does."""
-        if self._ours() and not self._module_stack and not self._in_optimizer and (
-                not self._in_backward):
+        if self._ours() and self._between_work():
             self.steps.work_starts(training=torch.is_grad_enabled())
 
     def _fwd_pre(self, module, args):
         if not self._ours():
             return
-        if not self._module_stack and not self._in_optimizer and not self._in_backward:
+        if self._between_work():
             self.steps.work_starts(training=torch.is_grad_enabled())
             self._span_start = self.now()
             self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push
@@ -127,7 +130,7 @@ class PhaseTracker:
             self._module_stack.pop()
         elif module in self._module_stack:
             del self._module_stack[self._module_stack.index(module):]
-        if not self._module_stack and not self._in_optimizer and not self._in_backward:
+        if self._between_work():
             self._span(FORWARD)
             self.steps.end(FORWARD)
 

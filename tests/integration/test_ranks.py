@@ -34,13 +34,18 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def torchrun(tmp_path, *args, **env):
-    (tmp_path / "ddp.py").write_text(SCRIPT)
+def gpusync_2_ranks(tmp_path, *args, timeout=240, **env):
+    """`torchrun --standalone --nproc_per_node 2 -m gpusync ARGS` in tmp_path."""
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "gpusync", "scan", "ddp.py", "--format", "json", "-o", "r.json", *args],
-        cwd=tmp_path, capture_output=True, text=True, timeout=240,
-        env={**os.environ, **DETERMINISTIC, **env})
+         "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True,
+        timeout=timeout, env={**os.environ, **DETERMINISTIC, **env})
+
+
+def torchrun(tmp_path, *args, **env):
+    (tmp_path / "ddp.py").write_text(SCRIPT)
+    return gpusync_2_ranks(tmp_path, "scan", "ddp.py", "--format", "json", "-o", "r.json",
+                           *args, **env)
 
 
 def test_two_ranks_give_one_report_with_each_ranks_counts(tmp_path):
@@ -79,12 +84,9 @@ def test_the_torchrec_example_on_two_cpu_ranks_shows_each_ranks_input_dist(tmp_p
     pytest.importorskip("torchrec")
     example = os.path.join(os.path.dirname(__file__), "..", "..", "gpusync", "examples",
                            "torchrec_train.py")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "gpusync", "scan", os.path.abspath(example), "--steps", "2", "--format", "json",
-         "-o", "r.json", "--", "--batches", "8", "--rows", "2000"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={**os.environ, **DETERMINISTIC})
+    proc = gpusync_2_ranks(tmp_path, "scan", os.path.abspath(example), "--steps", "2",
+                           "--format", "json", "-o", "r.json", "--", "--batches", "8",
+                           "--rows", "2000", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = check_contract(json.loads((tmp_path / "r.json").read_text()))
     assert data["ranks"] == 2
@@ -97,11 +99,8 @@ def test_the_torchrec_example_on_two_cpu_ranks_shows_each_ranks_input_dist(tmp_p
 def test_baseline_and_gate_count_each_rank(tmp_path):
     (tmp_path / "ddp.py").write_text(SCRIPT)
 
-    def run(*args, **env):
-        return subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-             "2", "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True,
-            timeout=240, env={**os.environ, **DETERMINISTIC, **env})
+    def run(*args):
+        return gpusync_2_ranks(tmp_path, *args)
 
     proc = run("baseline", "ddp.py", "-o", "base.json")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -138,17 +137,11 @@ TUNED = textwrap.dedent('''
 ''')
 
 
-def _torchrun(tmp_path, *args):
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True, timeout=400,
-        env={**os.environ, **DETERMINISTIC})
-
-
 def test_tune_runs_each_candidate_on_every_rank(tmp_path):
     (tmp_path / "t.py").write_text(TUNED)
-    proc = _torchrun(tmp_path, "tune", "t.py", "--knob", "env:SLOW=1", "--knob", "env:FAIL=1",
-                     "--steps", "1", "--repeats", "5", "--timeout", "120", "--format", "json")
+    proc = gpusync_2_ranks(tmp_path, "tune", "t.py", "--knob", "env:SLOW=1", "--knob",
+                           "env:FAIL=1", "--steps", "1", "--repeats", "5", "--timeout", "120",
+                           "--format", "json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = check_contract(json.loads(proc.stdout))
     assert data["command"].startswith("torchrun --nproc_per_node 2 -m gpusync tune t.py")
@@ -165,8 +158,8 @@ def test_tune_runs_each_candidate_on_every_rank(tmp_path):
 
 def test_baseline_timing_times_every_rank(tmp_path):
     (tmp_path / "t.py").write_text(TUNED)
-    proc = _torchrun(tmp_path, "baseline", "t.py", "--timing", "--timing-steps", "10",
-                     "-o", "b.json")
+    proc = gpusync_2_ranks(tmp_path, "baseline", "t.py", "--timing", "--timing-steps", "10",
+                           "-o", "b.json", timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = check_contract(json.loads((tmp_path / "b.json").read_text()))
     assert data["ranks"] == 2 and len(data["timing"]["samples_ms"]) == 10
