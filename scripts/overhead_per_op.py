@@ -1,12 +1,14 @@
 """Per-op cost of interception: one small op (torch.add on 4 floats) in a loop, plain, under a
-bare TorchDispatchMode, a bare TorchFunctionMode, both (what gpusync installs), a gpusync scan,
-and torch.profiler with Python stacks. Medians of 5 rounds, microseconds per op.
+bare TorchDispatchMode, a bare TorchFunctionMode, both, a gpusync scan with its C++ observer
+and with its Python dispatch mode, and torch.profiler with Python stacks. Medians of 5 rounds,
+microseconds per op.
 
     .venv/bin/python scripts/overhead_per_op.py
 """
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 
@@ -42,9 +44,20 @@ def profiler():
                                   with_stack=True)
 
 
+@contextlib.contextmanager
+def scan(observer: str):
+    os.environ["GPUSYNC_OBSERVER"] = observer
+    try:
+        with Session(mode="simulate", auto_steps=False):
+            yield
+    finally:
+        del os.environ["GPUSYNC_OBSERVER"]
+
+
 ARMS = {"plain": contextlib.nullcontext, "bare TorchDispatchMode": BareDispatch,
         "bare TorchFunctionMode": BareFunction, "both bare modes": both,
-        "gpusync scan (simulate)": lambda: Session(mode="simulate", auto_steps=False),
+        "gpusync scan (simulate, C++ observer)": lambda: scan("native"),
+        "gpusync scan (simulate, Python dispatch mode)": lambda: scan("python"),
         "torch.profiler(with_stack=True)": profiler}
 
 

@@ -23,6 +23,22 @@ def expected_sites(path: pathlib.Path) -> set[tuple[int, str, str]]:
     return out
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _observer_built():
+    """Build the C++ op observer (once per torch version) before any test runs, so that no
+    scan's stderr carries the build line."""
+    from gpusync.detect import native
+
+    native.load()
+
+
+@pytest.fixture(params=["native", "python"])
+def observer(request, monkeypatch):
+    """Each op observer: the compiled one, and the dispatch mode scans fall back to."""
+    monkeypatch.setenv("GPUSYNC_OBSERVER", request.param)
+    return request.param
+
+
 # One BLAS / OpenMP thread: with several, a busy CI machine changes how float sums are split
 # between threads, and losses that the parity assertions expect identical differ by an ulp.
 DETERMINISTIC = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -29,11 +29,11 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import patches
+from . import native, patches
 from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
-from .rules import DISPATCH_RULES, SCALAR_LABELS
+from .rules import ASK_WHEN, DISPATCH_RULES, SCALAR_LABELS
 from .virtual_cuda import VirtualCuda, current_device, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
@@ -86,6 +86,23 @@ class HostSet:
 
     def mark_device(self, t) -> None:
         self.ids.pop(id(t), None)
+
+
+class NativeHost:
+    """HostSet kept by the C++ observer (detect/observer.cpp), keyed by TensorImpl: the same
+    questions, asked of the table the observer updates on every op."""
+
+    real = False
+
+    def __init__(self, observer):
+        self.on_device = lambda t, is_host=observer.is_host: (
+            isinstance(t, Tensor) and not is_host(t))
+        self.mark_host = observer.mark_host
+        self.mark_device = observer.mark_device
+
+
+_ASK = {"sparse input": 1, "last input on the device": 2}
+_CROSSING = 3
 
 
 def _call_site_line() -> str:
@@ -149,14 +166,22 @@ class OpDetector:
     def __init__(self, recorder: Recorder, real: bool = False, stall_timer=None,
                  virtual: bool = False):
         self.rec = recorder
-        self.host = RealDevice() if real else HostSet()
         self.real = real
         self.virtual = virtual and not real
         self._virtual = VirtualCuda(self._host_wait) if self.virtual else None
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
         self.current_func = None  # the Python-level torch call being run (names labels)
         self._fmode = _FunctionMode(self)
-        self._dmode = _DispatchMode(self)
+        # On a GPU the autograd engine runs backward in its own threads, which a thread-local
+        # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
+        compiled = None if real else native.load()
+        self._observer = compiled.Observer(False, self._on_rule) if compiled else None
+        self._dmode = _DispatchMode(self) if self._observer is None else None
+        if self._observer is not None:
+            self.host: RealDevice | HostSet | NativeHost = NativeHost(self._observer)
+            _configure(self._observer)
+        else:
+            self.host = RealDevice() if real else HostSet()
         self._handles: list = []
         self._owner = threading.get_ident()
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
@@ -183,12 +208,18 @@ class OpDetector:
             self._handles.append(libraries)
         else:  # virtual CUDA knows where step counters were made
             self._handles.append(optim_module.register_optimizer_step_pre_hook(self._opt_pre))
+            if not self.real:  # a parameter is what a CUDA run puts on the device
+                self._handles.append(patches.add_layer(torch.nn.Parameter, "__new__",
+                                                       self._new_parameter))
         self._handles.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
                                                self._next_batch))
         self._handles.append(patches.add_layer(autograd, "_engine_run_backward",
                                                self._backward_seen))
         self._fmode.__enter__()
-        self._dmode.__enter__()
+        if self._dmode is not None:
+            self._dmode.__enter__()
+        elif self._observer is not None:
+            self._observer.install()
 
     def _next_batch(self, call, it):
         self.rec.tracker.batch_fetched()
@@ -198,6 +229,12 @@ class OpDetector:
                 if isinstance(leaf, Tensor):
                     self.host.mark_host(leaf)  # DataLoader batches are made in host memory
         return batch
+
+    def _new_parameter(self, call, cls, *args, **kwargs):
+        param = call(cls, *args, **kwargs)
+        if threading.get_ident() == self._owner and not self.closed:
+            self.host.mark_device(param)
+        return param
 
     def _backward_seen(self, call, *args, **kwargs):
         """A function mode is switched off while its own handler runs, so inside
@@ -213,7 +250,10 @@ class OpDetector:
     def uninstall(self) -> None:
         self.closed = True
         try:
-            patches.exit_dispatch_mode(self._dmode)
+            if self._dmode is not None:
+                patches.exit_dispatch_mode(self._dmode)
+            elif self._observer is not None:
+                self._observer.uninstall()
         finally:
             try:
                 patches.exit_function_mode(self._fmode)
@@ -244,10 +284,14 @@ class OpDetector:
         """While C++ library code for device tensors runs (DDP's reducer), the tensors it
         allocates from no tensor input are its device buffers, not host memory."""
         self.device_default += 1
+        if self._observer is not None:
+            self._observer.device_default = self.device_default
         try:
             yield
         finally:
             self.device_default -= 1
+            if self._observer is not None:
+                self._observer.device_default = self.device_default
 
     def _host_wait(self, label: str) -> None:
         """The host waits for a virtual stream, event or device (cuda.synchronize and kin)."""
@@ -263,6 +307,34 @@ class OpDetector:
         self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted, detail=detail,
                         fix=fix)
         return True
+
+    def judge(self, rule, args, kwargs, overload: str) -> bool:
+        """Record the sync an op with a rule makes on CUDA, if it makes one."""
+        label = rule(args, kwargs, self.host.on_device, overload)
+        if label is None:
+            return False
+        if label == "item":
+            label = SCALAR_LABELS.get(self.current, "item")
+        return self.record(label)
+
+    def copy(self, dst, src, non_blocking: bool) -> bool:
+        """copy_: record it when it crosses the bus and the host waits for it."""
+        host = self.host
+        dst_dev, src_dev = host.on_device(dst), host.on_device(src)
+        if self.real or self.virtual:
+            return self._check_real_copy(src_dev, not dst_dev, non_blocking, src, dst)
+        if dst_dev != src_dev and not non_blocking:
+            return self.record("D2H copy" if src_dev else "H2D copy")
+        return False
+
+    def _on_rule(self, name: str, overload: str, args, kwargs) -> bool:
+        """The C++ observer asks at an op that may sync; True: it was recorded."""
+        if self.rec.suppressed():
+            return False
+        if name == "aten::copy_":
+            non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
+            return self.copy(args[0], args[1], non_blocking)
+        return self.judge(_RULES_BY_NAME[name], args, kwargs, overload)
 
     def run(self, recorded: bool, func, args, kwargs):
         """Run an op; once it is recorded, whatever it syncs inside is the same sync."""
@@ -539,13 +611,7 @@ class _DispatchMode(TorchDispatchMode):
             return self._copy(func, args, kwargs)
         rule = _RULES_BY_ID.get(key)
         if rule is not None and not det.rec.suppressed():
-            label = rule(args, kwargs, det.host.on_device, func._overloadname)
-            if label is not None:
-                if label == "item":
-                    label = SCALAR_LABELS.get(det.current, "item")
-                out = det.run(det.record(label), func, args, kwargs)
-            else:
-                out = func(*args, **kwargs)
+            out = det.run(det.judge(rule, args, kwargs, func._overloadname), func, args, kwargs)
         else:
             out = func(*args, **kwargs)
         if det.real:
@@ -570,21 +636,25 @@ class _DispatchMode(TorchDispatchMode):
         return out
 
     def _copy(self, func, args, kwargs):
-        det, host = self.det, self.det.host
-        dst, src = args[0], args[1]
+        det = self.det
         non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
-        dst_dev, src_dev = host.on_device(dst), host.on_device(src)
-        recorded = False
-        if det.real or det.virtual:
-            recorded = det._check_real_copy(src_dev, not dst_dev, non_blocking, src, dst)
-        elif dst_dev != src_dev and not non_blocking:
-            recorded = det.record("D2H copy" if src_dev else "H2D copy")
-        return det.run(recorded, func, args, kwargs)
+        return det.run(det.copy(args[0], args[1], non_blocking), func, args, kwargs)
 
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
 _COPY_ID = id(_aten.copy_)
 _RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
+_RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
+
+
+def _configure(observer) -> None:
+    """Tell the C++ observer which ops to ask about, and which ones make host tensors."""
+    for packet in DISPATCH_RULES:
+        observer.add_rule(packet._qualified_op_name, _ASK.get(ASK_WHEN.get(packet, ""), 0))
+    observer.add_rule("aten::copy_", _CROSSING)
+    observer.add_keep("aten::copy_")  # the destination stays where it lives
+    for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
+        observer.add_lift(packet._qualified_op_name)
 
 
 def _outputs(out):

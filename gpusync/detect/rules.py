@@ -239,3 +239,13 @@ DISPATCH_RULES: dict[Any, Rule] = {
         "item" if overload == "default" and dev(args[0]) else None),
     aten._to_sparse: _self_on_dev("nonzero"),  # dense_to_sparse: self.nonzero()
 }
+
+# When the C++ observer (detect/observer.cpp) calls a rule at all, for the ops that need more
+# than its default "some tensor input lives on the device": it keeps Python off the hot path
+# of every matmul and masked_fill.
+ASK_WHEN: dict[Any, str] = {
+    aten._sparse_addmm: "sparse input", aten.addmm: "sparse input", aten.hspmm: "sparse input",
+    aten.bmm: "sparse input", aten.mm: "sparse input",
+    aten.masked_fill: "last input on the device", aten.masked_fill_: "last input on the device",
+    aten.index_fill: "last input on the device", aten.index_fill_: "last input on the device",
+}

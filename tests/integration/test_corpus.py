@@ -13,7 +13,7 @@ def reported_sites(report, path):
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_simulated_scan_matches_annotations(name):
+def test_simulated_scan_matches_annotations(name, observer):
     path = CORPUS / name
     result = run_scan(str(path), mode="simulate", warmup=0)
     assert result.error is None, result.traceback

@@ -15,7 +15,7 @@ SCRIPTS = sorted(p.name for p in CORPUS.glob("*.py"))
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_the_virtual_cuda_scan_reports_exactly_what_cuda_syncs(name):
+def test_the_virtual_cuda_scan_reports_exactly_what_cuda_syncs(name, observer):
     path = CORPUS / name
     result = run_scan(str(path), mode="simulate", warmup=0)
     assert result.error is None, result.traceback

@@ -124,9 +124,11 @@ def test_a_closed_session_records_nothing_more():
     with gpusync.watch(mode="simulate") as w:
         m(torch.randn(2, 3)).sum().item()
     count = len(w.events)
-    w.detector._dmode.__enter__()  # a mode left behind somewhere must not record
+    det = w.detector
+    left = det._observer or det._dmode  # an observer or mode left behind must not record
+    left.install() if left is det._observer else left.__enter__()
     try:
         m(torch.randn(2, 3)).sum().item()
     finally:
-        w.detector._dmode.__exit__(None, None, None)
+        left.uninstall() if left is det._observer else left.__exit__(None, None, None)
     assert len(w.events) == count == 1

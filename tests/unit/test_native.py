@@ -1,0 +1,80 @@
+"""The C++ op observer (gpusync/detect/observer.cpp): built here, it keeps the host table and
+asks the rules exactly where the Python dispatch mode would; without it, scans fall back."""
+import shutil
+
+import pytest
+import torch
+
+from gpusync.detect import native
+from gpusync.detect.ops import HostSet, NativeHost
+from gpusync.detect.session import Session
+
+needs_compiler = pytest.mark.skipif(
+    shutil.which("c++") is None or not native.wanted(),
+    reason="no C++ compiler, or GPUSYNC_OBSERVER=python")
+
+
+def ops_of(session):
+    return [e.op for e in session.events]
+
+
+@needs_compiler
+def test_a_simulated_scan_uses_the_compiled_observer():
+    with Session(mode="simulate", auto_steps=False) as s:
+        assert isinstance(s.detector.host, NativeHost)
+    assert native.failure() is None
+
+
+@needs_compiler
+def test_host_ness_flows_through_ops():
+    with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+        host = s.detector.host
+        h = torch.arange(4)  # no device: host memory
+        d = torch.ones(4, device="cuda")
+        assert not host.on_device(h) and host.on_device(d)
+        assert not host.on_device(h + 1)  # a Python scalar does not move anything
+        assert not host.on_device(h[1:])  # views of host tensors stay there
+        assert host.on_device(h + d)
+        h2 = torch.zeros(4)
+        h2.add_(d)  # an in-place op with a device input: a CUDA run would have failed or moved
+        assert host.on_device(h2)
+        torch.nonzero(h)  # host: no sync
+        torch.nonzero(d)  # device: a sync
+        d[d > 0]  # a device mask: one sync, not one per op inside index
+        d.masked_fill(d > 0, 0.0)  # a Python value: sync-free
+        d.masked_fill(d > 0, d.sum())  # a device value: the CUDA kernel reads it
+        torch.mm(d.view(2, 2), d.view(2, 2))  # dense: never asked
+    assert ops_of(s) == ["nonzero", "bool-mask index", "item"]
+
+
+@needs_compiler
+def test_syncs_in_backward_hooks_and_composites_are_seen():
+    with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+        lin = torch.nn.Linear(3, 3).to("cuda")
+        lin.weight.register_hook(lambda g: None if g.abs().max().item() else None)
+        lin(torch.ones(2, 3, device="cuda")).sum().backward()  # the hook runs in the engine
+        torch.where(torch.ones(3, device="cuda") > 0)  # a composite: nonzero inside
+    assert ops_of(s)[-2:] == ["item", "nonzero"]
+
+
+def test_without_a_compiler_scans_fall_back(monkeypatch, capsys):
+    def no_compiler():
+        raise RuntimeError("no c++ compiler")
+
+    monkeypatch.setattr(native, "_loaded", None)
+    monkeypatch.setattr(native, "_failure", None)
+    monkeypatch.setattr(native, "_build", no_compiler)
+    monkeypatch.setenv("GPUSYNC_OBSERVER", "native")
+    for _ in range(2):
+        with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+            assert isinstance(s.detector.host, HostSet)
+            torch.nonzero(torch.ones(3, device="cuda"))
+        assert ops_of(s) == ["nonzero"]
+    err = capsys.readouterr().err
+    assert err.count("could not be built (no c++ compiler)") == 1
+
+
+def test_the_python_observer_can_be_chosen(monkeypatch):
+    monkeypatch.setenv("GPUSYNC_OBSERVER", "python")
+    with Session(mode="simulate", auto_steps=False) as s:
+        assert isinstance(s.detector.host, HostSet)
