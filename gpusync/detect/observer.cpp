@@ -52,6 +52,14 @@ struct Frame {
   Impl* self_host;  // the first argument, when it is a host tensor (in-place ops)
 };
 
+// What one pass over an op's tensor inputs found.
+struct Inputs {
+  bool any_device = false;
+  bool any_host = false;
+  bool any_sparse = false;
+  bool last_device = false;  // the last argument is a device tensor
+};
+
 struct PtrPairHash {
   size_t operator()(const std::pair<const char*, const char*>& p) const {
     return std::hash<const void*>()(p.first) * 31 + std::hash<const void*>()(p.second);
@@ -76,30 +84,21 @@ void each_tensor(const c10::IValue& v, F&& f) {
 
 class Observer {
  public:
-  Observer(bool real, py::object on_rule) : real_(real), on_rule_(std::move(on_rule)) {}
+  explicit Observer(py::object on_rule) : on_rule_(std::move(on_rule)) {}
 
   // -- where tensors live ------------------------------------------------------------------
-  bool is_host(const at::Tensor& t) {
-    if (real_) return !t.is_cuda();
-    auto it = host_.find(t.unsafeGetTensorImpl());
-    if (it == host_.end()) return false;
-    if (it->second.expired()) {  // cannot happen while we hold the weak ref; kept for safety
-      host_.erase(it);
-      return false;
-    }
-    return true;
-  }
+  // An entry for a live tensor is never expired: `t` holds the impl the weak ref points to.
+  bool is_host(const at::Tensor& t) const { return host_.count(t.unsafeGetTensorImpl()) != 0; }
   void mark_host(const at::Tensor& t) {
-    if (real_ || !t.defined()) return;
-    Impl* impl = t.unsafeGetTensorImpl();
-    if (host_.count(impl)) return;
-    host_.emplace(impl, c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()));
-    if (host_.size() > sweep_at_) sweep();
+    if (!t.defined()) return;
+    bool added = host_.try_emplace(t.unsafeGetTensorImpl(),
+                                   c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
+                     .second;
+    if (added && host_.size() > sweep_at_) sweep();
   }
   void mark_device(const at::Tensor& t) {
-    if (!real_ && t.defined()) host_.erase(t.unsafeGetTensorImpl());
+    if (t.defined()) host_.erase(t.unsafeGetTensorImpl());
   }
-  size_t host_count() const { return host_.size(); }
 
   // -- configuration from Python -----------------------------------------------------------
   void add_rule(const std::string& name, uint8_t filter) { rules_[name] = filter; }
@@ -115,16 +114,22 @@ class Observer {
     if (info.flags & kOpaque) ++opaque_depth_;
     if (f.visible) {
       auto inputs = fn.inputs();
+      Inputs seen;
       for (size_t i = 0; i < inputs.size(); ++i) {
         each_tensor(inputs[i], [&](const at::Tensor& t) {
           if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
           f.has_tensor = true;
           bool host = is_host(t);
-          if (!host) f.all_host = false;
-          if (i == 0 && host && inputs[0].isTensor()) f.self_host = t.unsafeGetTensorImpl();
+          (host ? seen.any_host : seen.any_device) = true;
+          if (t.layout() == at::kSparse) seen.any_sparse = true;
+          if (inputs[i].isTensor()) {
+            if (i == 0 && host) f.self_host = t.unsafeGetTensorImpl();
+            if (i + 1 == inputs.size() && !host) seen.last_device = true;
+          }
         });
       }
-      if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info, inputs)) {
+      f.all_host = !seen.any_device;
+      if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
         f.recorded = ask(info, inputs);
         if (f.recorded) ++recorded_depth_;
       }
@@ -138,7 +143,7 @@ class Observer {
     stack_.pop_back();
     if (f.flags & kOpaque) --opaque_depth_;
     if (f.recorded) --recorded_depth_;
-    if (!f.visible || real_ || (f.flags & kKeep)) return;
+    if (!f.visible || (f.flags & kKeep)) return;
     const auto& outputs = fn.outputs();
     if ((f.flags & kLift) || (f.all_host && !(device_default > 0 && !f.has_tensor))) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
@@ -198,25 +203,12 @@ class Observer {
     return ops_.emplace(key, std::move(info)).first->second;
   }
 
-  bool on_device(const at::Tensor& t) { return !is_host(t); }
-
-  bool worth_asking(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
-    bool any_device = false, any_sparse = false, any_host = false;
-    for (const auto& v : inputs) {
-      each_tensor(v, [&](const at::Tensor& t) {
-        if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;
-        if (on_device(t)) any_device = true; else any_host = true;
-        if (t.layout() == at::kSparse) any_sparse = true;
-      });
-    }
-    switch (info.filter) {
-      case kSparse: return any_sparse && any_device;
-      case kLastDevice:
-        return !inputs.empty() && inputs.back().isTensor() &&
-               !inputs.back().toTensor().unsafeGetTensorImpl()->is_wrapped_number() &&
-               on_device(inputs.back().toTensor());
-      case kCrossing: return any_device && any_host;
-      default: return any_device;
+  static bool worth_asking(uint8_t filter, const Inputs& seen) {
+    switch (filter) {
+      case kSparse: return seen.any_sparse && seen.any_device;
+      case kLastDevice: return seen.last_device;
+      case kCrossing: return seen.any_device && seen.any_host;
+      default: return seen.any_device;
     }
   }
 
@@ -253,7 +245,6 @@ class Observer {
     sweep_at_ = std::max<size_t>(4096, host_.size() * 2);
   }
 
-  bool real_;
   py::object on_rule_;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> host_;
   size_t sweep_at_ = 4096;
@@ -310,12 +301,18 @@ void uninstall(Observer& o) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // add_rule's filters, by the names detect/rules.py's ASK_WHEN uses.
+  py::dict filters;
+  filters["any input on the device"] = static_cast<int>(kAnyDevice);
+  filters["sparse input"] = static_cast<int>(kSparse);
+  filters["last input on the device"] = static_cast<int>(kLastDevice);
+  filters["crossing"] = static_cast<int>(kCrossing);
+  m.attr("FILTERS") = filters;
   py::class_<Observer>(m, "Observer")
-      .def(py::init<bool, py::object>(), py::arg("real"), py::arg("on_rule"))
+      .def(py::init<py::object>(), py::arg("on_rule"))
       .def("is_host", &Observer::is_host)
       .def("mark_host", &Observer::mark_host)
       .def("mark_device", &Observer::mark_device)
-      .def("host_count", &Observer::host_count)
       .def("add_rule", &Observer::add_rule)
       .def("add_lift", &Observer::add_lift)
       .def("add_keep", &Observer::add_keep)

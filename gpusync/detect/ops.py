@@ -101,10 +101,6 @@ class NativeHost:
         self.mark_device = observer.mark_device
 
 
-_ASK = {"sparse input": 1, "last input on the device": 2}
-_CROSSING = 3
-
-
 def _call_site_line() -> str:
     """The source line of the code that called the torch function being handled."""
     frame: FrameType | None = sys._getframe(2)
@@ -175,13 +171,15 @@ class OpDetector:
         # On a GPU the autograd engine runs backward in its own threads, which a thread-local
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if real else native.load()
-        self._observer = compiled.Observer(False, self._on_rule) if compiled else None
-        self._dmode = _DispatchMode(self) if self._observer is None else None
-        if self._observer is not None:
-            self.host: RealDevice | HostSet | NativeHost = NativeHost(self._observer)
-            _configure(self._observer)
+        self._observer = None
+        self.host: RealDevice | HostSet | NativeHost
+        if compiled is not None:
+            self._observer = compiled.Observer(self._on_rule)
+            _configure(self._observer, compiled.FILTERS)
+            self.host = NativeHost(self._observer)
         else:
             self.host = RealDevice() if real else HostSet()
+        self._dmode = _DispatchMode(self) if self._observer is None else None
         self._handles: list = []
         self._owner = threading.get_ident()
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
@@ -317,8 +315,11 @@ class OpDetector:
             label = SCALAR_LABELS.get(self.current, "item")
         return self.record(label)
 
-    def copy(self, dst, src, non_blocking: bool) -> bool:
-        """copy_: record it when it crosses the bus and the host waits for it."""
+    def copy(self, args, kwargs) -> bool:
+        """copy_(dst, src, non_blocking): record it when it crosses the bus and the host
+        waits for it."""
+        dst, src = args[0], args[1]
+        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
         host = self.host
         dst_dev, src_dev = host.on_device(dst), host.on_device(src)
         if self.real or self.virtual:
@@ -332,8 +333,7 @@ class OpDetector:
         if self.rec.suppressed():
             return False
         if name == "aten::copy_":
-            non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
-            return self.copy(args[0], args[1], non_blocking)
+            return self.copy(args, kwargs)
         return self.judge(_RULES_BY_NAME[name], args, kwargs, overload)
 
     def run(self, recorded: bool, func, args, kwargs):
@@ -637,8 +637,7 @@ class _DispatchMode(TorchDispatchMode):
 
     def _copy(self, func, args, kwargs):
         det = self.det
-        non_blocking = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
-        return det.run(det.copy(args[0], args[1], non_blocking), func, args, kwargs)
+        return det.run(det.copy(args, kwargs), func, args, kwargs)
 
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
@@ -647,11 +646,12 @@ _RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 
 
-def _configure(observer) -> None:
+def _configure(observer, filters: dict[str, int]) -> None:
     """Tell the C++ observer which ops to ask about, and which ones make host tensors."""
     for packet in DISPATCH_RULES:
-        observer.add_rule(packet._qualified_op_name, _ASK.get(ASK_WHEN.get(packet, ""), 0))
-    observer.add_rule("aten::copy_", _CROSSING)
+        observer.add_rule(packet._qualified_op_name,
+                          filters[ASK_WHEN.get(packet, "any input on the device")])
+    observer.add_rule("aten::copy_", filters["crossing"])
     observer.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
         observer.add_lift(packet._qualified_op_name)
