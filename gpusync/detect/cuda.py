@@ -17,7 +17,6 @@ from . import patches
 from .recorder import Recorder
 
 _SYNC_WARNING = "called a synchronizing CUDA operation"
-_BACKWARD_CALLS = {"backward", "grad", "run_backward"}
 
 
 class StallTimer:
@@ -94,7 +93,7 @@ class CudaExtras:
     def _on_sync_warning(self) -> None:
         # Autograd replays device-thread warnings after backward returns, at the wrong place:
         # backward syncs are covered by the op rules, which run on the device thread.
-        if self.rec.suppressed() or self.det.current in _BACKWARD_CALLS:
+        if self.rec.suppressed() or self.det.in_backward:
             return
         self.det.record("sync")
 

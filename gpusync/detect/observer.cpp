@@ -84,7 +84,8 @@ void each_tensor(const c10::IValue& v, F&& f) {
 
 class Observer {
  public:
-  explicit Observer(py::object on_rule) : on_rule_(std::move(on_rule)) {}
+  Observer(py::object on_rule, py::object on_recorded)
+      : on_rule_(std::move(on_rule)), on_recorded_(std::move(on_recorded)) {}
 
   // -- where tensors live ------------------------------------------------------------------
   // An entry for a live tensor is never expired: `t` holds the impl the weak ref points to.
@@ -143,8 +144,10 @@ class Observer {
     stack_.pop_back();
     if (f.flags & kOpaque) --opaque_depth_;
     if (f.recorded) --recorded_depth_;
-    if (!f.visible || (f.flags & kKeep)) return;
+    if (!f.visible) return;
     const auto& outputs = fn.outputs();
+    if (f.recorded && needs_grad(outputs)) recorded(outputs);
+    if (f.flags & kKeep) return;
     if ((f.flags & kLift) || (f.all_host && !(device_default > 0 && !f.has_tensor))) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
     } else if (device_default > 0 && !f.has_tensor) {
@@ -228,14 +231,39 @@ class Observer {
       }
       return on_rule_(info.name, info.overload, py::tuple(args), kwargs).cast<bool>();
     } catch (py::error_already_set& e) {
-      // An exception cannot leave a RecordFunction callback: report it, and let Ctrl-C reach
-      // the next Python bytecode.
-      bool interrupt = e.matches(PyExc_KeyboardInterrupt);
-      e.restore();
-      PyErr_WriteUnraisable(on_rule_.ptr());
-      if (interrupt) PyErr_SetInterrupt();
+      unraisable(e, on_rule_);
       return false;
     }
+  }
+
+  static bool needs_grad(const std::vector<c10::IValue>& outputs) {
+    bool any = false;
+    for (const auto& o : outputs) {
+      each_tensor(o, [&](const at::Tensor& t) { any = any || t.requires_grad(); });
+    }
+    return any;
+  }
+
+  // Python gets the outputs of an op it recorded that autograd will run backward through
+  // (their node is set by now): a sync in that backward is shown at the forward line.
+  void recorded(const std::vector<c10::IValue>& outputs) {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list values;
+      for (const auto& o : outputs) values.append(torch::jit::toPyObject(o));
+      on_recorded_(py::tuple(values));
+    } catch (py::error_already_set& e) {
+      unraisable(e, on_recorded_);
+    }
+  }
+
+  // An exception cannot leave a RecordFunction callback: report it, and let Ctrl-C reach the
+  // next Python bytecode.
+  static void unraisable(py::error_already_set& e, const py::object& where) {
+    bool interrupt = e.matches(PyExc_KeyboardInterrupt);
+    e.restore();
+    PyErr_WriteUnraisable(where.ptr());
+    if (interrupt) PyErr_SetInterrupt();
   }
 
   void sweep() {
@@ -246,6 +274,7 @@ class Observer {
   }
 
   py::object on_rule_;
+  py::object on_recorded_;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> host_;
   size_t sweep_at_ = 4096;
   std::unordered_map<std::string, uint8_t> rules_;
@@ -309,7 +338,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   filters["crossing"] = static_cast<int>(kCrossing);
   m.attr("FILTERS") = filters;
   py::class_<Observer>(m, "Observer")
-      .def(py::init<py::object>(), py::arg("on_rule"))
+      .def(py::init<py::object, py::object>(), py::arg("on_rule"), py::arg("on_recorded"))
       .def("is_host", &Observer::is_host)
       .def("mark_host", &Observer::mark_host)
       .def("mark_device", &Observer::mark_device)

@@ -12,8 +12,10 @@ Two things are needed for that:
    target (a `device` variable, `x.device`) means the device.
 2. Which ops sync on CUDA given their arguments: detect/rules.py.
 
-A TorchFunctionMode sees Python-level calls (.to, .tolist, .numpy, repr, factories with device=);
-a TorchDispatchMode sees aten ops (the rules, and host-ness propagation), in forward and backward.
+Layers on a few Python-level calls (detect/calls.py) see .to, .tolist, .numpy, repr and
+factories given device=; aten ops (the rules, and host-ness propagation) are seen in forward and
+backward by the C++ observer (detect/observer.cpp) or, without it and on a GPU, a
+TorchDispatchMode.
 """
 from __future__ import annotations
 
@@ -25,11 +27,11 @@ import weakref
 from types import FrameType
 
 import torch
-from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from . import native, patches
+from .calls import CallLayers
 from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
@@ -40,7 +42,6 @@ from .virtual_libs import VirtualLibraries
 Tensor = torch.Tensor
 _TB = torch._C.TensorBase
 _DETECT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_OVERRIDES = os.path.join(os.path.dirname(torch.__file__), "overrides.py")
 _aten = torch.ops.aten
 
 
@@ -106,7 +107,7 @@ def _call_site_line() -> str:
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         fn = frame.f_code.co_filename
-        if not fn.startswith(_DETECT_DIR) and fn != _OVERRIDES:
+        if not fn.startswith(_DETECT_DIR):
             return source_line(fn, frame.f_lineno)
         frame = frame.f_back
     return ""
@@ -166,15 +167,17 @@ class OpDetector:
         self.virtual = virtual and not real
         self._virtual = VirtualCuda(self._host_wait) if self.virtual else None
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
-        self.current_func = None  # the Python-level torch call being run (names labels)
-        self._fmode = _FunctionMode(self)
+        self.current_func = ""  # the Python-level call being run (names labels)
+        self.in_backward = False  # inside loss.backward() / autograd.grad()
+        self._calls = CallLayers(self)
+        self._forward_outputs: list = []  # (output, event): see recorded_outputs
         # On a GPU the autograd engine runs backward in its own threads, which a thread-local
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if real else native.load()
         self._observer = None
         self.host: RealDevice | HostSet | NativeHost
         if compiled is not None:
-            self._observer = compiled.Observer(self._on_rule)
+            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs)
             _configure(self._observer, compiled.FILTERS)
             self.host = NativeHost(self._observer)
         else:
@@ -189,7 +192,7 @@ class OpDetector:
 
     @property
     def current(self) -> str:
-        return getattr(self.current_func, "__name__", "")
+        return self.current_func
 
     # -- install / uninstall ---------------------------------------------------------------
     def install(self) -> None:
@@ -213,7 +216,7 @@ class OpDetector:
                                                self._next_batch))
         self._handles.append(patches.add_layer(autograd, "_engine_run_backward",
                                                self._backward_seen))
-        self._fmode.__enter__()
+        self._calls.install()
         if self._dmode is not None:
             self._dmode.__enter__()
         elif self._observer is not None:
@@ -235,15 +238,37 @@ class OpDetector:
         return param
 
     def _backward_seen(self, call, *args, **kwargs):
-        """A function mode is switched off while its own handler runs, so inside
-        `loss.backward()` (handled by it) hooks would run unseen. backward() and grad() both
-        call torch.autograd._engine_run_backward: switch the mode back on around it."""
+        """backward() and grad() both run torch.autograd._engine_run_backward."""
         if threading.get_ident() != self._owner or self.closed:
             return call(*args, **kwargs)
-        if self._fmode in _get_current_function_mode_stack():
+        self.flush_forward()
+        outer, self.in_backward = self.in_backward, True
+        try:
             return call(*args, **kwargs)
-        with self._fmode:
-            return call(*args, **kwargs)
+        finally:
+            self.in_backward = outer
+
+    def recorded_outputs(self, outputs) -> None:
+        """An op just recorded a sync in forward: remember its line on the autograd node it
+        made, so a sync in that node's backward is shown at this line (`x[mask]`, whose
+        backward runs nonzero again). Below autograd (the dispatch mode) the node is attached
+        after the op returns: those outputs are held until the next op begins."""
+        if not torch.is_grad_enabled() or not self.rec.events:
+            return
+        event = self.rec.events[-1]
+        outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        for out in outs:
+            if isinstance(out, Tensor):
+                if out.grad_fn is not None:
+                    remember_forward(out, event.frames, event.module)
+                elif self._dmode is not None:
+                    self._forward_outputs.append((out, event))
+
+    def flush_forward(self) -> None:
+        pending, self._forward_outputs = self._forward_outputs, []
+        for out, event in pending:
+            if out.grad_fn is not None:
+                remember_forward(out, event.frames, event.module)
 
     def uninstall(self) -> None:
         self.closed = True
@@ -254,7 +279,7 @@ class OpDetector:
                 self._observer.uninstall()
         finally:
             try:
-                patches.exit_function_mode(self._fmode)
+                self._calls.uninstall()
             finally:
                 for h in self._handles:
                     h.uninstall() if isinstance(h, (VirtualCuda, VirtualLibraries)) else h.remove()
@@ -344,11 +369,12 @@ class OpDetector:
             return func(*args, **kwargs)
 
     # -- Python-level handlers -------------------------------------------------------------
-    def handle_to(self, func, args, kwargs):
+    def handle_to(self, func, args, kwargs, kind: str = "to"):
+        """Tensor.to / .cpu() / .cuda() (`kind`)."""
         src = args[0]
-        if func is _TB.cpu:
+        if kind == "cpu":
             to_host = True
-        elif func is _TB.cuda:
+        elif kind == "cuda":
             to_host = False
         else:
             device, other = _target_of_to(args, kwargs)
@@ -365,7 +391,7 @@ class OpDetector:
             else:
                 to_host = device.type == "cpu" and _says_cpu(_call_site_line())
         if self.virtual:
-            return self._virtual_to(func, args, kwargs, to_host)
+            return self._virtual_to(func, args, kwargs, to_host, kind)
         src_on_device = self.host.on_device(src)
         if self.real:
             recorded = self._check_real_copy(
@@ -385,13 +411,13 @@ class OpDetector:
             return out
         return func(*args, **kwargs)
 
-    def _virtual_to(self, func, args, kwargs, to_host: bool):
+    def _virtual_to(self, func, args, kwargs, to_host: bool, kind: str):
         src = args[0]
         src_on_device = self.host.on_device(src)
         crossing = src_on_device == to_host
         recorded = crossing and self._check_real_copy(
             src_on_device, to_host, _non_blocking(args, kwargs), src, None)
-        if func is _TB.cuda:
+        if kind == "cuda":
             out = src  # already on the CPU that stands for the device
         else:
             args, kwargs = _on_cpu(args, kwargs)
@@ -413,7 +439,7 @@ class OpDetector:
         return current_device() if real.type == "cpu" and self.host.on_device(args[0]) else real
 
     def handle_is_cuda(self, func, args, kwargs):
-        return func(*args, **kwargs) or (args[0].device.type == "cpu"
+        return func(*args, **kwargs) or (_TB.device.__get__(args[0]).type == "cpu"
                                           and self.host.on_device(args[0]))
 
     def handle_get_device(self, func, args, kwargs):
@@ -434,8 +460,9 @@ class OpDetector:
         """x.new_tensor(data) is torch.tensor(data) on x's device."""
         if kwargs.get("device") is None and self.host.on_device(args[0]):
             kwargs = {**kwargs, "device": current_device()}
-        return self.handle_factory(func, args, kwargs) if "device" in kwargs else func(
-            *args, **kwargs)
+        if "device" in kwargs or kwargs.get("pin_memory"):
+            return self.handle_factory(func, args, kwargs, data_at=1)
+        return func(*args, **kwargs)
 
     def _check_real_copy(self, src_on_device, to_host, non_blocking, src, dst) -> bool:
         if src_on_device == (not to_host):
@@ -476,17 +503,19 @@ class OpDetector:
             self.host.mark_host(args[0])
         return out
 
-    def handle_factory(self, func, args, kwargs):
+    def handle_factory(self, func, args, kwargs, data_at: int | None = None):
+        """A factory given device= (or pin_memory=); `data_at`: where the data argument of a
+        factory that copies it (torch.tensor) sits."""
         if self.virtual:
-            return self._virtual_factory(func, args, kwargs)
+            return self._virtual_factory(func, args, kwargs, data_at)
         device = torch.device(kwargs["device"])
         if self.real:
             to_device = device.type == "cuda"
         else:
             to_device = device.type != "cpu" or not _says_cpu(_call_site_line())
         recorded = False
-        if to_device and func in _COPYING_FACTORIES:
-            data = args[0] if args else kwargs.get("data")
+        if to_device and data_at is not None:
+            data = args[data_at] if len(args) > data_at else kwargs.get("data")
             if not isinstance(data, Tensor) or not self.host.on_device(data):
                 recorded = self.record("H2D copy (torch.tensor)")
         out = self.run(recorded, func, args, kwargs)
@@ -497,7 +526,7 @@ class OpDetector:
                 self.host.mark_host(out)
         return out
 
-    def _virtual_factory(self, func, args, kwargs):
+    def _virtual_factory(self, func, args, kwargs, data_at: int | None):
         to_device = is_cuda_device(kwargs.get("device"))
         pin = bool(kwargs.get("pin_memory"))
         if pin:
@@ -506,8 +535,8 @@ class OpDetector:
         if to_device:
             self.placed = True
             kwargs = {**kwargs, "device": _CPU}
-            if func in _COPYING_FACTORIES or func == _TB.new_tensor:
-                data = args[1 if func == _TB.new_tensor else 0] if args else kwargs.get("data")
+            if data_at is not None:
+                data = args[data_at] if len(args) > data_at else kwargs.get("data")
                 if not isinstance(data, Tensor) or not self.host.on_device(data):
                     recorded = self.record("H2D copy (torch.tensor)")
         out = self.run(recorded, func, args, kwargs)
@@ -520,57 +549,6 @@ class OpDetector:
                 self.host.mark_host(out)
                 if pin:
                     pin_host(out)
-        return out
-
-
-_COPYING_FACTORIES = {torch.tensor, torch.as_tensor, torch.asarray}
-
-
-class _FunctionMode(TorchFunctionMode):
-    def __init__(self, det: OpDetector):
-        super().__init__()
-        self.det = det
-        self.handlers = {
-            _TB.to: det.handle_to,
-            _TB.cpu: det.handle_to,
-            _TB.cuda: det.handle_to,
-            _TB.tolist: det.handle_to_host_read("tolist"),
-            _TB.numpy: det.handle_to_host_read("numpy"),
-            Tensor.__repr__: det.handle_to_host_read("repr"),
-            Tensor.__format__: det.handle_to_host_read("repr"),
-            _TB.data.__set__: det.handle_set_data,  # type: ignore[attr-defined]  # a getset
-            torch._C._nn.one_hot: det.handle_one_hot,
-        }
-        if det.virtual:
-            self.handlers.update({
-                _TB.device.__get__: det.handle_device,
-                _TB.is_cuda.__get__: det.handle_is_cuda,  # type: ignore[attr-defined]
-                _TB.get_device: det.handle_get_device,
-                _TB.new_tensor: det.handle_new_tensor,
-                torch._C._nn._parse_to: det.handle_parse_to,
-            })
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        det = self.det
-        events = det.rec.events
-        outer, det.current_func = det.current_func, func
-        before = len(events)
-        try:
-            handler = self.handlers.get(func)
-            if handler is not None:
-                out = handler(func, args, kwargs or {})
-            elif kwargs and (kwargs.get("device") is not None
-                             or (det.virtual and kwargs.get("pin_memory"))):
-                out = det.handle_factory(func, args, kwargs)
-            elif kwargs:
-                out = func(*args, **kwargs)
-            else:
-                out = func(*args)
-        finally:
-            det.current_func = outer
-        if len(events) != before and torch.is_grad_enabled():
-            last = events[-1]
-            remember_forward(out, last.frames, last.module)
         return out
 
 
@@ -606,12 +584,17 @@ class _DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         det = self.det
+        if det._forward_outputs:  # autograd has attached the last recorded op's node by now
+            det.flush_forward()
         key = id(func.overloadpacket)  # OpOverloadPacket hashes in Python: slow on this path
         if key == _COPY_ID:
             return self._copy(func, args, kwargs)
         rule = _RULES_BY_ID.get(key)
         if rule is not None and not det.rec.suppressed():
-            out = det.run(det.judge(rule, args, kwargs, func._overloadname), func, args, kwargs)
+            recorded = det.judge(rule, args, kwargs, func._overloadname)
+            out = det.run(recorded, func, args, kwargs)
+            if recorded:
+                det.recorded_outputs(out)
         else:
             out = func(*args, **kwargs)
         if det.real:

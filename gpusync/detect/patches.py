@@ -3,9 +3,9 @@
 Two `watch()` blocks may overlap, end out of order, or run in two threads. Setting an attribute
 back to "what it was when I started" would then drop another session's patch or leave ours
 behind. So each patched attribute gets one wrapper, installed by the first session that needs
-it and removed by the last; sessions add and remove *layers* on it. Mode stacks are handled
-the same way: a session's mode is taken out of the stack wherever it sits, not popped from the
-top (which may be another session's).
+it and removed by the last; sessions add and remove *layers* on it. The dispatch-mode stack is
+handled the same way: a session's mode is taken out wherever it sits, not popped from the top
+(which may be another session's).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable
 
 _lock = threading.RLock()
-_slots: dict[tuple[int, str], "_Slot"] = {}
+_slots: dict[tuple[int, str], Any] = {}
 
 # A layer is called as layer(call_next, *args, **kwargs) and must call call_next to go on.
 Layer = Callable[..., Any]
@@ -30,8 +30,11 @@ class _Slot:
 
         @functools.wraps(self.original)
         def wrapper(*args, **kwargs):
+            layers = slot.layers
+            if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__)
+                return layers[0](slot.original, *args, **kwargs)
             call = slot.original
-            for layer in reversed(slot.layers):  # the first session's layer runs outermost
+            for layer in reversed(layers):  # the first session's layer runs outermost
                 call = functools.partial(layer, call)
             return call(*args, **kwargs)
 
@@ -45,6 +48,44 @@ class _Slot:
             delattr(self.owner, self.name)
 
 
+class _PropertySlot:
+    """A data descriptor (a C getset such as Tensor.data) replaced by a property whose getter
+    and setter run their own layers: layer(call, obj) and layer(call, obj, value)."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+        self.own = name in vars(owner)
+        self.original = vars(owner)[name] if self.own else getattr(owner, name)
+        self.get_layers: list[Layer] = []
+        self.set_layers: list[Layer] = []
+        self.layers = self.get_layers  # a Handle removes from get_layers or set_layers
+        original, slot = self.original, self
+
+        def fget(obj):
+            layers = slot.get_layers
+            if not layers:
+                return original.__get__(obj)
+            if len(layers) == 1:  # Tensor.device on the virtual device: a hot path
+                return layers[0](original.__get__, obj)
+            call = original.__get__
+            for layer in reversed(layers):
+                call = functools.partial(layer, call)
+            return call(obj)
+
+        def fset(obj, value):
+            call = original.__set__
+            for layer in reversed(slot.set_layers):
+                call = functools.partial(layer, call)
+            return call(obj, value)
+
+        setattr(owner, name, property(fget, fset, doc=getattr(original, "__doc__", None)))
+
+    def empty(self) -> bool:
+        return not self.get_layers and not self.set_layers
+
+    restore = _Slot.restore
+
+
 class Handle:
     """Removes one layer; safe to call twice."""
 
@@ -54,10 +95,21 @@ class Handle:
     def remove(self) -> None:
         with _lock:
             slot = _slots.get(self._key)
-            if slot is None or self._layer not in slot.layers:
+            if slot is None:
                 return
-            slot.layers.remove(self._layer)
-            if not slot.layers:
+            if isinstance(slot, _PropertySlot):
+                lists = (slot.get_layers, slot.set_layers)
+                found = next((ls for ls in lists if any(x is self._layer for x in ls)), None)
+                if found is None:
+                    return
+                found.remove(self._layer)
+                gone = slot.empty()
+            else:
+                if self._layer not in slot.layers:
+                    return
+                slot.layers.remove(self._layer)
+                gone = not slot.layers
+            if gone:
                 del _slots[self._key]
                 slot.restore()
 
@@ -71,6 +123,25 @@ def add_layer(owner: Any, name: str, layer: Layer) -> Handle:
             slot = _slots[key] = _Slot(owner, name)
         slot.layers.append(layer)
     return Handle(key, layer)
+
+
+def add_property_layer(owner: Any, name: str, get: Layer | None = None,
+                       set: Layer | None = None) -> list[Handle]:
+    """Wrap the getter and/or setter of the data descriptor owner.name until the handles are
+    removed; the getter of a property whose only layer is a setter stays the original's."""
+    key = (id(owner), name)
+    handles = []
+    with _lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = _PropertySlot(owner, name)
+        if not isinstance(slot, _PropertySlot):
+            raise TypeError(f"{name} is patched as a function already")
+        for layer, layers in ((get, slot.get_layers), (set, slot.set_layers)):
+            if layer is not None:
+                layers.append(layer)
+                handles.append(Handle(key, layer))
+    return handles
 
 
 class Shared:
@@ -96,27 +167,6 @@ class Shared:
             if self._users == 0:
                 self._leave(self._saved)
                 self._saved = None
-
-
-def exit_function_mode(mode) -> None:
-    """Take `mode` out of this thread's torch-function mode stack, wherever it sits."""
-    from torch._C import (
-        _len_torch_function_stack,
-        _pop_torch_function_stack,
-        _push_on_torch_function_stack,
-    )
-    from torch.overrides import _get_current_function_mode_stack
-
-    if not any(m is mode for m in _get_current_function_mode_stack()):
-        return
-    above = []
-    while _len_torch_function_stack() > 0:
-        top = _pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    for m in reversed(above):
-        _push_on_torch_function_stack(m)
 
 
 _FLAG_DEQUES = ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",

@@ -194,32 +194,21 @@ class PhaseTracker:
     def classify(self, raw: list[tuple[str, int, str]]):
         """Return (phase, name, forward frames or None, module path or None); name is the hook
         for HOOK and the autograd node for BACKWARD."""
+        in_scaler, stage, hook = _facts(raw)
         if torch._C._current_graph_task_id() != -1:
-            return self._classify_backward(raw)
-        if self._in_optimizer or _in_scaler_step(raw):
+            return self._classify_backward(hook)
+        if self._in_optimizer or in_scaler:
             return OPTIMIZER, None, None, None
-        stage = _pipeline_stage(raw)
         if stage is not None:  # a pipeline working on a batch ahead: not this step's forward
             return stage, None, None, self.module_path()
         if self._module_stack:
             return FORWARD, None, None, self.module_path()
         return OTHER, None, None, None
 
-    def _classify_backward(self, raw):
-        # Frames called by the autograd engine: inner to _engine_run_backward on the CPU, all of
-        # them on a CUDA device thread (which has no caller frames).
-        region = raw
-        for i, (f, _, fn) in enumerate(raw):
-            if f.endswith(_ENGINE_FRAME[0]) and fn == _ENGINE_FRAME[1]:
-                region = raw[:i]
-                break
-        user = [fr for fr in region if not is_internal(fr[0])]
-        custom_fn = any(f.endswith(_CUSTOM_FN_FRAME[0]) and fn == _CUSTOM_FN_FRAME[1]
-                        for f, _, fn in region)
-        if user and not custom_fn:
-            named = [fn for _, _, fn in user if not fn.endswith("<lambda>")]
-            return HOOK, (named[-1] if named else user[-1][2]), None, None
-        if user:
+    def _classify_backward(self, hook: str | bool | None):
+        if isinstance(hook, str):
+            return HOOK, hook, None, None
+        if hook:
             return BACKWARD, None, None, None
         node = torch._C._current_autograd_node()
         metadata: dict = node.metadata if node is not None else {}  # type: ignore[assignment]
@@ -231,6 +220,39 @@ class PhaseTracker:
 
 
 _SCALER_FILE = os.path.join("torch", "amp", "grad_scaler.py")
+# What a stack says, by the identity of capture()'s cached list: (list, facts); the list is
+# held, so its id is not reused while the entry is kept.
+_stack_facts: dict[int, tuple[list, tuple]] = {}
+
+
+def _facts(raw: list[tuple[str, int, str]]) -> tuple[bool, str | None, str | bool | None]:
+    """(in GradScaler.step, pipeline stage, what runs inside backward: a hook's name, True for
+    user code in a custom autograd Function's backward, None for the engine's own nodes)."""
+    found = _stack_facts.get(id(raw))
+    if found is not None and found[0] is raw:
+        return found[1]
+    facts = (_in_scaler_step(raw), _pipeline_stage(raw), _backward_code(raw))
+    if len(_stack_facts) >= 4096:
+        _stack_facts.clear()
+    _stack_facts[id(raw)] = (raw, facts)
+    return facts
+
+
+def _backward_code(raw: list[tuple[str, int, str]]) -> str | bool | None:
+    # Frames called by the autograd engine: inner to _engine_run_backward on the CPU, all of
+    # them on a CUDA device thread (which has no caller frames).
+    region = raw
+    for i, (f, _, fn) in enumerate(raw):
+        if f.endswith(_ENGINE_FRAME[0]) and fn == _ENGINE_FRAME[1]:
+            region = raw[:i]
+            break
+    user = [fr for fr in region if not is_internal(fr[0])]
+    if not user:
+        return None
+    if any(f.endswith(_CUSTOM_FN_FRAME[0]) and fn == _CUSTOM_FN_FRAME[1] for f, _, fn in region):
+        return True
+    named = [fn for _, _, fn in user if not fn.endswith("<lambda>")]
+    return named[-1] if named else user[-1][2]
 
 
 def _in_scaler_step(raw: list[tuple[str, int, str]]) -> bool:

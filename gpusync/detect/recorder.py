@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .events import BACKWARD, HOOK, SyncEvent
-from .frames import raw_stack, user_frames
+from .frames import capture
 from .library import library_fix
 from .phases import PhaseTracker
 from .rules import fix_for
@@ -27,14 +27,13 @@ class Recorder:
                detail: str = "", predicted: str = "", fix: str = "") -> SyncEvent | None:
         if self.suppressed():
             return None
-        raw = raw_stack(skip)
+        raw, frames = capture(skip)
         phase, name, fwd_frames, fwd_module = self.tracker.classify(raw)
         hook = name if phase == HOOK else None
         if phase == BACKWARD and fwd_frames is None:
             detail = detail or (f"in autograd node {name}" if name else
                                 "outside any autograd node: an engine callback such as DDP's "
                                 "gradient reducer")
-        frames = user_frames(raw)
         module = self.tracker.module_path()
         if fwd_frames is not None:
             # A sync inside a C++ backward node: report it at the forward line that built it.

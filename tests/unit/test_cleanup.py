@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils.data import dataloader
 
 import gpusync
+from gpusync.detect.calls import factory_names
 
 
 def global_state():
@@ -22,6 +23,9 @@ def global_state():
         "optimizer post hooks": dict(optim_module._global_optimizer_post_hooks),
         "engine": autograd._engine_run_backward,
         "dataloader next": dataloader._BaseDataLoaderIter.__next__,
+        "Tensor attributes": dict(vars(torch.Tensor)),
+        "factories": {name: getattr(torch, name) for name in factory_names()},
+        "one_hot": (torch.nn.functional.one_hot, torch._C._nn.one_hot),
     }
 
 

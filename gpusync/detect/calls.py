@@ -1,0 +1,209 @@
+"""The Python-level calls op detection needs to see, each a layer on its class or module
+attribute (detect/patches.py): only these calls pay, where a TorchFunctionMode costs about
+1.7 us on every torch call a training step makes (docs/benchmarks/overhead.md).
+
+- Calls that move tensors or make them on a device: Tensor.to / cpu / cuda, the factories that
+  take `device=` (enumerated from the aten schemas) and `Tensor.new_*`, a factory under
+  `with torch.device(...)` / `torch.set_default_device` (torch's DeviceContext mode fills in
+  the device), the `.data` setter.
+- Calls that read device memory on the host outside any aten op: tolist, numpy, repr/format;
+  one_hot, whose CUDA kernel syncs where its CPU kernel's differ.
+- Calls that name an op-level host read (`float(x)`, `if x:`, `x[i]`), for its label.
+- On the virtual device: the getters that say where a tensor is (`.device`, `.is_cuda`,
+  `get_device()`), `new_tensor` and Module.to's argument parsing.
+
+A factory bound by name before the scan starts (`from torch import zeros` in a module imported
+before it) is not seen; scripts and their imports run inside the scan, so theirs are.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from . import patches
+from .phases import remember_forward
+
+if TYPE_CHECKING:
+    from .ops import OpDetector
+
+Tensor = torch.Tensor
+
+# The Python-level calls behind _local_scalar_dense, for its label (rules.SCALAR_LABELS).
+_NAMING = ("item", "__float__", "__int__", "__bool__", "__index__", "__getitem__",
+           "__setitem__")
+# Factories outside torch's namespace, or with no aten schema of their own.
+_EXTRA_FACTORIES = ((torch, "asarray"), (torch.fft, "fftfreq"), (torch.fft, "rfftfreq"),
+                    (torch.nested, "nested_tensor"), (torch.nested, "as_nested_tensor"))
+# The argument holding the data a factory copies from the host: torch.tensor(data).
+_DATA_AT = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
+# Installed layers by the thread they watch, innermost last: nested scans share the layers
+# on an attribute, and the innermost one judges the call (as with nested modes).
+_ACTIVE: dict[int, list["CallLayers"]] = {}
+
+
+@functools.lru_cache(1)
+def factory_names() -> tuple[str, ...]:
+    """The public torch functions with a `device` argument in one of their aten schemas."""
+    functions = torch._C._VariableFunctions
+    names = []
+    for name in dir(functions):
+        if name.startswith("_") or getattr(torch, name, None) is not getattr(functions, name):
+            continue
+        schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+        if any(a.name == "device" for s in schemas for a in s.arguments):
+            names.append(name)
+    return tuple(names)
+
+
+class CallLayers:
+    """One detector's layers; `install` / `uninstall` as a pair (uninstall is idempotent)."""
+
+    def __init__(self, det: OpDetector):
+        self.det = det
+        self._handles: list[patches.Handle] = []
+
+    # -- which calls count ---------------------------------------------------------------
+    def watching(self) -> bool:
+        """The scanned thread, if this is its innermost scan; on a GPU also the autograd
+        engine's device threads running its backward."""
+        det = self.det
+        if det.closed:
+            return False
+        ident = threading.get_ident()
+        if ident == det._owner:
+            return _ACTIVE[ident][-1] is self
+        return det.real and torch._C._current_graph_task_id() != -1
+
+    def _handled(self, name: str, handler: Callable[..., Any]):
+        """A layer running handler(call, args, kwargs) as the current call; what it returns
+        remembers the forward line of a sync it recorded (a sync in its backward is shown
+        there)."""
+        det, watching = self.det, self.watching
+
+        def layer(call, *args, **kwargs):
+            if not watching():
+                return call(*args, **kwargs)
+            events = det.rec.events
+            before = len(events)
+            outer, det.current_func = det.current_func, name
+            try:
+                out = handler(call, args, kwargs)
+            finally:
+                det.current_func = outer
+            if len(events) != before and torch.is_grad_enabled():
+                last = events[-1]
+                remember_forward(out, last.frames, last.module)
+            return out
+
+        return layer
+
+    def _naming(self, name: str):
+        det, watching = self.det, self.watching
+
+        def layer(call, *args, **kwargs):
+            if not watching():
+                return call(*args, **kwargs)
+            outer, det.current_func = det.current_func, name
+            try:
+                return call(*args, **kwargs)
+            finally:
+                det.current_func = outer
+
+        return layer
+
+    def _factory(self, name: str):
+        det = self.det
+        data_at = _DATA_AT.get(name)
+        virtual = det.virtual
+
+        def handler(call, args, kwargs):
+            if kwargs.get("device") is not None or (virtual and kwargs.get("pin_memory")):
+                return det.handle_factory(call, args, kwargs, data_at)
+            return call(*args, **kwargs)
+
+        return self._handled(name, handler)
+
+    def _device_context(self, call, mode, func, types, args=(), kwargs=None):
+        """torch's DeviceContext mode puts its device into a factory call that has none."""
+        from torch.utils._device import _device_constructors
+
+        kwargs = kwargs or {}
+        if (not self.watching() or func not in _device_constructors()
+                or kwargs.get("device") is not None):
+            return call(mode, func, types, args, kwargs)
+        name = getattr(func, "__name__", "")
+        factory = self._handled(name, lambda f, a, k: self.det.handle_factory(
+            f, a, k, _DATA_AT.get(name)))
+        return factory(func, *args, **{**kwargs, "device": mode.device})
+
+    # -- install / uninstall -------------------------------------------------------------
+    def install(self) -> None:
+        from torch.utils import _device
+
+        det = self.det
+        _device._device_constructors()  # cache torch's own functions before ours replace them
+        _ACTIVE.setdefault(det._owner, []).append(self)
+        add = self._add
+        try:
+            for kind in ("to", "cpu", "cuda"):
+                add(Tensor, kind, self._handled(
+                    kind, functools.partial(det.handle_to, kind=kind)))
+            for name, label in (("tolist", "tolist"), ("numpy", "numpy"),
+                                ("__repr__", "repr"), ("__format__", "repr")):
+                add(Tensor, name, self._handled(name, det.handle_to_host_read(label)))
+            for name in _NAMING:
+                add(Tensor, name, self._naming(name))
+            one_hot = self._handled("one_hot", det.handle_one_hot)
+            add(torch.nn.functional, "one_hot", one_hot)
+            add(torch._C._nn, "one_hot", one_hot)
+            set_data = self._handled("data", det.handle_set_data)
+            self._handles += patches.add_property_layer(
+                Tensor, "data", set=lambda call, obj, value: set_data(call, obj, value))
+            for name in factory_names():
+                add(torch, name, self._factory(name))
+            for owner, name in _EXTRA_FACTORIES:
+                add(owner, name, self._factory(name))
+            for name in ("new_empty", "new_empty_strided", "new_full", "new_ones",
+                         "new_zeros"):
+                add(Tensor, name, self._factory(name))
+            if det.virtual:
+                add(Tensor, "new_tensor", self._handled("new_tensor", det.handle_new_tensor))
+            else:
+                add(Tensor, "new_tensor", self._factory("new_tensor"))
+            add(_device.DeviceContext, "__torch_function__", self._device_context)
+            if det.virtual:
+                self._virtual_getters()
+                add(torch._C._nn, "_parse_to", self._handled("_parse_to", det.handle_parse_to))
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def _virtual_getters(self) -> None:
+        det, watching = self.det, self.watching
+
+        def getter(handler):
+            def layer(call, obj):
+                return handler(call, (obj,), {}) if watching() else call(obj)
+            return layer
+
+        self._handles += patches.add_property_layer(Tensor, "device",
+                                                    get=getter(det.handle_device))
+        self._handles += patches.add_property_layer(Tensor, "is_cuda",
+                                                    get=getter(det.handle_is_cuda))
+        self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device))
+
+    def _add(self, owner: Any, name: str, layer) -> None:
+        self._handles.append(patches.add_layer(owner, name, layer))
+
+    def uninstall(self) -> None:
+        handles, self._handles = self._handles, []
+        for h in reversed(handles):
+            h.remove()
+        stack = _ACTIVE.get(self.det._owner, [])
+        if self in stack:
+            stack.remove(self)
+        if not stack:
+            _ACTIVE.pop(self.det._owner, None)
