@@ -64,6 +64,8 @@ class CallLayers:
     def __init__(self, det: OpDetector):
         self.det = det
         self._handles: list[patches.Handle] = []
+        self._context_factory = self._handled("factory", lambda f, a, k: det.handle_factory(
+            f, a, k, _DATA_AT.get(getattr(f, "__name__", ""))))
 
     # -- which calls count ---------------------------------------------------------------
     def watching(self) -> bool:
@@ -134,10 +136,7 @@ class CallLayers:
         if (not self.watching() or func not in _device_constructors()
                 or kwargs.get("device") is not None):
             return call(mode, func, types, args, kwargs)
-        name = getattr(func, "__name__", "")
-        factory = self._handled(name, lambda f, a, k: self.det.handle_factory(
-            f, a, k, _DATA_AT.get(name)))
-        return factory(func, *args, **{**kwargs, "device": mode.device})
+        return self._context_factory(func, *args, **{**kwargs, "device": mode.device})
 
     # -- install / uninstall -------------------------------------------------------------
     def install(self) -> None:
@@ -159,9 +158,8 @@ class CallLayers:
             one_hot = self._handled("one_hot", det.handle_one_hot)
             add(torch.nn.functional, "one_hot", one_hot)
             add(torch._C._nn, "one_hot", one_hot)
-            set_data = self._handled("data", det.handle_set_data)
             self._handles += patches.add_property_layer(
-                Tensor, "data", set=lambda call, obj, value: set_data(call, obj, value))
+                Tensor, "data", set=self._handled("data", det.handle_set_data))
             for name in factory_names():
                 add(torch, name, self._factory(name))
             for owner, name in _EXTRA_FACTORIES:

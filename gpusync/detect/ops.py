@@ -190,10 +190,6 @@ class OpDetector:
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
         self._libraries: VirtualLibraries | None = None
 
-    @property
-    def current(self) -> str:
-        return self.current_func
-
     # -- install / uninstall ---------------------------------------------------------------
     def install(self) -> None:
         import torch.autograd as autograd
@@ -337,7 +333,7 @@ class OpDetector:
         if label is None:
             return False
         if label == "item":
-            label = SCALAR_LABELS.get(self.current, "item")
+            label = SCALAR_LABELS.get(self.current_func, "item")
         return self.record(label)
 
     def copy(self, args, kwargs) -> bool:
@@ -513,11 +509,7 @@ class OpDetector:
             to_device = device.type == "cuda"
         else:
             to_device = device.type != "cpu" or not _says_cpu(_call_site_line())
-        recorded = False
-        if to_device and data_at is not None:
-            data = args[data_at] if len(args) > data_at else kwargs.get("data")
-            if not isinstance(data, Tensor) or not self.host.on_device(data):
-                recorded = self.record("H2D copy (torch.tensor)")
+        recorded = to_device and self._copies_host_data(args, kwargs, data_at)
         out = self.run(recorded, func, args, kwargs)
         if isinstance(out, Tensor):
             if to_device:
@@ -525,6 +517,15 @@ class OpDetector:
             else:
                 self.host.mark_host(out)
         return out
+
+    def _copies_host_data(self, args, kwargs, data_at: int | None) -> bool:
+        """torch.tensor(data, device=) and kin copy host data up: recorded when they do."""
+        if data_at is None:
+            return False
+        data = args[data_at] if len(args) > data_at else kwargs.get("data")
+        if isinstance(data, Tensor) and self.host.on_device(data):
+            return False
+        return self.record("H2D copy (torch.tensor)")
 
     def _virtual_factory(self, func, args, kwargs, data_at: int | None):
         to_device = is_cuda_device(kwargs.get("device"))
@@ -535,10 +536,7 @@ class OpDetector:
         if to_device:
             self.placed = True
             kwargs = {**kwargs, "device": _CPU}
-            if data_at is not None:
-                data = args[data_at] if len(args) > data_at else kwargs.get("data")
-                if not isinstance(data, Tensor) or not self.host.on_device(data):
-                    recorded = self.record("H2D copy (torch.tensor)")
+            recorded = self._copies_host_data(args, kwargs, data_at)
         out = self.run(recorded, func, args, kwargs)
         if isinstance(out, Tensor):
             if to_device:

@@ -20,25 +20,27 @@ _slots: dict[tuple[int, str], Any] = {}
 Layer = Callable[..., Any]
 
 
+def _through(layers: list[Layer], call: Callable[..., Any], *args, **kwargs):
+    """call(*args, **kwargs) through `layers`, the first session's outermost."""
+    if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__, .device)
+        return layers[0](call, *args, **kwargs)
+    for layer in reversed(layers):
+        call = functools.partial(layer, call)
+    return call(*args, **kwargs)
+
+
 class _Slot:
     def __init__(self, owner: Any, name: str):
         self.owner, self.name = owner, name
         self.own = name in vars(owner)
         self.original = vars(owner)[name] if self.own else getattr(owner, name)
         self.layers: list[Layer] = []
-        slot = self
+        layers, original = self.layers, self.original
 
-        @functools.wraps(self.original)
+        @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            layers = slot.layers
-            if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__)
-                return layers[0](slot.original, *args, **kwargs)
-            call = slot.original
-            for layer in reversed(layers):  # the first session's layer runs outermost
-                call = functools.partial(layer, call)
-            return call(*args, **kwargs)
+            return _through(layers, original, *args, **kwargs)
 
-        self.wrapper = wrapper
         setattr(owner, name, wrapper)
 
     def restore(self) -> None:
@@ -58,27 +60,11 @@ class _PropertySlot:
         self.original = vars(owner)[name] if self.own else getattr(owner, name)
         self.get_layers: list[Layer] = []
         self.set_layers: list[Layer] = []
-        self.layers = self.get_layers  # a Handle removes from get_layers or set_layers
-        original, slot = self.original, self
-
-        def fget(obj):
-            layers = slot.get_layers
-            if not layers:
-                return original.__get__(obj)
-            if len(layers) == 1:  # Tensor.device on the virtual device: a hot path
-                return layers[0](original.__get__, obj)
-            call = original.__get__
-            for layer in reversed(layers):
-                call = functools.partial(layer, call)
-            return call(obj)
-
-        def fset(obj, value):
-            call = original.__set__
-            for layer in reversed(slot.set_layers):
-                call = functools.partial(layer, call)
-            return call(obj, value)
-
-        setattr(owner, name, property(fget, fset, doc=getattr(original, "__doc__", None)))
+        get, set_ = self.original.__get__, self.original.__set__
+        getters, setters = self.get_layers, self.set_layers
+        setattr(owner, name, property(lambda obj: _through(getters, get, obj),
+                                      lambda obj, value: _through(setters, set_, obj, value),
+                                      doc=getattr(self.original, "__doc__", None)))
 
     def empty(self) -> bool:
         return not self.get_layers and not self.set_layers
