@@ -15,6 +15,9 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -32,24 +35,32 @@ constexpr uint8_t kRule = 2;    // Python decides whether it syncs
 constexpr uint8_t kLift = 4;    // torch.tensor(data) enters here: host memory
 constexpr uint8_t kKeep = 8;    // copy_: the destination stays where it is
 
+// An opaque op with this many inner ops or more runs with RecordFunction off (ThreadState).
+constexpr int kQuietFrom = 2;
+
 // When a rule op is worth a call into Python.
 enum Filter : uint8_t { kAnyDevice = 0, kSparse = 1, kLastDevice = 2, kCrossing = 3 };
 
 struct OpInfo {
   uint8_t flags = 0;
   uint8_t filter = kAnyDevice;
-  py::object name;      // "aten::nonzero"
-  py::object overload;  // "default", "Tensor", ...
-  std::vector<std::pair<size_t, py::object>> kwonly;  // keyword-only arguments by position
+  // An opaque op's inner ops, counted the first time it ran; -1 before. Ops with a few or more
+  // are run with RecordFunction off (see ThreadState::quiet).
+  int inner = -1;
+  bool op = false;       // a dispatcher op, not a named range
+  std::string name;      // "aten::nonzero"
+  std::string overload;  // "default", "Tensor", ...
+  std::vector<std::pair<size_t, std::string>> kwonly;  // keyword-only arguments by position
 };
 
 struct Frame {
-  uint8_t flags;
+  OpInfo* info;
   bool visible;
   bool recorded;
   bool all_host;
   bool has_tensor;
-  Impl* self_host;  // the first argument, when it is a host tensor (in-place ops)
+  Impl* self_host;     // the first argument, when it is a host tensor (in-place ops)
+  uint64_t inner_at;   // inner_ops_ when the op began
 };
 
 // What one pass over an op's tensor inputs found.
@@ -82,6 +93,58 @@ void each_tensor(const c10::IValue& v, F&& f) {
   }
 }
 
+// Which ops to ask Python about, and which make host tensors: one table for the process,
+// set by detect/ops.py's _configure (the same each time; a change empties every thread's op
+// table).
+struct Config {
+  std::mutex lock;
+  std::unordered_map<std::string, uint8_t> rules;
+  std::vector<std::string> lifts;
+  std::vector<std::string> keeps;
+  std::atomic<uint64_t> version{0};
+};
+Config& config() {
+  static Config* c = new Config();  // never destroyed: callbacks may run during exit
+  return *c;
+}
+
+void add_rule(const std::string& name, uint8_t filter) {
+  Config& c = config();
+  std::lock_guard<std::mutex> guard(c.lock);
+  auto it = c.rules.find(name);
+  if (it != c.rules.end() && it->second == filter) return;
+  c.rules[name] = filter;
+  ++c.version;
+}
+
+void add_to(std::vector<std::string> Config::*list, const std::string& name) {
+  Config& c = config();
+  std::lock_guard<std::mutex> guard(c.lock);
+  auto& names = c.*list;
+  if (std::find(names.begin(), names.end(), name) != names.end()) return;
+  names.push_back(name);
+  ++c.version;
+}
+
+using OpKey = std::pair<const char*, const char*>;
+constexpr size_t kRangesKept = 4096;
+
+// What each op is, per thread and kept across sessions: a scan that starts (the pytest plugin
+// starts one per test, `gpusync bench overhead` one per step) finds the ops it has seen before
+// described, and their inner ops counted.
+struct OpTable {
+  uint64_t version = ~uint64_t{0};
+  std::unordered_map<OpKey, OpInfo, PtrPairHash> ops;
+  // A direct-mapped cache in front of the map: a step runs a few dozen distinct ops, and the
+  // map's hashing and probing showed in profiles of the callback.
+  struct Recent {
+    OpKey key{nullptr, nullptr};
+    OpInfo* info = nullptr;
+  };
+  std::array<Recent, 256> recent{};
+};
+OpTable& op_table();
+
 class Observer {
  public:
   Observer(py::object on_rule, py::object on_recorded)
@@ -101,54 +164,59 @@ class Observer {
     if (t.defined()) host_.erase(t.unsafeGetTensorImpl());
   }
 
-  // -- configuration from Python -----------------------------------------------------------
-  void add_rule(const std::string& name, uint8_t filter) { rules_[name] = filter; }
-  void add_lift(const std::string& name) { lifts_.push_back(name); }
-  void add_keep(const std::string& name) { keeps_.push_back(name); }
   int device_default = 0;  // >0: ops with no tensor input make device tensors (C++ buffers)
   bool closed = false;
 
   // -- the callback's two halves -----------------------------------------------------------
-  void start(const at::RecordFunction& fn) {
+  // True when RecordFunction may be off while the op runs: an opaque op that ran inner ops.
+  bool start(const at::RecordFunction& fn) {
+    if (opaque_depth_ > 0) {  // an opaque op's inner op: only counted
+      ++inner_ops_;
+      stack_.push_back(Frame{nullptr, false, false, true, false, nullptr, 0});
+      return false;
+    }
     OpInfo& info = info_of(fn);
-    Frame f{info.flags, opaque_depth_ == 0, false, true, false, nullptr};
+    Frame f{&info, true, false, true, false, nullptr, inner_ops_};
     if (info.flags & kOpaque) ++opaque_depth_;
-    if (f.visible) {
-      auto inputs = fn.inputs();
-      Inputs seen;
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        each_tensor(inputs[i], [&](const at::Tensor& t) {
-          if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
-          f.has_tensor = true;
-          bool host = is_host(t);
-          (host ? seen.any_host : seen.any_device) = true;
-          if (t.layout() == at::kSparse) seen.any_sparse = true;
-          if (inputs[i].isTensor()) {
-            if (i == 0 && host) f.self_host = t.unsafeGetTensorImpl();
-            if (i + 1 == inputs.size() && !host) seen.last_device = true;
-          }
-        });
-      }
-      f.all_host = !seen.any_device;
-      if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
-        f.recorded = ask(info, inputs);
-        if (f.recorded) ++recorded_depth_;
-      }
+    auto inputs = fn.inputs();
+    Inputs seen;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      each_tensor(inputs[i], [&](const at::Tensor& t) {
+        if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
+        f.has_tensor = true;
+        bool host = is_host(t);
+        (host ? seen.any_host : seen.any_device) = true;
+        if (t.layout() == at::kSparse) seen.any_sparse = true;
+        if (inputs[i].isTensor()) {
+          if (i == 0 && host) f.self_host = t.unsafeGetTensorImpl();
+          if (i + 1 == inputs.size() && !host) seen.last_device = true;
+        }
+      });
+    }
+    f.all_host = !seen.any_device;
+    if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
+      f.recorded = ask(info, inputs);
+      if (f.recorded) ++recorded_depth_;
     }
     stack_.push_back(f);
+    return info.inner >= kQuietFrom;
   }
 
   void end(const at::RecordFunction& fn) {
     if (stack_.empty()) return;  // installed while the op ran
     Frame f = stack_.back();
     stack_.pop_back();
-    if (f.flags & kOpaque) --opaque_depth_;
-    if (f.recorded) --recorded_depth_;
     if (!f.visible) return;
+    const uint8_t flags = f.info->flags;
+    if (flags & kOpaque) {
+      --opaque_depth_;
+      if (f.info->inner < 0) f.info->inner = static_cast<int>(inner_ops_ - f.inner_at);
+    }
+    if (f.recorded) --recorded_depth_;
     const auto& outputs = fn.outputs();
     if (f.recorded && needs_grad(outputs)) recorded(outputs);
-    if (f.flags & kKeep) return;
-    if ((f.flags & kLift) || (f.all_host && !(device_default > 0 && !f.has_tensor))) {
+    if (flags & kKeep) return;
+    if ((flags & kLift) || (f.all_host && !(device_default > 0 && !f.has_tensor))) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
     } else if (device_default > 0 && !f.has_tensor) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_device(t); });
@@ -167,10 +235,35 @@ class Observer {
   }
 
  private:
-  OpInfo& info_of(const at::RecordFunction& fn) {
-    auto key = std::make_pair(fn.name(), fn.overload_name());
-    auto it = ops_.find(key);
-    if (it != ops_.end()) return it->second;
+  static OpInfo& info_of(const at::RecordFunction& fn) {
+    OpTable& table = op_table();
+    Config& c = config();
+    uint64_t version = c.version.load(std::memory_order_relaxed);
+    if (table.version != version) {
+      table.ops.clear();
+      table.recent.fill({});
+      table.version = version;
+    }
+    OpKey key{fn.name(), fn.overload_name()};
+    auto& recent = table.recent[(reinterpret_cast<uintptr_t>(key.first) >> 4) % 256];
+    if (recent.key == key) return *recent.info;
+    auto it = table.ops.find(key);
+    if (it == table.ops.end()) {
+      OpInfo info = describe(fn, c);
+      // A range that is no op may be named by a string that dies with it, whose address a
+      // later range reuses: past a bound, those are not kept (all describe alike).
+      if (!info.op && info.flags == 0 && table.ops.size() >= kRangesKept) {
+        static OpInfo range;
+        return range;
+      }
+      it = table.ops.emplace(key, std::move(info)).first;
+    }
+    recent = {key, &it->second};  // the map's nodes do not move
+    return it->second;
+  }
+
+  static OpInfo describe(const at::RecordFunction& fn, Config& c) {
+    std::lock_guard<std::mutex> guard(c.lock);
     OpInfo info;
     std::string name = fn.name();
     std::string overload = fn.overload_name();
@@ -187,23 +280,26 @@ class Observer {
       }
     }
     if (!decomposes) info.flags |= kOpaque;
-    auto rule = rules_.find(name);
-    if (rule != rules_.end()) {
+    info.op = static_cast<bool>(op);
+    auto rule = c.rules.find(name);
+    if (rule != c.rules.end()) {
       info.flags |= kRule;
       info.filter = rule->second;
-      py::gil_scoped_acquire gil;
-      info.name = py::str(name);
-      info.overload = py::str(overload.empty() ? "default" : overload);
+      info.name = name;
+      info.overload = overload.empty() ? "default" : overload;
       if (op) {
         const auto& args = op->schema().arguments();
         for (size_t i = 0; i < args.size(); ++i) {
-          if (args[i].kwarg_only()) info.kwonly.emplace_back(i, py::str(args[i].name()));
+          if (args[i].kwarg_only()) info.kwonly.emplace_back(i, args[i].name());
         }
       }
     }
-    if (std::find(lifts_.begin(), lifts_.end(), name) != lifts_.end()) info.flags |= kLift;
-    if (std::find(keeps_.begin(), keeps_.end(), name) != keeps_.end()) info.flags |= kKeep;
-    return ops_.emplace(key, std::move(info)).first->second;
+    auto listed = [&](const std::vector<std::string>& names) {
+      return std::find(names.begin(), names.end(), name) != names.end();
+    };
+    if (listed(c.lifts)) info.flags |= kLift;
+    if (listed(c.keeps)) info.flags |= kKeep;
+    return info;
   }
 
   static bool worth_asking(uint8_t filter, const Inputs& seen) {
@@ -224,12 +320,13 @@ class Observer {
       for (size_t i = 0; i < inputs.size(); ++i) {
         py::object value = torch::jit::toPyObject(inputs[i]);
         if (k < info.kwonly.size() && info.kwonly[k].first == i) {
-          kwargs[info.kwonly[k++].second] = value;
+          kwargs[py::str(info.kwonly[k++].second)] = value;
         } else {
           args.append(value);
         }
       }
-      return on_rule_(info.name, info.overload, py::tuple(args), kwargs).cast<bool>();
+      return on_rule_(py::str(info.name), py::str(info.overload), py::tuple(args), kwargs)
+          .cast<bool>();
     } catch (py::error_already_set& e) {
       unraisable(e, on_rule_);
       return false;
@@ -277,28 +374,56 @@ class Observer {
   py::object on_recorded_;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> host_;
   size_t sweep_at_ = 4096;
-  std::unordered_map<std::string, uint8_t> rules_;
-  std::vector<std::string> lifts_;
-  std::vector<std::string> keeps_;
-  std::unordered_map<std::pair<const char*, const char*>, OpInfo, PtrPairHash> ops_;
   std::vector<Frame> stack_;
+  uint64_t inner_ops_ = 0;
   int opaque_depth_ = 0;
   int recorded_depth_ = 0;
 };
 
-// Observers of this thread (sessions may nest); the callback is registered once per thread.
-thread_local std::vector<Observer*> tls_observers;
-thread_local at::CallbackHandle tls_handle = 0;
+// What this thread holds, in one thread_local: each access to one costs a call in a shared
+// library, and the callbacks run on every op.
+struct ThreadState {
+  std::vector<Observer*> observers;  // sessions may nest; the callback is registered once
+  at::CallbackHandle handle = 0;
+  // RecordFunction is off while an opaque op with a few inner ops or more runs: those inner
+  // ops, which no observer looks at, then cost nothing, where each would box its inputs and
+  // outputs for our callback (embedding_bag runs dozens). Turning it off and on costs about
+  // two inner ops, hence the learned count. With inner ops gone, the next end callback is
+  // the opaque op's own.
+  bool quiet = false;
+  OpTable ops;
+};
+thread_local ThreadState tls;
+
+OpTable& op_table() { return tls.ops; }
+
+// Only when this thread's callback is the sole one: a profiler running beside the scan still
+// sees every op.
+bool alone() {
+  return !at::hasGlobalCallbacks() &&
+         at::get_record_function_tls_().sorted_tls_callbacks_.size() == 1;
+}
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
-  for (Observer* o : tls_observers) {
-    if (!o->closed) o->start(fn);
+  ThreadState& t = tls;
+  bool quiet = false;
+  for (Observer* o : t.observers) {
+    if (!o->closed && o->start(fn)) quiet = true;
+  }
+  if (quiet && !t.quiet && alone()) {
+    t.quiet = true;
+    at::enableRecordFunction(false);
   }
   return nullptr;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  for (auto it = tls_observers.rbegin(); it != tls_observers.rend(); ++it) {
+  ThreadState& t = tls;
+  if (t.quiet) {
+    t.quiet = false;
+    at::enableRecordFunction(true);
+  }
+  for (auto it = t.observers.rbegin(); it != t.observers.rend(); ++it) {
     if (!(*it)->closed) (*it)->end(fn);
   }
 }
@@ -306,9 +431,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 void install(Observer& o) {
   o.closed = false;
   o.reset_stack();
-  tls_observers.push_back(&o);
-  if (tls_handle == 0) {
-    tls_handle = at::addThreadLocalCallback(
+  ThreadState& t = tls;
+  t.observers.push_back(&o);
+  if (t.handle == 0) {
+    t.handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(on_start, on_end)
             .needsInputs(true)
             .needsOutputs(true)
@@ -318,12 +444,17 @@ void install(Observer& o) {
 
 void uninstall(Observer& o) {
   o.closed = true;  // on another thread: it stays registered there, and does nothing
-  auto it = std::find(tls_observers.begin(), tls_observers.end(), &o);
-  if (it == tls_observers.end()) return;
-  tls_observers.erase(it);
-  if (tls_observers.empty() && tls_handle != 0) {
-    at::removeCallback(tls_handle);
-    tls_handle = 0;
+  ThreadState& t = tls;
+  auto it = std::find(t.observers.begin(), t.observers.end(), &o);
+  if (it == t.observers.end()) return;
+  t.observers.erase(it);
+  if (t.quiet) {  // uninstalled inside an opaque op (by Python code it runs)
+    t.quiet = false;
+    at::enableRecordFunction(true);
+  }
+  if (t.observers.empty() && t.handle != 0) {
+    at::removeCallback(t.handle);
+    t.handle = 0;
   }
 }
 
@@ -337,14 +468,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   filters["last input on the device"] = static_cast<int>(kLastDevice);
   filters["crossing"] = static_cast<int>(kCrossing);
   m.attr("FILTERS") = filters;
+  m.def("add_rule", &add_rule);
+  m.def("add_lift", [](const std::string& name) { add_to(&Config::lifts, name); });
+  m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
   py::class_<Observer>(m, "Observer")
       .def(py::init<py::object, py::object>(), py::arg("on_rule"), py::arg("on_recorded"))
       .def("is_host", &Observer::is_host)
       .def("mark_host", &Observer::mark_host)
       .def("mark_device", &Observer::mark_device)
-      .def("add_rule", &Observer::add_rule)
-      .def("add_lift", &Observer::add_lift)
-      .def("add_keep", &Observer::add_keep)
       .def_readwrite("device_default", &Observer::device_default)
       .def("install", [](Observer& o) { install(o); })
       .def("uninstall", [](Observer& o) { uninstall(o); });

@@ -177,8 +177,8 @@ class OpDetector:
         self._observer = None
         self.host: RealDevice | HostSet | NativeHost
         if compiled is not None:
+            _configure(compiled)
             self._observer = compiled.Observer(self._on_rule, self.recorded_outputs)
-            _configure(self._observer, compiled.FILTERS)
             self.host = NativeHost(self._observer)
         else:
             self.host = RealDevice() if real else HostSet()
@@ -627,15 +627,17 @@ _RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 
 
-def _configure(observer, filters: dict[str, int]) -> None:
-    """Tell the C++ observer which ops to ask about, and which ones make host tensors."""
+def _configure(compiled) -> None:
+    """Tell the C++ observers which ops to ask about, and which ones make host tensors (one
+    table for the process: the same each time)."""
+    filters = compiled.FILTERS
     for packet in DISPATCH_RULES:
-        observer.add_rule(packet._qualified_op_name,
+        compiled.add_rule(packet._qualified_op_name,
                           filters[ASK_WHEN.get(packet, "any input on the device")])
-    observer.add_rule("aten::copy_", filters["crossing"])
-    observer.add_keep("aten::copy_")  # the destination stays where it lives
+    compiled.add_rule("aten::copy_", filters["crossing"])
+    compiled.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
-        observer.add_lift(packet._qualified_op_name)
+        compiled.add_lift(packet._qualified_op_name)
 
 
 def _outputs(out):

@@ -4,6 +4,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpusync.detect import native
 from gpusync.detect.ops import HostSet, NativeHost
@@ -55,6 +56,32 @@ def test_syncs_in_backward_hooks_and_composites_are_seen():
         lin(torch.ones(2, 3, device="cuda")).sum().backward()  # the hook runs in the engine
         torch.where(torch.ones(3, device="cuda") > 0)  # a composite: nonzero inside
     assert ops_of(s)[-2:] == ["item", "nonzero"]
+
+
+@needs_compiler
+def test_inner_ops_of_an_opaque_op_are_skipped_and_recording_comes_back():
+    """embedding_bag's CPU kernel runs dozens of inner ops, which the observer never looks at:
+    RecordFunction is off while it runs. Every op after it is seen again, also after the
+    kernel raised, and a profiler beside the scan still sees the inner ops."""
+    weight, idx, offsets = torch.randn(10, 4), torch.tensor([1, 2, 3]), torch.tensor([0])
+
+    def profiled() -> int:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            F.embedding_bag(idx, weight, offsets)
+        return len(p.events())
+
+    plain = profiled()
+    for _ in range(2):  # the second scan finds the op described and its inner ops counted
+        with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+            host = s.detector.host
+            for _ in range(3):  # the first run counts its inner ops; the others run quiet
+                F.embedding_bag(idx, weight, offsets)
+            with pytest.raises((IndexError, RuntimeError)):
+                F.embedding_bag(torch.tensor([99]), weight, offsets)  # raises in the kernel
+            assert not host.on_device(torch.arange(4) + 1)  # host-ness flows: ops are seen
+            assert profiled() == plain
+            torch.nonzero(torch.ones(3, device="cuda"))
+        assert ops_of(s) == ["nonzero"]
 
 
 def test_without_a_compiler_scans_fall_back(monkeypatch, capsys):
