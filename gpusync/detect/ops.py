@@ -20,6 +20,7 @@ TorchDispatchMode.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -627,9 +628,9 @@ _RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 
 
+@functools.cache  # the table is the process's: once per loaded observer module
 def _configure(compiled) -> None:
-    """Tell the C++ observers which ops to ask about, and which ones make host tensors (one
-    table for the process: the same each time)."""
+    """Tell the C++ observers which ops to ask about, and which ones make host tensors."""
     filters = compiled.FILTERS
     for packet in DISPATCH_RULES:
         compiled.add_rule(packet._qualified_op_name,
