@@ -65,6 +65,10 @@ FIXES: dict[str, str] = {
     "Event.synchronize": "poll event.query() or let a host thread wait on it",
     "Stream.synchronize": "order work with stream.wait_stream / wait_event instead",
     "sync": "see the source line; keep values on the device",
+    # virtual device (vdev): the caching allocator waits for the device before cudaFree
+    "empty_cache": ("do not call torch.cuda.empty_cache() in the step loop: it waits for the "
+                    "device and frees memory the next step allocates again; call it once "
+                    "after training or between phases, if at all"),
 }
 
 # Labels for _local_scalar_dense, by the Python-level call that caused it.

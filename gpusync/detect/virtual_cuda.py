@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import patches
+from . import patches, virtual_torch
 
 
 def current_device() -> torch.device:
@@ -147,6 +147,7 @@ class _Active:
         self.current = self.default
         self.record: Callable[[str], Any] | None = None
         self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
+        self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
 
     def sync(self, label: str) -> None:
         if self.record is not None:
@@ -154,6 +155,11 @@ class _Active:
 
 
 _ACTIVE = _Active()
+
+
+def nccl_requested() -> bool:
+    """The script asked init_process_group for NCCL (the virtual device runs gloo)."""
+    return _ACTIVE.nccl
 
 
 def pin_host(t: torch.Tensor) -> torch.Tensor:
@@ -220,7 +226,6 @@ def _cuda_api() -> dict[str, Any]:
         "max_memory_reserved": const(0),
         "reset_peak_memory_stats": const(None),
         "reset_max_memory_allocated": const(None),
-        "empty_cache": const(None),
         "mem_get_info": const((80 * 2**30, 80 * 2**30)),
         "manual_seed": const(None),
         "manual_seed_all": const(None),
@@ -237,6 +242,7 @@ def _cuda_api() -> dict[str, Any]:
         "memory_summary": const(""),
         "set_per_process_memory_fraction": const(None),
         "utilization": const(0),
+        **virtual_torch.cuda_api_extras(_ACTIVE.sync),
     }
 
 
@@ -257,6 +263,7 @@ def _accelerator_api() -> dict[str, Any]:
 def _nccl_to_gloo(call, *args, **kwargs):
     backend = kwargs.get("backend", args[0] if args else None)
     if isinstance(backend, str) and "nccl" in backend:
+        _ACTIVE.nccl = True
         if "backend" in kwargs:
             kwargs["backend"] = "gloo"
         else:
@@ -340,6 +347,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
+        handles += virtual_torch.install(_ACTIVE.sync)
         if dist.is_available():
             handles.append(patches.add_layer(dist, "init_process_group", _nccl_to_gloo))
             handles.append(patches.add_layer(dist, "is_nccl_available",
@@ -355,6 +363,8 @@ def _uninstall(handles: list) -> None:
     for h in reversed(handles):
         h.remove()
     _ACTIVE.current = _ACTIVE.default
+    virtual_torch.reset()
+    _ACTIVE.nccl = False
 
 
 _SHARED = patches.Shared(_install, _uninstall)

@@ -38,8 +38,10 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import patches
+from . import patches, virtual_cuda
+from .frames import capture
 from .library import SERIALIZATION_FIX
+from .phases import remember_forward
 from .virtual_cuda import current_device, is_cuda_device
 
 
@@ -49,8 +51,9 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
     for leaf in tree_leaves(obj):
         if isinstance(leaf, torch.Tensor):
             out.append(leaf)
-        elif isinstance(leaf, torch.nn.Module):
-            out.extend(_tensors(leaf.state_dict()))
+        elif isinstance(leaf, torch.nn.Module):  # its own tensors, not state_dict()'s views
+            out.extend(leaf.parameters())
+            out.extend(leaf.buffers())
         elif hasattr(leaf, "state_dict") and callable(leaf.state_dict):  # an optimizer
             try:
                 out.extend(_tensors(leaf.state_dict()))
@@ -140,6 +143,8 @@ _LOGGER = ("made in C++ by DDP's runtime logger on CUDA (reducer_cuda.cpp CudaTi
            "measureDifference: cudaEventSynchronize, forwards 2-11 and every 100th)")
 _REBUILD = ("made in C++ by DDP's bucket rebuild on CUDA (reducer.cpp sync_bucket_indices), "
             "in the forward that rebuilds the buckets")
+_BARRIER = ("made in C++ by NCCL's barrier (ProcessGroupNCCL.cpp WorkNCCL::synchronize: "
+            "currentStream.synchronize() for a barrier's work); the group runs gloo here")
 _GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _LOG_EVERY = 100  # kDDPRuntimeLoggingSampleRate, torch/csrc/distributed/c10d/logger.cpp
 
@@ -157,6 +162,12 @@ class VirtualLibraries:
             patches.add_layer(torch._C, "_group_tensors_by_device_and_dtype", self._grouped),
             patches.add_layer(torch, "save", self._save),
             patches.add_layer(torch, "load", self._load),
+            # vdev item 2: PackedSequence.batch_sizes / pad_packed_sequence's lengths
+            patches.add_layer(torch._VF, "_pack_padded_sequence", self._second_on_host),
+            patches.add_layer(torch._VF, "_pad_packed_sequence", self._second_on_host),
+            # vdev item 7: the backward of sparse @ dense coalesces on CUDA
+            patches.add_layer(torch, "spmm", self._sparse_forward),
+            patches.add_layer(torch.sparse, "mm", self._sparse_forward),
         ]
         self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
@@ -172,6 +183,7 @@ class VirtualLibraries:
                 patches.add_layer(ddp, "_pre_forward", self._ddp_pre_forward),
                 patches.add_layer(ddp_module, "_verify_param_shape_across_processes",
                                   self._ddp_verify),
+                patches.add_layer(torch.distributed, "barrier", self._barrier),
             ]
 
     def _patch_tbe(self, module) -> None:
@@ -200,6 +212,56 @@ class VirtualLibraries:
                 where = current_device()
             out[(where, dtype)] = value
         return out
+
+    def _second_on_host(self, call, *args, **kwargs):
+        """aten/src/ATen/native/PackedSequence.cpp: `batch_sizes` (and the lengths that
+        `_pad_packed_sequence` returns) are made with the CPU `lengths`' options whatever
+        device the data is on; the first output lives with the data."""
+        if not self.det.host.on_device(args[0]):
+            return call(*args, **kwargs)
+        with self.det.device_factories():  # its at::full / at::empty follow the data
+            data, on_host = call(*args, **kwargs)
+        self.det.host.mark_host(on_host)
+        node = data.grad_fn
+        if node is not None and type(node).__name__ == "PackPaddedSequenceBackward0":
+            # its backward's at::zeros(grad.options()) is the device's too
+            factories: list = []
+
+            def enter(grads):
+                context = self.det.device_factories()
+                context.__enter__()
+                factories.append(context)
+
+            def leave(grads_in, grads_out):
+                factories.pop().__exit__(None, None, None)
+
+            node.register_prehook(enter)
+            node.register_hook(leave)
+        return data, on_host
+
+    def _sparse_forward(self, call, sparse, dense, *args, **kwargs):
+        """Backward of sparse @ dense runs `sparse.t().mm(grad)` (FunctionsManual.cpp
+        mm_mat2_backward); the transpose is uncoalesced (TensorShape.cpp sparse_transpose_:
+        `_coalesced_(false)`), so CUDA's s_addmm_out_sparse_dense_cuda coalesces it, reading
+        the new nnz on the host, every step. The op rule sees that in backward; this shows it
+        at the forward line, one site per layer, as for other backward syncs."""
+        out = call(sparse, dense, *args, **kwargs)
+        if (isinstance(out, torch.Tensor) and out.grad_fn is not None
+                and getattr(sparse, "layout", None) == torch.sparse_coo
+                and self.det.host.on_device(sparse) and not self.det.rec.suppressed()):
+            _, frames = capture(2)
+            remember_forward(out, frames, self.det.rec.tracker.module_path())
+        return out
+
+    def _barrier(self, call, *args, **kwargs):
+        """ProcessGroupNCCL::barrier allreduces a one-element device tensor, and
+        WorkNCCL::synchronize then blocks the host on the current stream (`isBarrierOp_`):
+        the group runs gloo here, so that wait is predicted."""
+        async_op = kwargs.get("async_op", args[1] if len(args) > 1 else False)
+        if virtual_cuda.nccl_requested() and not async_op:
+            self.det.record("Stream.synchronize", predicted=_BARRIER)
+        with self.det.rec.suppress():
+            return call(*args, **kwargs)
 
     def _on_device(self, module) -> bool:
         first = next(iter(module.parameters()), None)
