@@ -105,6 +105,8 @@ class CudaExtras:
             if rec.suppressed() or threading.get_ident() != owner_thread:
                 return call(*args, **kwargs)
             start = time.perf_counter()
+            # sync-debug mode warns for this wait too, from inside the call (c10/cuda's
+            # stream_synchronize / device_synchronize): suppressed, one wait is one event
             with rec.suppress():
                 out = call(*args, **kwargs)
             stall = (time.perf_counter() - start) * 1e3

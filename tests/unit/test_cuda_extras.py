@@ -34,3 +34,47 @@ def test_patches_are_undone_exactly_and_record_only_the_owner_thread():
     assert len(rec.events) == 2  # a helper thread waiting does not stall the training loop
     extras.uninstall()
     assert "synchronize" not in vars(Child) and module.synchronize() == "module"
+
+
+class _SyncingStream:
+    """A stand-in for torch.cuda.Stream under sync-debug mode "warn": its synchronize warns
+    from inside the C++ call, as c10/cuda's stream_synchronize does (warn_or_error_on_sync)."""
+
+    def synchronize(self):
+        import warnings
+
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+
+
+class _Detector:
+    in_backward = False
+
+    def __init__(self, rec):
+        self.rec = rec
+
+    def record(self, label):
+        self.rec.record(label)
+
+
+def test_an_explicit_wait_caught_by_sync_debug_mode_too_is_reported_once():
+    """--mode cuda: Stream.synchronize is patched (sync-debug mode's net is only for syncs no
+    rule explains) and sync-debug mode warns for it as well: one sync, one event."""
+    import warnings
+
+    from gpusync.detect import patches
+
+    rec = Recorder(PhaseTracker())
+    extras = CudaExtras(rec, detector=_Detector(rec))
+    extras._owner = threading.get_ident()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        extras._handles = [patches.add_layer(warnings, "showwarning", extras._showwarning),
+                           extras._patch(_SyncingStream, "synchronize", "Stream.synchronize")]
+        try:
+            _SyncingStream().synchronize()
+            assert [e.op for e in rec.events] == ["Stream.synchronize"]
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            assert [e.op for e in rec.events] == ["Stream.synchronize", "sync"]  # unexplained
+        finally:
+            extras.uninstall()
+    assert "synchronize" in vars(_SyncingStream)  # its own method, put back
