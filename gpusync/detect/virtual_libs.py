@@ -174,6 +174,7 @@ class VirtualLibraries:
         self._forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._saved_from_device: set[str] = set()
         self._ddps: weakref.WeakSet = weakref.WeakSet()
+        self._host_groups: list = []  # process groups asked for with a host backend
         if torch.distributed.is_available():
             from torch.nn.parallel import distributed as ddp_module
 
@@ -184,6 +185,7 @@ class VirtualLibraries:
                 patches.add_layer(ddp_module, "_verify_param_shape_across_processes",
                                   self._ddp_verify),
                 patches.add_layer(torch.distributed, "barrier", self._barrier),
+                patches.add_layer(torch.distributed, "new_group", self._new_group),
             ]
 
     def _patch_tbe(self, module) -> None:
@@ -258,10 +260,21 @@ class VirtualLibraries:
         WorkNCCL::synchronize then blocks the host on the current stream (`isBarrierOp_`):
         the group runs gloo here, so that wait is predicted."""
         async_op = kwargs.get("async_op", args[1] if len(args) > 1 else False)
-        if virtual_cuda.nccl_requested() and not async_op:
+        group = kwargs.get("group", args[0] if args else None)
+        on_host = any(group is g for g in self._host_groups)
+        if virtual_cuda.nccl_requested() and not async_op and not on_host:
             self.det.record("Stream.synchronize", predicted=_BARRIER)
         with self.det.rec.suppress():
             return call(*args, **kwargs)
+
+    def _new_group(self, call, *args, **kwargs):
+        """A group asked for with another backend than NCCL (a gloo group for host
+        barriers) does not wait for a stream."""
+        backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
+        group = call(*args, **kwargs)
+        if backend is not None and "nccl" not in str(backend).lower():
+            self._host_groups.append(group)
+        return group
 
     def _on_device(self, module) -> bool:
         first = next(iter(module.parameters()), None)

@@ -128,11 +128,18 @@ def _profile_exit_with(sync):
     return exit_
 
 
+def _with_cuda(call):
+    """A CUDA build's default activities (torch.profiler.profile() with none given)."""
+    return set(call()) | {torch.profiler.ProfilerActivity.CUDA}
+
+
 def _profiler_handles(sync) -> list:
+    import torch.profiler.profiler as kineto
     from torch.autograd import profiler
 
     return [patches.add_layer(profiler.profile, "__init__", _profile_init),
-            patches.add_layer(profiler.profile, "__exit__", _profile_exit_with(sync))]
+            patches.add_layer(profiler.profile, "__exit__", _profile_exit_with(sync)),
+            patches.add_layer(kineto, "supported_activities", _with_cuda)]
 
 
 def _scatter(tensor, devices, chunk_sizes=None, dim=0, streams=None):

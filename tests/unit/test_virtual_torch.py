@@ -45,6 +45,8 @@ def test_a_cuda_build_is_there_and_gone_afterwards():
         assert torch.cuda.get_sync_debug_mode() == 0
         torch.cuda.set_sync_debug_mode("error")
     assert build_answers() == before
+    assert "_pack_padded_sequence" not in vars(torch._VF)
+    assert "supported_activities" in vars(torch.profiler.profiler)  # its own, put back
     with scan():
         assert torch.cuda.get_sync_debug_mode() == 0  # the last scan's mode did not stay
 
@@ -67,6 +69,10 @@ def test_a_cuda_profiler_profiles_the_cpu_and_waits_on_exit(capfd):
         assert ops(s) == ["cuda.synchronize"]  # autograd/profiler.py __exit__ on CUDA
     printed = capfd.readouterr()
     assert "CUDA" not in printed.err + printed.out  # no CUDA event recorded on a CPU build
+    with scan() as s:
+        with torch.profiler.profile():  # a CUDA build's default activities include CUDA
+            torch.ones(2, device="cuda").sum()
+        assert ops(s) == ["cuda.synchronize"]
 
 
 def test_dataparallel_on_one_device_copies_only_pageable_host_inputs():
@@ -135,6 +141,7 @@ def test_an_nccl_barrier_is_a_predicted_host_wait(tmp_path):
             dist.barrier()
             work = dist.barrier(async_op=True)  # the host waits only in work.wait()
             work.wait()
+            dist.barrier(group=dist.new_group(backend="gloo"))  # a host group's barrier
         finally:
             dist.destroy_process_group()
         assert ops(s) == ["Stream.synchronize"]
