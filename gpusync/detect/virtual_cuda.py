@@ -11,7 +11,9 @@ and misses the ones it does. Here the device is virtual:
   `.device` reads `cuda:0` and `.is_cuda` True (the op detector answers these getters);
 - `pin_memory()` marks host memory pinned, so a `non_blocking` copy is judged as on CUDA;
 - `init_process_group("nccl")` runs gloo; `torch.save` / `torch.load(map_location="cuda")`
-  copy across the virtual bus.
+  copy across the virtual bus;
+- where scripts ask the build (torch.version.cuda, cuDNN, the sync-debug mode, the profiler's
+  CUDA activity, DataParallel), torch answers as a CUDA build (virtual_torch.py).
 
 Everything runs on the CPU, so what happens inside C++ (DDP's reducer, fbgemm) takes the CPU
 path: such syncs come from `detect/predicted.py`, marked as predicted. All patches are layers
@@ -242,7 +244,7 @@ def _cuda_api() -> dict[str, Any]:
         "memory_summary": const(""),
         "set_per_process_memory_fraction": const(None),
         "utilization": const(0),
-        **virtual_torch.cuda_api_extras(_ACTIVE.sync),
+        **virtual_torch.cuda_api_extras(lambda label: _ACTIVE.sync(label)),
     }
 
 
@@ -347,7 +349,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
-        handles += virtual_torch.install(_ACTIVE.sync)
+        handles += virtual_torch.install(lambda label: _ACTIVE.sync(label))
         if dist.is_available():
             handles.append(patches.add_layer(dist, "init_process_group", _nccl_to_gloo))
             handles.append(patches.add_layer(dist, "is_nccl_available",
