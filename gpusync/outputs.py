@@ -67,7 +67,7 @@ def deliver(path: str, text: str, what: str, say: bool = True) -> None:
         write_atomic(path, text)
     except BadInput as e:
         click.echo(text, nl=False)
-        raise BadInput(f"{e}; the {what} is on stdout instead") from None
+        raise BadInput(f"{e}; the {what} went to stdout instead") from None
     if say:
         verbosity.info(f"{what} written to {path}")
 

@@ -181,7 +181,7 @@ def test_a_report_that_cannot_be_written_after_the_scan_is_printed_instead(tmp_p
     assert json.loads(proc.stdout)["sites"][0]["op"] == "item"  # the report, whole
     lines = stderr_lines(proc)
     assert lines[-1] == ("gpusync: error: cannot write r.json: it is a directory; the report "
-                         "is on stdout instead")
+                         "went to stdout instead")
 
 
 def test_a_baseline_that_cannot_be_written_is_printed_instead(tmp_path):
@@ -189,7 +189,7 @@ def test_a_baseline_that_cannot_be_written_is_printed_instead(tmp_path):
     proc = run_main("baseline", "x.py", "-o", "b.json", cwd=tmp_path)
     assert proc.returncode == 2
     assert json.loads(proc.stdout)["kind"] == "gpusync-baseline"
-    assert stderr_lines(proc)[-1].endswith("the baseline is on stdout instead")
+    assert stderr_lines(proc)[-1].endswith("the baseline went to stdout instead")
 
 
 def test_tuned_settings_that_cannot_be_written_are_printed_instead(tmp_path):
@@ -200,7 +200,7 @@ def test_tuned_settings_that_cannot_be_written_are_printed_instead(tmp_path):
     assert proc.returncode == 2, proc.stderr
     tuned = proc.stdout[proc.stdout.index("# written by gpusync tune"):]
     assert yaml.safe_load(tuned)["kind"] == "gpusync-tune"
-    assert stderr_lines(proc)[-1].endswith("the tuned settings is on stdout instead")
+    assert stderr_lines(proc)[-1].endswith("the tuned settings went to stdout instead")
 
 
 def test_a_trace_that_cannot_be_written_is_kept_and_named(tmp_path):
