@@ -84,31 +84,21 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
     example (sparsenn).
     """
-    from . import ranks, runs
-    from .fileio import check_directory, write_atomic
+    from . import outputs, ranks, runs
 
     env = ranks.torchrun_env()
     if runs.follow(env):
         return  # a rank other than 0: rank 0 writes the one merged report
-    if output:
-        check_directory(output)  # before the scan, not after
-    before = None
-    if trace:
-        check_directory(trace)
-        before = os.path.getmtime(trace) if os.path.exists(trace) else None
-    with runs.leading(env, rank_timeout) as lead:
+    outputs.check(target, output=output, trace=trace)  # before the scan, not after
+    with outputs.trace_file(trace) as child_trace, runs.leading(env, rank_timeout) as lead:
         outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
-                            command="scan", trace=os.path.abspath(trace) if trace else None,
-                            lead=lead)
-    if trace and os.path.exists(trace) and os.path.getmtime(trace) != before:
-        verbosity.info(f"trace written to {trace}")
-    if outcome.report is not None:
-        text = render(outcome.report, fmt, show)
-        if output:
-            write_atomic(output, text)
-            verbosity.info(f"report written to {output}")
-        else:
-            click.echo(text, nl=False)
+                            command="scan", trace=child_trace, lead=lead)
+        if outcome.report is not None:
+            text = render(outcome.report, fmt, show)
+            if output:
+                outputs.deliver(output, text, "report")
+            else:
+                click.echo(text, nl=False)
     _raise_user_error(outcome)
     report = outcome.report
     assert report is not None  # no failure: the scan finished and reported
@@ -158,13 +148,14 @@ def baseline_cmd(target, script_args, output, steps, warmup, mode, timing, timin
                  rank_timeout):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`.
     A script's arguments go after --; the gate runs it with them again."""
-    from . import baseline, ranks, runs
-    from .fileio import check_directory
+    import json
+
+    from . import baseline, outputs, ranks, runs
 
     env = ranks.torchrun_env()
     if runs.follow(env):
         return  # a rank other than 0: rank 0 writes the baseline
-    check_directory(output)  # before the scan, not after
+    outputs.check(target, output=output)  # before the scan, not after
     with runs.leading(env, rank_timeout) as lead:
         report = _scan_or_fail(target, steps, warmup, mode, "baseline", lead, script_args)
         samples = None
@@ -173,12 +164,30 @@ def baseline_cmd(target, script_args, output, steps, warmup, mode, timing, timin
                                       script_args=script_args)
     data = baseline.from_report(report, samples, timing_device=report.device, steps=steps,
                                 script_args=script_args)
-    baseline.save(data, output)
+    outputs.deliver(output, json.dumps(data, indent=2) + "\n", "baseline", say=False)
     click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "
                f"{data['syncs_per_step']:g} syncs/step ({report.mode}, {report.device})")
 
 
-@cli.command("gate")
+class _AfterDashes(click.Command):
+    """Keeps what followed `--` (ctx.meta["after_dashes"]): click hands it to the positional
+    arguments, so `gate --baseline b.json -- --lr 3` would take `--lr` for the target."""
+
+    def parse_args(self, ctx, args):
+        ctx.meta["after_dashes"] = args[args.index("--") + 1:] if "--" in args else []
+        return super().parse_args(ctx, args)
+
+
+def _split_dashes(target, script_args) -> tuple:
+    """(target, script_args) with the words after `--` all script arguments."""
+    after = click.get_current_context().meta.get("after_dashes", [])
+    words = [target, *script_args] if target is not None else list(script_args)
+    if after and len(words) == len(after):  # no target before `--`
+        return None, tuple(words)
+    return target, tuple(script_args)
+
+
+@cli.command("gate", cls=_AfterDashes)
 @_verbosity
 @click.argument("target", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -207,6 +216,7 @@ def gate_cmd(target, script_args, baseline_path, time_factor, p_max, max_noise, 
     env = ranks.torchrun_env()
     if runs.follow(env):
         return  # a rank other than 0: rank 0 gives the verdict
+    target, script_args = _split_dashes(target, script_args)
     with runs.leading(env, rank_timeout) as lead:
         verdict = _gate(target, script_args, baseline_path, time_factor, p_max, max_noise,
                         timing, steps, warmup, mode, env, lead)
@@ -230,9 +240,10 @@ def _gate(target, script_args, baseline_path, time_factor, p_max, max_noise, tim
     if mode == "cuda" and not torch.cuda.is_available():
         return gate.Verdict(status=gate.CANNOT_JUDGE,
                             notes=["the baseline was measured on a GPU; this machine has none"])
-    if not script_args and target in (None, data.get("target")):
-        script_args = tuple(data.get("script_args") or ())  # the baseline's run, again
-    target = target or data.get("target") or None
+    recorded = data.get("target") or None
+    if target is None or (recorded is not None and _same_target(target, recorded)):
+        target = recorded  # one target however it is spelled: the baseline's run, again
+        script_args = script_args or tuple(data.get("script_args") or ())
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
     report = _scan_or_fail(target, steps, warmup, mode, "gate", lead, script_args)
@@ -251,9 +262,24 @@ def _gate(target, script_args, baseline_path, time_factor, p_max, max_noise, tim
             timing_result = gate.judge_timing(base, now, time_factor, p_max, max_noise)
     verdict = gate.combine(problems, timing_result)
     if verdict.only_improvements:
-        verdict.suggested_baseline = baseline.suggest(data, report, baseline_path,
-                                                      script_args)
+        try:
+            verdict.suggested_baseline = baseline.suggest(data, report, baseline_path,
+                                                          script_args)
+        except BadInput as e:  # the verdict still stands, and is printed
+            verdict.notes.append(f"the suggested baseline was not written: {e}")
     return verdict
+
+
+def _same_target(a: str, b: str) -> bool:
+    """`./x.py` and `x.py`, `dir/../f.py:make` and `f.py:make`: one file, one target."""
+    from .fileio import same_file
+
+    if a == b:
+        return True
+    (file_a, _, fn_a), (file_b, _, fn_b) = a.rpartition(":"), b.rpartition(":")
+    if not (file_a and file_b and fn_a.isidentifier()):
+        file_a, fn_a, file_b, fn_b = a, "", b, ""
+    return fn_a == fn_b and os.path.isfile(file_a) and same_file(file_a, file_b)
 
 
 class SystemExitCode(GpusyncError):
@@ -411,14 +437,12 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     tries them. A profile (.yaml or built-in name) with a tune block: its candidates.
     Default: the built-in profile sparsenn_pipeline.
     """
-    from . import ranks, runs
-    from .fileio import check_directory, write_atomic
+    from . import outputs, ranks, runs
 
     env = ranks.torchrun_env()
     if runs.follow(env):
         return  # a rank other than 0: rank 0 writes the verdict
-    if output:
-        check_directory(output)  # before minutes of measuring, not after
+    outputs.check(target, output=output)  # before minutes of measuring, not after
     device = _device(device)
     rule = {"allow_approximate": allow_approximate, "tolerance": tolerance, "p_max": p_max,
             "min_gain": min_gain}
@@ -438,8 +462,8 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
         profile, result, decision = run_tune(target, device, steps, repeats, **rule)
         click.echo(render(profile, result, decision, fmt), nl=False)
         if output:
-            write_atomic(output, tuned_profile_text(profile, result, decision))
-            verbosity.info(f"tuned profile written to {output}")
+            outputs.deliver(output, tuned_profile_text(profile, result, decision),
+                            "tuned profile")
         return
     from . import tune_script
     from .knobs import user
@@ -469,8 +493,7 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     click.echo(tune_script.emit_text(tuned, emit) if emit else tune_script.render(tuned, fmt),
                nl=False)
     if output:
-        write_atomic(output, tune_script.tuned_text(tuned))
-        verbosity.info(f"tuned settings written to {output}")
+        outputs.deliver(output, tune_script.tuned_text(tuned), "tuned settings")
 
 
 def _tune_profile(target):
@@ -542,7 +565,16 @@ def bench_overhead(steps, warmup, profile, mode, fmt):
     from .bench.overhead import format_table, measure_overhead
     from .schemas import document
 
-    result = measure_overhead(profile, steps=steps, warmup=warmup, mode=mode)
+    try:
+        result = measure_overhead(profile, steps=steps, warmup=warmup, mode=mode)
+    except GpusyncError:
+        raise
+    except (Exception, SystemExit) as e:  # the workload's own code: exit 3, where it raised
+        import traceback
+
+        where = errors.raised_at("".join(traceback.format_exception(e)))
+        raise errors.UserCodeError(f"the workload raised {type(e).__name__}: {e}{where}",
+                                   e) from None
     click.echo(json.dumps(document("gpusync-overhead", result), indent=2) if fmt == "json"
                else format_table(result))
 

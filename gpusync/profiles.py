@@ -6,8 +6,6 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import yaml
-
 from .errors import BadInput
 from .fileio import read_user_file
 
@@ -69,31 +67,12 @@ def find_builtin(name: str) -> Path | None:
     return None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """safe_load, except that a key given twice is an error (YAML keeps the last silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key '{key}'", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_profile(path: str | os.PathLike) -> Profile:
+    from . import yamlfile
+
     path = Path(path)
-    text = read_user_file(path, "profile")
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise BadInput(f"profile {path} is not valid YAML{where}: "
-                       f"{getattr(e, 'problem', None) or e}") from None
-    return parse_profile(data, str(path))
+    text = read_user_file(path, "profile", limit=yamlfile.MAX_BYTES)
+    return parse_profile(yamlfile.load(text, f"profile {path}"), str(path))
 
 
 def parse_profile(data, source: str) -> Profile:

@@ -51,6 +51,8 @@ def parse_target(text: str | None):
     builtin = find_builtin(text) if "/" not in text and ":" not in text else None
     if builtin is not None:
         return _from_profile(load_profile(builtin), text)
+    if ":" in text and text.endswith(".py") and Path(text).is_file():
+        return ScriptTarget(path=Path(text).resolve(), label=text)  # runs/a:b.py: a script
     if ":" in text:
         module, _, fn = text.rpartition(":")
         if not module or not fn.isidentifier():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shlex
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -227,8 +228,8 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
     progress = progress or Progress("gpusync tune")
     cuda = plan.mode == "cuda"
     target, timeout = plan.target, plan.timeout
-    command = " ".join(["gpusync tune", target,
-                        *(["--", *plan.script_args] if plan.script_args else [])])
+    command = "gpusync tune " + shlex.join([target, *(["--", *plan.script_args]
+                                                      if plan.script_args else [])])
     progress.stage("baseline: discovering what the script builds (scanned run)")
     base_scan, tail, failure = _run(plan.job({}, True), timeout, lead=lead)
     if failure:
@@ -358,12 +359,25 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
             name=r.candidate.name, samples_ms=r.samples_ms,
             syncs_per_step=report.get("syncs_per_step", math.nan),
             syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=r.peak_alloc_mb,
-            peak_reserved_mb=r.peak_reserved_mb, parity=parity_text(diff), max_diff=diff))
+            peak_reserved_mb=r.peak_reserved_mb, max_diff=diff,
+            parity=parity_text(diff) if base.losses and r.losses else "no losses"))
     result = TechniqueResult("tune", tune.device, base.candidate.name, variants,
                              steps=tune.block, repeats=len(base.samples_ms), baseline_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
              for r in measured}
-    return result, decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)
+    decision = decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)
+    if not base.losses:  # say so, rather than "results differ from the baseline (n/a)"
+        if NO_LOSSES not in tune.notes:
+            tune.notes.append(NO_LOSSES)
+        for name, verdict in decision.verdicts.items():
+            if verdict.startswith("rejected: results differ"):
+                decision.verdicts[name] = "rejected: no losses to compare with the baseline's"
+    return result, decision
+
+
+NO_LOSSES = ("no losses to compare: the script never called backward() on a one-element "
+             "tensor, so tune cannot check that a candidate keeps its results and keeps the "
+             "script as it is")
 
 
 def _loss_diff(base: list[float], other: list[float]) -> float | None:
@@ -448,6 +462,7 @@ def render(tune: ScriptTune, fmt: str) -> str:
     import json
 
     from .bench.render import technique_table
+    from .reporters.common import md_cell
 
     data = to_dict(tune)
     if fmt == "json":
@@ -458,11 +473,12 @@ def render(tune: ScriptTune, fmt: str) -> str:
         samples = {m.name: m.samples_ms for m in tune.result.variants} if tune.result else {}
         return render_tune(data, samples)
     md = fmt == "markdown"
-    out = [f"## gpusync tune of {tune.target}" if md else f"gpusync tune of {tune.target}"]
+    out = [f"## gpusync tune of {md_cell(tune.target)}" if md else f"gpusync tune of {tune.target}"]
     if tune.result is not None:
         out.append(technique_table(tune.result, fmt))
     for c in data["candidates"]:
-        out.append(f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else ""))
+        line = f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else "")
+        out.append(" ".join(line.splitlines()) if md else line)
     for note in tune.notes:
         out.append(f"note: {note}")
     gain = ""
@@ -476,11 +492,12 @@ def render(tune: ScriptTune, fmt: str) -> str:
                                        data["changes"].items()) or "nothing (keep the script's "
                              "own settings)"))
     if data["emit"]["python"]:
-        fence = "```" if md else ""
+        from .reporters.common import md_fence
+
+        fence = md_fence(data["emit"]["python"])
         out += ["\nin your code:", *([fence + "python"] if md else []), data["emit"]["python"],
                 *([fence] if md else [])]
-    for k, v in data["emit"]["env"].items():
-        out.append(f"export {k}={v}")
+    out += user.export_lines(data["emit"]["env"])
     return "\n".join(out) + "\n"
 
 
@@ -488,12 +505,17 @@ def emit_text(tune: ScriptTune, form: str) -> str:
     import yaml
 
     data = to_dict(tune)
+    emit = data["emit"]
     if form == "env":
-        env = data["emit"]["env"]
-        return "".join(f"export {k}={v}\n" for k, v in env.items()) or (
+        return "".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
             "# no environment variable carries these settings in the installed libraries\n")
     if form == "python":
-        return data["emit"]["python"] + "\n"
+        if emit["python"]:
+            return emit["python"] + "\n"
+        if emit["env"]:
+            return ("# nothing to change in the code: the chosen settings are environment "
+                    "variables (gpusync tune --emit env)\n")
+        return "# nothing to change: the script's own settings were kept\n"
     return yaml.safe_dump({"settings": data["settings"]}, sort_keys=False)
 
 
@@ -509,15 +531,12 @@ def tuned_text(tune: ScriptTune) -> str:
 
 def load_tuned(path: str) -> dict:
     """The settings of a file written by `gpusync tune -o`."""
-    import yaml
-
+    from . import yamlfile
     from .errors import BadInput
     from .fileio import read_user_file
 
-    try:
-        data = yaml.safe_load(read_user_file(path, "tuned settings"))
-    except yaml.YAMLError as e:
-        raise BadInput(f"{path} is not valid YAML: {e}") from None
+    data = yamlfile.load(read_user_file(path, "tuned settings", limit=yamlfile.MAX_BYTES),
+                         f"tuned settings {path}")
     from .schemas import VERSIONS
 
     if not isinstance(data, dict) or data.get("kind") != KIND:
@@ -530,7 +549,8 @@ def load_tuned(path: str) -> dict:
     if not isinstance(settings, dict):
         raise BadInput(f"{path}: 'settings' must be a mapping of knob to value")
     for name, value in settings.items():
-        if name.startswith((user.ENV, user.ARG)) and isinstance(value, str):
+        if isinstance(name, str) and name.startswith((user.ENV, user.ARG)):
+            _check_user_knob(path, name, value)
             continue
         if name not in known:
             raise BadInput(f"{path}: unknown knob '{name}' (known: {', '.join(sorted(known))})")
@@ -538,3 +558,16 @@ def load_tuned(path: str) -> dict:
             raise BadInput(f"{path}: knob '{name}' cannot be {value!r} "
                            f"(one of {', '.join(map(repr, known[name].values))})")
     return settings
+
+
+def _check_user_knob(path: str, name: str, value) -> None:
+    """A hand-edited env:/arg: setting: a name a shell takes, and a string value (YAML reads
+    `1` as a number, `010` as 8 and `yes` as true: gpusync will not guess what was meant)."""
+    from .errors import BadInput
+
+    why = user.bad_name(name)
+    if why:
+        raise BadInput(f"{path}: knob '{name}': {why}")
+    if not isinstance(value, str):
+        raise BadInput(f"{path}: knob '{name}' must be a string, and YAML read "
+                       f"{value!r} ({type(value).__name__}): quote it: {name}: \"...\"")

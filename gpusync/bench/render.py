@@ -15,6 +15,10 @@ def technique_table(result, fmt: str = "table") -> str:
                      v.parity])
     head = (f"{result.technique} on {result.device}, {result.date}: {result.repeats} samples "
             f"per variant, each the mean of {result.steps} steps")
+    if fmt == "markdown":  # a name or parity holding | would break the table
+        from ..reporters.common import md_rows
+
+        rows = md_rows(rows)
     table = tabulate(rows, headers=["variant", "p50 ms", "p90 ms", "vs baseline", "syncs/step",
                                     "syncs by phase", "peak alloc MB", "peak reserved MB",
                                     "parity"], tablefmt="github" if fmt == "markdown" else "simple")

@@ -4,7 +4,14 @@ from __future__ import annotations
 import itertools
 
 from ..errors import BadInput
-from ..targets import ScriptTarget, call_factory, check_requires, load_factory, parse_target
+from ..targets import (
+    ScriptTarget,
+    call_factory,
+    check_requires,
+    check_workload,
+    load_factory,
+    parse_target,
+)
 from .timing import BlockTimer, Samples
 
 
@@ -14,8 +21,8 @@ def build(target_text: str | None, mode: str, batches: int = 8):
     if isinstance(target, ScriptTarget):
         raise BadInput("timing needs a profile or factory target, not a script")
     check_requires(target)
-    workload = call_factory(load_factory(target.spec), target.args,
-                            "cuda" if mode == "cuda" else "cpu")
+    workload = check_workload(call_factory(load_factory(target.spec), target.args,
+                                           "cuda" if mode == "cuda" else "cpu"), target.spec)
     first = list(itertools.islice(iter(workload.iter_batches()), batches))
     if not first:
         raise BadInput(f"workload '{target.label}' yields no batches")

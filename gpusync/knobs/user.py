@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shlex
 from typing import Iterator
 
 from ..errors import BadInput
@@ -17,11 +19,30 @@ from . import Builds, Knob, Settings
 ENV, ARG = "env:", "arg:"
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FLAG = re.compile(r"-[^\s=]*")
+
+
+def bad_name(key: str) -> str | None:
+    """Why `key` (env:NAME or arg:--flag) cannot be a knob, or None. The names are pasted
+    into a shell (`export NAME=...`) and a command line: only a variable's name and a flag."""
+    name = key[len(ENV):]
+    if key.startswith(ENV) and not _ENV_NAME.fullmatch(name):
+        return (f"{name!r} is not an environment variable name (letters, digits and _, not "
+                "starting with a digit)")
+    if key.startswith(ARG) and not (_FLAG.fullmatch(name) and name.isprintable()):
+        return f"{name!r} is not a flag (it starts with -, without spaces or =)"
+    return None
+
+
 def parse(spec: str, script_args: tuple) -> Knob:
     kind = spec[:4]
     name, _, values = spec[4:].partition("=")
     if kind not in (ENV, ARG) or not name or not values:
         raise BadInput(f"--knob {spec!r} must look like env:NAME=v1,v2 or arg:--flag=v1,v2")
+    why = bad_name(kind + name)
+    if why:
+        raise BadInput(f"--knob {spec!r}: {why}")
     own = os.environ.get(name, "") if kind == ENV else _flag_value(script_args, name)
     choices = tuple(dict.fromkeys([own, *values.split(",")]))
     def script_value(builds: dict) -> str:
@@ -81,6 +102,19 @@ def install(settings: Settings, builds: Builds) -> Iterator[None]:
 
 
 def spell(settings: Settings, builds: Builds) -> dict:
+    """env: values as they are (whoever prints them quotes them); python: a comment that
+    stays one comment line whatever the values hold (a newline would end it)."""
     env = {k[len(ENV):]: v for k, v in settings.items() if k.startswith(ENV)}
-    flags = [f"{k[len(ARG):]} {v}" for k, v in settings.items() if k.startswith(ARG)]
-    return {"env": env, "python": f"# run the script with: {' '.join(flags)}" if flags else ""}
+    flags = [word for k, v in settings.items()
+             if k.startswith(ARG) and v != "" for word in (k[len(ARG):], v)]
+    line = shlex.join(flags)
+    if not line.isprintable():
+        line = repr(flags)
+    return {"env": env, "python": f"# run the script with: {line}" if flags else ""}
+
+
+def export_lines(env: dict) -> list[str]:
+    """`export NAME=VALUE` lines a shell can eval as they are: every value quoted (a value
+    holding `$(...)` stays text), an empty one (the variable as inherited: none) unset."""
+    return [f"export {name}={shlex.quote(str(value))}" if value != "" else f"unset {name}"
+            for name, value in env.items()]

@@ -1,6 +1,7 @@
 """Rows and views shared by the table and markdown renderers."""
 import dataclasses
 import os
+import re
 
 HEADERS = ["#", "op", "phase", "module", "where", "count", "per step", "stall ms"]
 SETUP_TITLE = "only before the measured steps (building, warm-up): not counted per step"
@@ -74,3 +75,30 @@ def summary(report) -> str:
             f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) over "
             f"{report.measured_steps} measured step(s) after {report.warmup} warm-up; "
             f"by phase: {phases}")
+
+
+_MD_SPECIAL = re.compile(r"([\\`*_<>\[\]~&|])")
+
+
+def md_cell(value):
+    """A table cell's text as Markdown shows it literally: `|` would end the cell, a newline
+    the row, and `__init__.py` would render as bold `init.py`. Numbers pass as they are."""
+    if not isinstance(value, str):
+        return value
+    return _MD_SPECIAL.sub(r"\\\1", " ".join(value.splitlines()))
+
+
+def md_rows(rows_):
+    return [[md_cell(cell) for cell in row] for row in rows_]
+
+
+def md_line(text: str) -> str:
+    """One line of a Markdown list or heading: a newline would start a block of its own."""
+    return " ".join(text.splitlines())
+
+
+def md_fence(text: str, minimum: int = 3) -> str:
+    """A code fence (or, minimum=1, an inline code span's backticks) longer than any run of
+    backticks in `text`, which would close it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(minimum, longest + 1)

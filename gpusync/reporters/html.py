@@ -330,6 +330,7 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
     if emit.get("python"):
         body.append(f"<h3>In your code</h3><pre>{esc(emit['python'])}</pre>")
     if emit.get("env"):
-        body.append("<pre>" + esc("\n".join(f"export {k}={v}" for k, v in emit["env"].items()))
-                    + "</pre>")
+        from ..knobs.user import export_lines
+
+        body.append("<pre>" + esc("\n".join(export_lines(emit["env"]))) + "</pre>")
     return page(f"gpusync tune of {target}", body)

@@ -1,22 +1,38 @@
 from tabulate import tabulate
 
-from .common import SETUP_TITLE, fix_line, headers, numbered, rows, summary
+from .common import (
+    SETUP_TITLE,
+    fix_line,
+    headers,
+    md_cell,
+    md_fence,
+    md_line,
+    md_rows,
+    numbered,
+    rows,
+    summary,
+)
 
 
 def render(report) -> str:
-    out = [f"## {summary(report)}", ""]
+    out = [f"## {md_cell(summary(report))}", ""]
     if report.error:
-        out += [f"> the scanned code raised: `{report.error}`", ""]
+        error = md_line(report.error)
+        fence = md_fence(error, minimum=1)
+        out += [f"> the scanned code raised: {fence} {error} {fence}", ""]
     if not report.sites:
         return "\n".join(out + ["No host<-device syncs found.", ""])
     sites = numbered(report)
     steady = [(i, s) for i, s in sites if not s.setup]
     setup = [(i, s) for i, s in sites if s.setup]
     if steady:
-        out += [tabulate(list(rows(steady)), headers=headers(report), tablefmt="github"), ""]
+        out += [_table(steady, report), ""]
     if setup:
-        out += [f"### Setup: {SETUP_TITLE}", "",
-                tabulate(list(rows(setup)), headers=headers(report), tablefmt="github"), ""]
+        out += [f"### Setup: {SETUP_TITLE}", "", _table(setup, report), ""]
     out += ["### Fixes", ""]
-    out += [f"{i}. {fix_line(s)}" for i, s in sites]
+    out += [f"{i}. {md_line(fix_line(s))}" for i, s in sites]
     return "\n".join(out) + "\n"
+
+
+def _table(sites, report) -> str:
+    return tabulate(md_rows(rows(sites)), headers=headers(report), tablefmt="github")
