@@ -266,6 +266,8 @@ FIXES.update({
     "tensors, built with the batch): ctc_loss copies device lengths to the host",
     "sparse_coo_tensor size": "pass size= (known from the model, e.g. (num_rows, num_cols)): "
     "without it the size is inferred from indices.max() read on the host",
+    "nested tensor from mask": "TransformerEncoder(..., enable_nested_tensor=False) keeps "
+    "the padded path (no host reads); mask_check=False at least drops the alignment check",
     "fbgemm permute": "pass permuted_lengths_sum= (sum of the lengths, known on the host "
     "where the batch is built, e.g. a KJT's sum(length_per_key))",
     "fbgemm dense_to_jagged": "pass total_L= (the total jagged length, known on the host "
@@ -326,6 +328,11 @@ def _size_hint(label: str, pos: int, name: str, first: int = 0) -> Rule:
 
 
 DISPATCH_RULES.update({
+    # NestedTensorMath.cpp NestedTensor_nested_tensor_from_mask: the sequence lengths go to
+    # the host (`at::cat({sizes, d}, 1).to(kCPU)`), after `sizes.equal(nums)` if mask_check;
+    # NestedTensor_nested_tensor_from_mask_left_aligned returns `sizes.equal(nums)`.
+    aten._nested_tensor_from_mask: _self_on_dev("nested tensor from mask"),
+    aten._nested_tensor_from_mask_left_aligned: _self_on_dev("nested tensor from mask"),
     aten.isin: _isin,
     aten.quantile: _quantile,
     aten.nanquantile: _quantile,

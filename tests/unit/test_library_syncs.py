@@ -86,6 +86,30 @@ def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_p
         assert fix in lines[line][0][2]
 
 
+NESTED_SCRIPT = textwrap.dedent("""\
+    import torch
+    dev = torch.device("cuda")
+    layer = torch.nn.TransformerEncoderLayer(4, 2, dim_feedforward=8, batch_first=True)
+    enc = torch.nn.TransformerEncoder(layer, 2).to(dev).eval()
+    dense = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).to(dev).eval()
+    pad = torch.tensor([[False, False, True], [False, False, False]], device=dev)
+    with torch.no_grad():
+        for step in range(3):
+            src = torch.randn(2, 3, 4, device=dev)
+            y = enc(src, src_key_padding_mask=pad)  # L10
+            y2 = dense(src, src_key_padding_mask=pad)
+""")
+
+
+def test_transformer_encoder_nested_fast_path_reads_the_mask(tmp_path):
+    lines = by_line(scan_sites(tmp_path, NESTED_SCRIPT))
+    assert list(lines) == [10]
+    # the alignment check (equal) and the lengths copied to the host: two reads
+    assert [(op, beneath) for op, beneath, _ in lines[10]] == [
+        ("nested tensor from mask", "TransformerEncoder.forward")] * 2
+    assert all("enable_nested_tensor=False" in fix for _, _, fix in lines[10])
+
+
 def dev_tensors():
     return torch.arange(10), torch.arange(100)  # made before the block: on the device
 
