@@ -37,11 +37,12 @@ ENTRIES = (
           "lookups per step",
           "torchrec/distributed/dist_data.py TensorAllToAllValuesAwaitable.__init__", V),
     Entry("torchrec/distributed/embedding_sharding.py", ("FusedKJTListSplitsAwaitable.",),
-          "the train pipeline's fused splits all-to-all reads every splits tensor on the "
-          "host for an int-overflow check that only acts with TORCHREC_OVERFLOW_DEBUG=1 "
-          "(torchrec 1.9.2 reads them regardless): nothing at your level removes the read; "
-          "it runs in the next batch's data-dist stage, so keep that stage ahead of compute "
-          "(TrainPipelineSparseDist or a deeper pipeline), and check newer torchrec releases",
+          "in torchrec's input distribution, the train pipeline's fused splits all-to-all "
+          "reads every splits tensor on the host for an int-overflow check that only acts "
+          "with TORCHREC_OVERFLOW_DEBUG=1 (torchrec 1.9.2 reads them regardless): nothing "
+          "at your level removes the read; it runs in the next batch's data-dist stage, so "
+          "keep that stage ahead of compute (TrainPipelineSparseDist or a deeper pipeline), "
+          "and check newer torchrec releases",
           "torchrec/distributed/embedding_sharding.py FusedKJTListSplitsAwaitable.__init__",
           V),
     Entry("torchrec/distributed/embedding.py", ("_compute_sequence_vbe_context",),
