@@ -263,7 +263,11 @@ FIXES.update({
     "then skips unique), or keep test_elements small (under 10*numel(elements)**0.145 the "
     "brute-force path runs, sync-free)",
     "ctc_loss lengths": "keep input_lengths / target_lengths on the host (Python lists or CPU "
-    "tensors, built with the batch): ctc_loss copies device lengths to the host",
+    "tensors, built with the batch): ctc_loss copies device lengths to the host (the CUDA "
+    "kernel's own small copy up remains: label `ctc_loss (CUDA kernel)`)",
+    "ctc_loss (CUDA kernel)": "the native CUDA ctc_loss copies its per-sample target offsets "
+    "and lengths up with blocking copies on every call: nothing to pass; call it once per "
+    "step over the whole batch, not per sample",
     "sparse_coo_tensor size": "pass size= (known from the model, e.g. (num_rows, num_cols)): "
     "without it the size is inferred from indices.max() read on the host",
     "nested tensor from mask": "TransformerEncoder(..., enable_nested_tensor=False) keeps "
@@ -300,11 +304,15 @@ def _quantile(args, kwargs, dev, overload=""):
 
 def _ctc_loss(args, kwargs, dev, overload=""):
     # LossCTC.cpp ctc_loss (Tensor lengths): input_lengths.to(Device(kCPU)) and
-    # target_lengths.to(Device(kCPU)), blocking copies when they live on the device.
-    if overload != "Tensor":
+    # target_lengths.to(Device(kCPU)), blocking copies when they live on the device; then
+    # LossCTC.cu ctc_loss_gpu_template: `tg_batch_offsets.cuda()` and
+    # `at::tensor(target_lengths, targets.options())`, blocking copies up, whatever the lengths.
+    if overload not in ("Tensor", "IntList") or not dev(args[0]):
         return None
     lengths = (_arg(args, kwargs, 2, "input_lengths"), _arg(args, kwargs, 3, "target_lengths"))
-    return "ctc_loss lengths" if any(_is_tensor(t) and dev(t) for t in lengths) else None
+    if any(_is_tensor(t) and dev(t) for t in lengths):
+        return "ctc_loss lengths"
+    return "ctc_loss (CUDA kernel)"
 
 
 def _sparse_coo_no_size(args, kwargs, dev, overload=""):

@@ -12,7 +12,7 @@ import gpusync
 from gpusync.detect.events import Frame
 from gpusync.detect.libraries import ENTRIES
 from gpusync.detect.library import library_fix
-from gpusync.detect.rules import FIXES
+from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 
 TORCH_SCRIPT = textwrap.dedent("""\
@@ -42,7 +42,7 @@ TORCH_SCRIPT = textwrap.dedent("""\
         sp = torch.sparse_coo_tensor(idx, ones)  # L24
         sp2 = torch.sparse_coo_tensor(idx, ones, size=(4,))
         c = torch.nn.functional.ctc_loss(logp, tgt, lens_dev, tlens_dev)  # L26
-        c2 = torch.nn.functional.ctc_loss(logp, tgt, [5, 5], [2, 2])
+        c2 = torch.nn.functional.ctc_loss(logp, tgt, [5, 5], [2, 2])  # L27
         q = torch.quantile(x, torch.linspace(0, 1, 3, device=dev))
         q2 = torch.nanquantile(x, 0.5)
         i = torch.isin(torch.arange(10, device=dev), big)  # L30
@@ -78,6 +78,7 @@ def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_p
         23: ("float()", "ReduceLROnPlateau.step", "host float"),
         24: ("sparse_coo_tensor size", None, FIXES["sparse_coo_tensor size"]),
         26: ("ctc_loss lengths", None, FIXES["ctc_loss lengths"]),
+        27: ("ctc_loss (CUDA kernel)", None, FIXES["ctc_loss (CUDA kernel)"]),
         30: ("isin", None, FIXES["isin"]),
     }
     assert sorted(lines) == sorted(expect), lines  # the remedied lines and quantile: nothing
@@ -157,7 +158,7 @@ FBGEMM_SCRIPT = textwrap.dedent("""\
 
 
 @pytest.mark.torchrec
-def test_fbgemm_ops_sync_without_their_size_argument(tmp_path):
+def test_fbgemm_ops_sync_without_their_size_argument(tmp_path, observer):
     pytest.importorskip("fbgemm_gpu")
     lines = by_line(scan_sites(tmp_path, FBGEMM_SCRIPT))
     expect = {11: "fbgemm permute", 13: "fbgemm permute", 15: "fbgemm dense_to_jagged",
@@ -271,3 +272,45 @@ def test_every_entry_names_a_function_its_installed_library_has():
         for function in entry.functions:
             name = function.rstrip(".").split(".")[-1]
             assert f"def {name}(" in text or f"class {name}(" in text, (entry.source, name)
+
+
+ON = lambda t: isinstance(t, torch.Tensor)  # noqa: E731  everything on the device
+aten = torch.ops.aten
+
+
+def test_size_arguments_decide_the_fbgemm_rules():
+    perm, lengths, values = torch.tensor([1, 0]), torch.tensor([1, 2]), torch.arange(3)
+    permute = NAMED_RULES["fbgemm::permute_1D_sparse_data"]
+    assert permute((perm, lengths, values), {}, ON) == "fbgemm permute"
+    assert permute((perm, lengths, values, None, 3), {}, ON) == QUIET  # given: no read
+    assert permute((perm, lengths, values), {"permuted_lengths_sum": 3}, ON) == QUIET
+    assert permute((perm, lengths, values), {}, lambda t: False) is None  # all on the host
+    select = NAMED_RULES["fbgemm::jagged_index_select_2d_forward_v2"]
+    offsets = torch.tensor([1, 3])
+    assert select((values, perm, offsets, offsets), {}, ON) == "fbgemm jagged_index_select"
+    assert select((values, perm, offsets, offsets, 3), {}, ON) == QUIET
+
+
+def test_ctc_loss_rule_by_where_the_lengths_are():
+    ctc = DISPATCH_RULES[aten.ctc_loss]
+    logp, tgt, lens = torch.zeros(5, 2, 3), torch.ones(2, 2), torch.tensor([5, 5])
+    assert ctc((logp, tgt, lens, lens), {}, ON, "Tensor") == "ctc_loss lengths"
+    on_dev = lambda t: t is logp or t is tgt  # noqa: E731  host lengths
+    assert ctc((logp, tgt, lens, lens), {}, on_dev, "Tensor") == "ctc_loss (CUDA kernel)"
+    assert ctc((logp, tgt, [5, 5], [2, 2]), {}, ON, "IntList") == "ctc_loss (CUDA kernel)"
+    assert ctc((logp, tgt, lens, lens), {}, lambda t: False, "Tensor") is None
+
+
+def test_sparse_coo_tensor_rule_needs_the_size_free_overload():
+    coo = DISPATCH_RULES[aten.sparse_coo_tensor]
+    idx, vals = torch.tensor([[0, 1]]), torch.ones(2)
+    assert coo((idx, vals), {}, ON, "indices") == "sparse_coo_tensor size"
+    assert coo((idx, vals, [4]), {}, ON, "indices_size") is None
+    assert coo((torch.zeros(1, 0, dtype=torch.long), torch.ones(0)), {}, ON, "indices") is None
+
+
+def test_every_new_label_has_its_fix():
+    labels = {"isin", "ctc_loss lengths", "ctc_loss (CUDA kernel)", "sparse_coo_tensor size",
+              "nested tensor from mask", "fbgemm permute", "fbgemm dense_to_jagged",
+              "fbgemm jagged_index_select"}
+    assert labels <= set(FIXES)
