@@ -166,6 +166,8 @@ def test_fbgemm_ops_sync_without_their_size_argument(tmp_path, observer):
     assert {line: [o for o, _, _ in v] for line, v in lines.items()} == {
         line: [op] for line, op in expect.items()}
     assert all(v[0][2] == FIXES[v[0][0]] for v in lines.values())
+    # called directly: no library path beneath (torch.library's autograd glue is plumbing)
+    assert all(beneath is None for v in lines.values() for _, beneath, _ in v)
 
 
 KJT_SCRIPT = textwrap.dedent("""\
