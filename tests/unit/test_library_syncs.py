@@ -206,6 +206,35 @@ def test_kjt_per_key_lengths_get_the_construct_with_length_per_key_remedy(tmp_pa
     assert {fix for _, _, fix in lines[17]} == {kjt_fix, permute_fix}
 
 
+A2A_SCRIPT = textwrap.dedent("""\
+    import os
+    import tempfile
+    import torch
+    import torch.distributed as dist
+    from torchrec.distributed.dist_data import JaggedTensorAllToAll
+    from torchrec.sparse.jagged_tensor import JaggedTensor
+    store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    dev = torch.device("cuda")
+    for step in range(3):
+        lengths = torch.tensor([2, 3], device=dev)
+        jt, n = JaggedTensor(values=torch.arange(5, device=dev), lengths=lengths), lengths[:1]
+        out = JaggedTensorAllToAll(jt, n, n, dist.group.WORLD).wait()  # L13
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.torchrec
+def test_jagged_tensor_all_to_all_gets_the_pool_remedy_not_the_input_dist_one(tmp_path):
+    pytest.importorskip("torchrec")
+    lines = by_line(scan_sites(tmp_path, A2A_SCRIPT))
+    assert list(lines) == [13]
+    # sum(num_items) read as a size, and _safe_tolist's copy and stream sync
+    assert sorted(op for op, _, _ in lines[13]) == [
+        "Stream.synchronize", "item", "pageable non_blocking copy"]
+    assert all("KeyedJaggedTensorPool" in fix for _, _, fix in lines[13])
+
+
 SITE = "/venv/lib/python3.11/site-packages/"
 USER = Frame("/home/u/train.py", 7, "step")
 
