@@ -212,7 +212,7 @@ def failed_first(payloads: dict[int, dict[str, Any] | None]) -> list[tuple[int, 
 
 def _site_key(s: Site) -> tuple:
     lib = (s.library or {}).get("file"), (s.library or {}).get("line")
-    return (s.op, s.phase, s.hook, s.module, s.file, s.line, lib)
+    return (s.op, s.phase, s.hook, s.module, s.file, s.line, lib, s.fix)  # report.py's key
 
 
 def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, list[str]]:

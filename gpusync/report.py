@@ -118,10 +118,12 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         loc = e.location or Frame("", 0, "")
         lib = e.library
         lib_key = (lib.file, lib.line) if lib is not None else None
-        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line, lib_key)].append(e)
+        # the remedy too: one library line reached along two paths with remedies of their
+        # own (torchrec's _safe_tolist for a KJT's lengths and for the fused splits) is two
+        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line, lib_key, e.fix)].append(e)
 
     sites = []
-    for (op, phase, hook, module, file, line, _), evs in groups.items():
+    for (op, phase, hook, module, file, line, _, _), evs in groups.items():
         inside = [e for e in evs if measured(e)]
         stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
         first_ev = evs[0]

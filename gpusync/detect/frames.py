@@ -23,10 +23,12 @@ _STDLIB_DIRS = tuple(
 )
 _TOOLS = tuple(os.sep + name + os.sep for name in ("click", "_pytest", "pluggy"))
 # torch's thin Python wrappers of ops and modules (torch.unique, F.embedding_bag, Tensor
-# methods, Module.__call__): the op is what the user called, so they are no library path
+# methods, Module.__call__, torch.library's autograd glue of custom ops such as fbgemm's):
+# the op is what the user called, so they are no library path
 _TORCH_PLUMBING = tuple(_TORCH_DIR + p.replace("/", os.sep) for p in (
     "functional.py", "_tensor.py", "nn/functional.py", "overrides.py", "_jit_internal.py",
-    "utils/_device.py", "nn/modules/module.py", "_ops.py", "_compile.py", "_dynamo/"))
+    "utils/_device.py", "nn/modules/module.py", "_ops.py", "_compile.py", "_dynamo/",
+    "_library/"))
 _MACHINERY, _LIBRARY, _USER = 0, 1, 2
 _kind_cache: dict[str, int] = {}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import libraries
 from .events import Frame
 
 
@@ -63,10 +64,20 @@ KNOWN = (
 
 def library_fix(frames: tuple[Frame, ...]) -> str | None:
     """The user-level remedy for a sync whose stack goes through a known library path."""
-    for frame in frames:
-        if not frame.library:
-            break  # past the library path beneath the user's line
+    path = _library_path(frames)
+    for frame in path:
+        entry = libraries.match(frame, path)  # kb: per-library entries (detect/libraries/)
+        if entry is not None:
+            return entry.fix
         for known in KNOWN:
             if known.matches(frame):
                 return known.fix
     return None
+
+
+def _library_path(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """The library frames beneath the user's line, innermost first."""
+    n = 0
+    while n < len(frames) and frames[n].library:
+        n += 1
+    return frames[:n]

@@ -26,6 +26,7 @@ import sys
 import threading
 import weakref
 from types import FrameType
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -36,7 +37,7 @@ from .calls import CallLayers
 from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
-from .rules import ASK_WHEN, DISPATCH_RULES, SCALAR_LABELS
+from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, QUIET, SCALAR_LABELS
 from .virtual_cuda import VirtualCuda, current_device, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
@@ -333,6 +334,8 @@ class OpDetector:
         label = rule(args, kwargs, self.host.on_device, overload)
         if label is None:
             return False
+        if label == QUIET:  # CUDA reads nothing here: what the CPU kernel reads is no sync
+            return not self.rec.suppressed()
         if label == "item":
             label = SCALAR_LABELS.get(self.current_func, "item")
         return self.record(label)
@@ -588,7 +591,9 @@ class _DispatchMode(TorchDispatchMode):
         key = id(func.overloadpacket)  # OpOverloadPacket hashes in Python: slow on this path
         if key == _COPY_ID:
             return self._copy(func, args, kwargs)
-        rule = _RULES_BY_ID.get(key)
+        rule = _RULES_BY_ID.get(key, _UNSEEN)
+        if rule is _UNSEEN:  # an op of another library's (fbgemm): its rule by name, once
+            rule = _RULES_BY_ID[key] = _RULES_BY_NAME.get(func.overloadpacket._qualified_op_name)
         if rule is not None and not det.rec.suppressed():
             recorded = det.judge(rule, args, kwargs, func._overloadname)
             out = det.run(recorded, func, args, kwargs)
@@ -624,8 +629,10 @@ class _DispatchMode(TorchDispatchMode):
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
 _COPY_ID = id(_aten.copy_)
-_RULES_BY_ID = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
+_RULES_BY_ID: dict[int, Any] = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
+_RULES_BY_NAME.update(NAMED_RULES)
+_UNSEEN = object()
 
 
 @functools.cache  # the table is the process's: once per loaded observer module
@@ -635,6 +642,8 @@ def _configure(compiled) -> None:
     for packet in DISPATCH_RULES:
         compiled.add_rule(packet._qualified_op_name,
                           filters[ASK_WHEN.get(packet, "any input on the device")])
+    for name in NAMED_RULES:
+        compiled.add_rule(name, filters["any input on the device"])
     compiled.add_rule("aten::copy_", filters["crossing"])
     compiled.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):

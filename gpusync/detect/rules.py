@@ -253,3 +253,124 @@ ASK_WHEN: dict[Any, str] = {
     aten.masked_fill: "last input on the device", aten.masked_fill_: "last input on the device",
     aten.index_fill: "last input on the device", aten.index_fill_: "last input on the device",
 }
+
+
+# --- kb: library ops read in their CUDA sources (torch isin / quantile / ctc_loss /
+# sparse_coo_tensor, fbgemm's sparse and jagged ops); docs/rules.md "Library calls" ---------
+
+# A rule's answer for an op whose CUDA kernel makes no sync while the CPU kernel the scan runs
+# reads on the host: the op is taken as judged, so nothing it runs inside is reported.
+QUIET = ""
+
+FIXES.update({
+    "isin": "pass assume_unique=True when neither input holds duplicates (the sorting path "
+    "then skips unique), or keep test_elements small (under 10*numel(elements)**0.145 the "
+    "brute-force path runs, sync-free)",
+    "ctc_loss lengths": "keep input_lengths / target_lengths on the host (Python lists or CPU "
+    "tensors, built with the batch): ctc_loss copies device lengths to the host (the CUDA "
+    "kernel's own small copy up remains: label `ctc_loss (CUDA kernel)`)",
+    "ctc_loss (CUDA kernel)": "the native CUDA ctc_loss copies its per-sample target offsets "
+    "and lengths up with blocking copies on every call: nothing to pass; call it once per "
+    "step over the whole batch, not per sample",
+    "sparse_coo_tensor size": "pass size= (known from the model, e.g. (num_rows, num_cols)): "
+    "without it the size is inferred from indices.max() read on the host",
+    "nested tensor from mask": "TransformerEncoder(..., enable_nested_tensor=False) keeps "
+    "the padded path (no host reads); mask_check=False at least drops the alignment check",
+    "fbgemm permute": "pass permuted_lengths_sum= (sum of the lengths, known on the host "
+    "where the batch is built, e.g. a KJT's sum(length_per_key))",
+    "fbgemm dense_to_jagged": "pass total_L= (the total jagged length, known on the host "
+    "where the offsets are built)",
+    "fbgemm jagged_index_select": "pass num_dense_output_rows= (the total length of the "
+    "selected rows, known on the host where the indices are chosen)",
+})
+
+
+def _isin(args, kwargs, dev, overload=""):
+    # TensorCompare.cpp isin_Tensor_Tensor_out: numpy's heuristic picks isin_sorting when
+    # test_elements.numel() >= 10 * elements.numel() ** 0.145, the same on every device;
+    # isin_sorting runs at::_unique on both inputs (output size read on the host) unless
+    # assume_unique. The brute-force isin_default kernel is sync-free.
+    if overload != "Tensor_Tensor":
+        return None
+    elements, test = args[0], args[1]
+    if not (dev(elements) or dev(test)) or elements.numel() == 0:
+        return None
+    if test.numel() < int(10.0 * float(elements.numel()) ** 0.145):
+        return None
+    return None if _arg(args, kwargs, 2, "assume_unique", False) else "isin"
+
+
+def _quantile(args, kwargs, dev, overload=""):
+    # Sorting.cpp quantile_checks: `q` in [0, 1] is checked with .all().item<bool>() only
+    # `if (self.device().is_cpu())`, so CUDA reads nothing; the scan's CPU kernel does.
+    return QUIET if dev(args[0]) else None
+
+
+def _ctc_loss(args, kwargs, dev, overload=""):
+    # LossCTC.cpp ctc_loss (Tensor lengths): input_lengths.to(Device(kCPU)) and
+    # target_lengths.to(Device(kCPU)), blocking copies when they live on the device; then
+    # LossCTC.cu ctc_loss_gpu_template: `tg_batch_offsets.cuda()` and
+    # `at::tensor(target_lengths, targets.options())`, blocking copies up, whatever the lengths.
+    if overload not in ("Tensor", "IntList") or not dev(args[0]):
+        return None
+    lengths = (_arg(args, kwargs, 2, "input_lengths"), _arg(args, kwargs, 3, "target_lengths"))
+    if any(_is_tensor(t) and dev(t) for t in lengths):
+        return "ctc_loss lengths"
+    return "ctc_loss (CUDA kernel)"
+
+
+def _sparse_coo_no_size(args, kwargs, dev, overload=""):
+    # SparseTensor.cpp sparse_coo_tensor(indices, values): without a size, the size comes
+    # from indices.max(1) copied to the host (`.to(at::DeviceType::CPU)`).
+    if overload != "indices":
+        return None
+    indices = args[0]
+    return "sparse_coo_tensor size" if dev(indices) and indices.numel() > 0 else None
+
+
+def _size_hint(label: str, pos: int, name: str, first: int = 0) -> Rule:
+    """fbgemm ops whose CUDA host wrapper reads an output size with .item() unless the caller
+    passes it: `label` without the size, QUIET with it (the CPU kernels read their own)."""
+    def rule(args, kwargs, dev, overload=""):
+        if not dev(args[first]):
+            return None
+        return QUIET if _arg(args, kwargs, pos, name) is not None else label
+
+    return rule
+
+
+DISPATCH_RULES.update({
+    # NestedTensorMath.cpp NestedTensor_nested_tensor_from_mask: the sequence lengths go to
+    # the host (`at::cat({sizes, d}, 1).to(kCPU)`), after `sizes.equal(nums)` if mask_check;
+    # NestedTensor_nested_tensor_from_mask_left_aligned returns `sizes.equal(nums)`.
+    aten._nested_tensor_from_mask: _self_on_dev("nested tensor from mask"),
+    aten._nested_tensor_from_mask_left_aligned: _self_on_dev("nested tensor from mask"),
+    aten.isin: _isin,
+    aten.quantile: _quantile,
+    aten.nanquantile: _quantile,
+    aten.ctc_loss: _ctc_loss,
+    aten.sparse_coo_tensor: _sparse_coo_no_size,
+})
+
+# fbgemm's ops, by qualified name: the op library may not be loaded (fbgemm is optional).
+# fbgemm_gpu sparse_permute_1d.cu permute_1D_sparse_data_cuda / sparse_permute_2d.cu
+# permute_2D_sparse_data_cuda: `output_offsets[-1].item<int64_t>()` unless
+# permuted_lengths_sum; dense_to_jagged_forward.cu dense_to_jagged_forward:
+# `offsets.back().max().item<int64_t>()` unless total_L; jagged_tensor_ops_cpu.cpp
+# jagged_index_select_2d_forward_v2_impl (CompositeExplicitAutograd, the CUDA path too):
+# `output_offsets[-1].item<int64_t>()` unless num_dense_output_rows.
+NAMED_RULES: dict[str, Rule] = {
+    "fbgemm::permute_1D_sparse_data": _size_hint("fbgemm permute", 4, "permuted_lengths_sum",
+                                                 first=1),
+    "fbgemm::permute_2D_sparse_data": _size_hint("fbgemm permute", 4, "permuted_lengths_sum",
+                                                 first=1),
+    "fbgemm::permute_sparse_data": _size_hint("fbgemm permute", 4, "permuted_lengths_sum",
+                                              first=1),
+    "fbgemm::dense_to_jagged": _size_hint("fbgemm dense_to_jagged", 2, "total_L"),
+    "fbgemm::dense_to_jagged_forward": _size_hint("fbgemm dense_to_jagged", 2, "total_L"),
+    "fbgemm::jagged_index_select": _size_hint("fbgemm jagged_index_select", 3,
+                                              "num_dense_output_rows"),
+    "fbgemm::jagged_index_select_2d_forward_v2": _size_hint(
+        "fbgemm jagged_index_select", 4, "num_dense_output_rows", first=3),
+}
+# --- end kb ---------------------------------------------------------------------------------
