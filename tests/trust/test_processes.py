@@ -194,3 +194,16 @@ def test_a_killed_gpusync_takes_its_child_along(tmp_path):
     while child in _live() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert child not in _live()
+
+
+def test_signal_handlers_and_the_subreaper_flag_are_given_back(tmp_path):
+    """In-process (the library's use): what run_child changed in gpusync's process is undone."""
+    from gpusync import processes
+    from tests.conftest import run_main
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    (tmp_path / "train.py").write_text("print('plain')\n")
+    proc = run_main("scan", "train.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert {s: signal.getsignal(s) for s in before} == before
+    assert processes._subreaper() == 0
