@@ -21,26 +21,28 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 # a session of its own (out of the scan child's process group); each writes its pid.
 HELPERS = textwrap.dedent('''
     import os, signal, subprocess, sys, time
-    HERE = os.environ["MARKS"]
+    HERE, RANK = os.environ["MARKS"], os.environ.get("RANK", "")
 
-    def mark(name, text=""):
-        with open(os.path.join(HERE, name + ".tmp"), "w") as f:
+    def mark(name, text=""):  # name + RANK, written whole
+        with open(os.path.join(HERE, name + RANK + ".tmp"), "w") as f:
             f.write(str(text))
-        os.replace(os.path.join(HERE, name + ".tmp"), os.path.join(HERE, name))
+        os.replace(os.path.join(HERE, name + RANK + ".tmp"), os.path.join(HERE, name + RANK))
 
     SERVER = ("import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-              "open(os.path.join(os.environ['MARKS'], 'server'), 'w').write(str(os.getpid())); "
+              "open(os.path.join(os.environ['MARKS'], 'server' + os.environ.get('RANK', '')), 'w')"
+              ".write(str(os.getpid())); "
               "time.sleep(1000)")
     DAEMON = ("import os, time\\n"
               "if os.fork(): os._exit(0)\\n"
               "os.setsid()\\n"
-              "open(os.path.join(os.environ['MARKS'], 'daemon'), 'w').write(str(os.getpid()))\\n"
+              "open(os.path.join(os.environ['MARKS'], 'daemon' + os.environ.get('RANK', '')), 'w')"
+              ".write(str(os.getpid()))\\n"
               "time.sleep(1000)\\n")
 
     def start_helpers():
         subprocess.Popen([sys.executable, "-c", SERVER])
         subprocess.Popen([sys.executable, "-c", DAEMON]).wait()
-        while not all(os.path.exists(os.path.join(HERE, n)) for n in ("server", "daemon")):
+        while not all(os.path.exists(os.path.join(HERE, n + RANK)) for n in ("server", "daemon")):
             time.sleep(0.05)
 ''')
 
@@ -80,14 +82,16 @@ def _nothing_left_by_a_failed_test(tmp_path):
             continue
 
 
-def _start(tmp_path, *args, session=False):
-    """`python -m gpusync ARGS` with a private TMPDIR and a short grace period; `session`:
-    in a session of its own, to signal its group as a terminal does."""
+def _start(tmp_path, *args, session=False, torchrun=False):
+    """`python -m gpusync ARGS` (`torchrun`: on 2 ranks) with a private TMPDIR and a short
+    grace period; `session`: in a session of its own, to signal its group as a terminal
+    does."""
     (tmp_path / "tmp").mkdir()
     (tmp_path / "marks").mkdir()
     env = {**os.environ, **DETERMINISTIC, "TMPDIR": str(tmp_path / "tmp"),
            "MARKS": str(tmp_path / "marks"), "GPUSYNC_STOP_GRACE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "gpusync", *args], cwd=tmp_path, env=env,
+    run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] * torchrun
+    return subprocess.Popen([sys.executable, *run, "-m", "gpusync", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=session,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -115,12 +119,13 @@ def _live() -> dict[int, int]:
     return out
 
 
-def _left(marks, within=10.0) -> list[str]:
-    """Which of the marked processes (the helpers, the script's group) still run, after a
-    bounded wait for the last of them to go."""
-    pids = {n: int((marks / n).read_text()) for n in ("server", "daemon") if (marks / n).exists()}
-    assert set(pids) == {"server", "daemon"}
-    pgid = int((marks / "pgid").read_text())
+def _left(marks, rank="", within=10.0) -> list[str]:
+    """Which of the marked processes (the helpers, the script's group; of `rank`) still run,
+    after a bounded wait for the last of them to go."""
+    names = [n + rank for n in ("server", "daemon")]
+    pids = {n: int((marks / n).read_text()) for n in names if (marks / n).exists()}
+    assert set(pids) == set(names)
+    pgid = int((marks / f"pgid{rank}").read_text())
     deadline = time.monotonic() + within
     while True:
         live = _live()
@@ -163,7 +168,8 @@ def test_ctrl_c_unwinds_the_script_and_exits_130(tmp_path):
 
 def test_tune_timeout_ends_what_the_hung_candidate_started(tmp_path):
     (tmp_path / "train.py").write_text(HANGS)
-    proc = _start(tmp_path, "tune", "train.py", "--timeout", "10")
+    # the limit counts from the child's start: room for a loaded machine to start the script
+    proc = _start(tmp_path, "tune", "train.py", "--timeout", "20")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert "time limit" in err
@@ -207,3 +213,21 @@ def test_signal_handlers_and_the_subreaper_flag_are_given_back(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert {s: signal.getsignal(s) for s in before} == before
     assert processes._subreaper() == 0
+
+
+
+def test_under_torchrun_sigterm_ends_every_ranks_processes(tmp_path):
+    """torchrun's agent, stopped (as it stops its workers after a failure), sends SIGTERM to
+    each rank's gpusync: each rank's script saves its checkpoint, and nothing of any rank is
+    left."""
+    (tmp_path / "train.py").write_text(CHECKPOINTS)
+    proc = _start(tmp_path, "scan", "train.py", torchrun=True)
+    for rank in "01":
+        _wait_for(tmp_path / "marks" / f"pgid{rank}", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err
+    for rank in "01":
+        assert (tmp_path / "marks" / f"checkpoint{rank}").read_text() == "saved"
+        assert _left(tmp_path / "marks", rank) == []
+    assert _folders(tmp_path) == []
