@@ -15,8 +15,14 @@ reaches gpusync does not reach them behind its back. While the child runs, gpusy
 - on Linux, has the child killed if gpusync itself dies without unwinding (SIGKILL, the OOM
   killer): PR_SET_PDEATHSIG, set by the child (die_with_parent).
 
-A second signal during the grace period ends it at once. GPUSYNC_STOP_GRACE (seconds) is
-internal: the tests shorten the grace with it.
+A second signal during the grace period ends it at once. Ctrl-Z (SIGTSTP) stops the child's
+group with gpusync, and it continues with gpusync (its group has no terminal of its own to
+stop it). GPUSYNC_STOP_GRACE (seconds) is internal: the tests shorten the grace with it.
+
+Limits: the code runs without a controlling terminal (its stdin, stdout and stderr are still
+the terminal; opening /dev/tty fails); a SIGKILL of gpusync leaves what the child started
+(the child itself is killed, on Linux) and the job folder; without /proc (macOS) only the
+child's process group is ended.
 """
 from __future__ import annotations
 
@@ -256,17 +262,32 @@ class Group:
             raise _interruption(signum)
         self._pending = signum
 
+    def _suspend(self, signum: int, frame: Any) -> None:
+        """Ctrl-Z: stop the child's group (SIGSTOP: SIGTSTP is discarded in a group without a
+        terminal), stop gpusync as SIGTSTP would, and continue both on SIGCONT (`fg`, `bg`)."""
+        proc = getattr(self, "proc", None)
+        if proc is not None:
+            _send(-proc.pid, signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # returns once continued
+        finally:
+            signal.signal(signal.SIGTSTP, self._suspend)
+            if proc is not None:
+                _send(-proc.pid, signal.SIGCONT)
+
     def _install(self) -> None:
         """Handle the signals whose handler is the default one (one set to SIG_IGN, as nohup
         does, or the host program's own, is left alone); only the main thread can."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in _HANDLED:
+        for signum in (*_HANDLED, signal.SIGTSTP):
             current = signal.getsignal(signum)
             if current == (signal.default_int_handler if signum == signal.SIGINT
                            else signal.SIG_DFL):
                 self._saved[signum] = current
-                signal.signal(signum, self._handle)
+                signal.signal(signum, self._suspend if signum == signal.SIGTSTP
+                              else self._handle)
 
     def _restore(self) -> None:
         for signum, handler in self._saved.items():

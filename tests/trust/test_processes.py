@@ -82,10 +82,10 @@ def _nothing_left_by_a_failed_test(tmp_path):
             continue
 
 
-def _start(tmp_path, *args, session=False, torchrun=False):
+def _start(tmp_path, *args, own_group=False, torchrun=False):
     """`python -m gpusync ARGS` (`torchrun`: on 2 ranks) with a private TMPDIR and a short
-    grace period; `session`: in a session of its own, to signal its group as a terminal
-    does."""
+    grace period; `own_group`: in a process group of its own, to signal it as a terminal
+    signals its foreground job."""
     (tmp_path / "tmp").mkdir()
     (tmp_path / "marks").mkdir()
     env = {**os.environ, **DETERMINISTIC, "TMPDIR": str(tmp_path / "tmp"),
@@ -93,7 +93,7 @@ def _start(tmp_path, *args, session=False, torchrun=False):
     run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] * torchrun
     return subprocess.Popen([sys.executable, *run, "-m", "gpusync", *args], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=session,
+                            process_group=0 if own_group else None,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -117,6 +117,20 @@ def _live() -> dict[int, int]:
         if fields[0] not in (b"Z", b"X"):
             out[int(name)] = int(fields[2])
     return out
+
+
+def _state(pid) -> str:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def _until(condition, within=30.0) -> bool:
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _left(marks, rank="", within=10.0) -> list[str]:
@@ -155,7 +169,7 @@ def test_sigterm_lets_the_scripts_handler_save_then_ends_everything(tmp_path):
 
 def test_ctrl_c_unwinds_the_script_and_exits_130(tmp_path):
     (tmp_path / "train.py").write_text(HANGS)
-    proc = _start(tmp_path, "scan", "train.py", session=True)
+    proc = _start(tmp_path, "scan", "train.py", own_group=True)
     _wait_for(tmp_path / "marks" / "pgid", proc)
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: gpusync's whole group
     _, err = proc.communicate(timeout=60)
@@ -163,6 +177,23 @@ def test_ctrl_c_unwinds_the_script_and_exits_130(tmp_path):
     assert "gpusync: interrupted" in err
     assert (tmp_path / "marks" / "unwound").exists()
     assert _left(tmp_path / "marks") == []
+    assert _folders(tmp_path) == []
+
+
+def test_ctrl_z_stops_the_script_with_gpusync_and_fg_continues_both(tmp_path):
+    (tmp_path / "train.py").write_text(
+        "import os, time\nopen(os.path.join(os.environ['MARKS'], 'pid'), 'w')"
+        ".write(str(os.getpid()))\nwhile True: time.sleep(0.05)\n")
+    proc = _start(tmp_path, "scan", "train.py", own_group=True)
+    _wait_for(tmp_path / "marks" / "pid", proc)
+    child = int((tmp_path / "marks" / "pid").read_text())
+    os.killpg(proc.pid, signal.SIGTSTP)  # Ctrl-Z
+    assert _until(lambda: _state(child) == "T" and _state(proc.pid) == "T")
+    os.killpg(proc.pid, signal.SIGCONT)  # fg
+    assert _until(lambda: _state(child) != "T" and _state(proc.pid) != "T")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
     assert _folders(tmp_path) == []
 
 
@@ -207,7 +238,8 @@ def test_signal_handlers_and_the_subreaper_flag_are_given_back(tmp_path):
     from gpusync import processes
     from tests.conftest import run_main
 
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP)
+    before = {s: signal.getsignal(s) for s in handled}
     (tmp_path / "train.py").write_text("print('plain')\n")
     proc = run_main("scan", "train.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
