@@ -98,36 +98,37 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
     child is stopped and the return code is TIMED_OUT; `on_snapshot` is handed the child's
     latest result (a "running" snapshot while it runs) about twice a second; `env` overrides
     variables of this process's environment (torchrun: the store of this run)."""
-    folder = tempfile.mkdtemp(prefix="gpusync-")
-    reader = None
-    try:
-        with open(os.path.join(folder, JOB), "w") as f:
-            json.dump({**job, "parent": os.getpid()}, f)
-        pipe = subprocess.PIPE if output is not None else None
-        with processes.Group([sys.executable, "-m", "gpusync._child", folder], stdout=pipe,
-                             stderr=subprocess.STDOUT if pipe else None,
-                             env=None if env is None else {**os.environ, **env}) as group:
-            if output is not None:
-                reader = threading.Thread(target=output.read, args=(group.proc.stdout,),
-                                          daemon=True)
-                reader.start()
-            returncode = _supervise(group, timeout, folder, on_snapshot)
-        result = _read_result(folder) or {"status": RUNNING}
-        if returncode in (TIMED_OUT, STOPPED):  # what it wrote then is not its verdict
-            result = {"status": RUNNING, "report": result.get("report")}
-        return result, returncode
-    finally:
-        if reader is not None:  # every process that held its pipe has ended
-            reader.join(timeout=10)
-        shutil.rmtree(folder, ignore_errors=True)
+    with processes.Signals() as signals:  # from before the folder exists until it is gone
+        folder = tempfile.mkdtemp(prefix="gpusync-")
+        reader = None
+        try:
+            with open(os.path.join(folder, JOB), "w") as f:
+                json.dump({**job, "parent": os.getpid()}, f)
+            pipe = subprocess.PIPE if output is not None else None
+            with processes.Group(signals, [sys.executable, "-m", "gpusync._child", folder],
+                                 stdout=pipe, stderr=subprocess.STDOUT if pipe else None,
+                                 env=None if env is None else {**os.environ, **env}) as group:
+                if output is not None:
+                    reader = threading.Thread(target=output.read, args=(group.proc.stdout,),
+                                              daemon=True)
+                    reader.start()
+                returncode = _supervise(signals, group, timeout, folder, on_snapshot)
+            result = _read_result(folder) or {"status": RUNNING}
+            if returncode in (TIMED_OUT, STOPPED):  # what it wrote then is not its verdict
+                result = {"status": RUNNING, "report": result.get("report")}
+            return result, returncode
+        finally:
+            if reader is not None:  # every process that held its pipe has ended
+                reader.join(timeout=10)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def _supervise(group: processes.Group, timeout: float | None, folder: str,
-               on_snapshot: Callable[[dict[str, Any]], None] | None) -> int:
+def _supervise(signals: processes.Signals, group: processes.Group, timeout: float | None,
+               folder: str, on_snapshot: Callable[[dict[str, Any]], None] | None) -> int:
     """The child's return code, or TIMED_OUT / STOPPED. A stop asks it with SIGINT (the code
     unwinds as on Ctrl-C) and kills it after the grace period (processes.py)."""
     try:
-        return group.watch(lambda: _wait(group.proc, timeout, folder, on_snapshot))
+        return signals.watch(lambda: _wait(group.proc, timeout, folder, on_snapshot))
     except subprocess.TimeoutExpired:
         group.stop(signal.SIGINT)
         return TIMED_OUT

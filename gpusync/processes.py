@@ -129,45 +129,27 @@ def _send(pid: int, signum: int) -> None:
         pass
 
 
-class Group:
-    """`with Group(argv, **popen_options) as group:` runs argv in a session of its own
-    (group.proc). Leaving the block ends what is left of it (the child: SIGTERM, GRACE
-    seconds, SIGKILL; then what it started: _sweep), gives back the signal handlers and the
-    subreaper flag, and raises a signal that came while nothing could raise it."""
+class Signals:
+    """`with Signals() as signals:` handles SIGINT, SIGTERM, SIGHUP (and Ctrl-Z's SIGTSTP) in
+    this process until the block ends, where a signal that came while nothing could raise it
+    is raised. Only `watch` raises them, so that the cleanup around a child is never cut short
+    by one; the others just note it (`received`)."""
 
-    def __init__(self, argv: list[str], **popen: Any):
-        self.argv, self.popen = argv, popen
+    def __init__(self) -> None:
         self.received: list[int] = []  # every signal handled, in order
+        self.proc: subprocess.Popen | None = None  # the child Ctrl-Z stops (Group sets it)
         self._pending: int | None = None  # one not raised yet
         self._armed = False
-        self._killed = False  # the child outlived its grace
         self._saved: dict[int, Any] = {}
-        self._set_subreaper = False
-        self._start = 0
 
-    def __enter__(self) -> Group:
+    def __enter__(self) -> Signals:
         self._install()
-        if _LINUX and _subreaper() == 0:
-            self._set_subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
-        try:
-            self.proc = subprocess.Popen(self.argv, start_new_session=True, **self.popen)
-        except BaseException:
-            self._restore()
-            raise
-        if _LINUX:
-            try:
-                self._start = _stat(self.proc.pid)[3]
-            except (OSError, IndexError, ValueError):  # it ended already: its orphans are ours
-                self._start = 0
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            if self.proc.poll() is None:  # gpusync's own exit path (an error in a callback)
-                self.stop(signal.SIGTERM)
-            self._sweep(term_first=not self._killed)
-        finally:
-            self._restore()
+        for signum, handler in self._saved.items():
+            signal.signal(signum, handler)
+        self._saved.clear()
         if exc_type is None and self._pending is not None:
             raise _interruption(self._pending)
 
@@ -183,10 +165,81 @@ class Group:
         finally:
             self._armed = False
 
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if self._armed:
+            self._armed = False
+            raise _interruption(signum)
+        self._pending = signum
+
+    def _suspend(self, signum: int, frame: Any) -> None:
+        """Ctrl-Z: stop the child's group (SIGSTOP: SIGTSTP is discarded in a group without a
+        terminal), stop gpusync as SIGTSTP would, and continue both on SIGCONT (`fg`, `bg`)."""
+        proc = self.proc
+        if proc is not None:
+            _send(-proc.pid, signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # returns once continued
+        finally:
+            signal.signal(signal.SIGTSTP, self._suspend)
+            if proc is not None:
+                _send(-proc.pid, signal.SIGCONT)
+
+    def _install(self) -> None:
+        """Handle the signals whose handler is the default one (one set to SIG_IGN, as nohup
+        does, or the host program's own, is left alone); only the main thread can."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in (*_HANDLED, signal.SIGTSTP):
+            current = signal.getsignal(signum)
+            if current == (signal.default_int_handler if signum == signal.SIGINT
+                           else signal.SIG_DFL):
+                self._saved[signum] = current
+                signal.signal(signum, self._suspend if signum == signal.SIGTSTP
+                              else self._handle)
+
+
+class Group:
+    """`with Group(signals, argv, **popen_options) as group:` runs argv in a session of its
+    own (group.proc). Leaving the block ends what is left of it (the child: SIGTERM, GRACE
+    seconds, SIGKILL; then what it started: _sweep) and gives back the subreaper flag.
+    `signals` (Signals) cut the waits short."""
+
+    def __init__(self, signals: Signals, argv: list[str], **popen: Any):
+        self.signals, self.argv, self.popen = signals, argv, popen
+        self._killed = False  # the child outlived its grace
+        self._set_subreaper = False
+        self._start = 0
+
+    def __enter__(self) -> Group:
+        if _LINUX and _subreaper() == 0:
+            self._set_subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
+        try:
+            self.proc = subprocess.Popen(self.argv, start_new_session=True, **self.popen)
+        except BaseException:
+            self._restore()
+            raise
+        self.signals.proc = self.proc
+        if _LINUX:
+            try:
+                self._start = _stat(self.proc.pid)[3]
+            except (OSError, IndexError, ValueError):  # it ended already: its orphans are ours
+                self._start = 0
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self.proc.poll() is None:  # gpusync's own exit path (an error in a callback)
+                self.stop(signal.SIGTERM)
+            self._sweep(term_first=not self._killed)
+        finally:
+            self.signals.proc = None
+            self._restore()
+
     def stop(self, signum: int, whole_group: bool = False) -> int:
         """Send `signum` to the child (to its whole group with `whole_group`), give it GRACE
         seconds to end (less if another signal comes), then kill it: its return code."""
-        self._armed = False
         proc = self.proc
         if proc.poll() is None:
             _send(-proc.pid if whole_group else proc.pid, signum)
@@ -197,9 +250,9 @@ class Group:
 
     def _wait_until(self, done: Callable[[], bool]) -> bool:
         """done(), polled for up to GRACE seconds or until another signal comes."""
-        seen, deadline = len(self.received), time.monotonic() + grace()
+        seen, deadline = len(self.signals.received), time.monotonic() + grace()
         while not done():
-            if time.monotonic() >= deadline or len(self.received) != seen:
+            if time.monotonic() >= deadline or len(self.signals.received) != seen:
                 return False
             time.sleep(_POLL)
         return True
@@ -255,44 +308,7 @@ class Group:
                     pass
         return left
 
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received.append(signum)
-        if self._armed:
-            self._armed = False
-            raise _interruption(signum)
-        self._pending = signum
-
-    def _suspend(self, signum: int, frame: Any) -> None:
-        """Ctrl-Z: stop the child's group (SIGSTOP: SIGTSTP is discarded in a group without a
-        terminal), stop gpusync as SIGTSTP would, and continue both on SIGCONT (`fg`, `bg`)."""
-        proc = getattr(self, "proc", None)
-        if proc is not None:
-            _send(-proc.pid, signal.SIGSTOP)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        try:
-            os.kill(os.getpid(), signal.SIGTSTP)  # returns once continued
-        finally:
-            signal.signal(signal.SIGTSTP, self._suspend)
-            if proc is not None:
-                _send(-proc.pid, signal.SIGCONT)
-
-    def _install(self) -> None:
-        """Handle the signals whose handler is the default one (one set to SIG_IGN, as nohup
-        does, or the host program's own, is left alone); only the main thread can."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in (*_HANDLED, signal.SIGTSTP):
-            current = signal.getsignal(signum)
-            if current == (signal.default_int_handler if signum == signal.SIGINT
-                           else signal.SIG_DFL):
-                self._saved[signum] = current
-                signal.signal(signum, self._suspend if signum == signal.SIGTSTP
-                              else self._handle)
-
     def _restore(self) -> None:
-        for signum, handler in self._saved.items():
-            signal.signal(signum, handler)
-        self._saved.clear()
         if self._set_subreaper:
             _prctl(_PR_SET_CHILD_SUBREAPER, 0)
             self._set_subreaper = False
