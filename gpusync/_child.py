@@ -9,7 +9,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, NoReturn
 
-from . import isolate, verbosity
+from . import isolate, processes, verbosity
 from .errors import GpusyncError, one_line
 
 _SNAPSHOT_SECONDS = 1.0
@@ -180,6 +180,7 @@ def main(folder: str) -> int:
     results = _Results(folder)
     with open(os.path.join(folder, isolate.JOB)) as f:
         job = json.load(f)
+    processes.die_with_parent(job.get("parent"))  # a killed gpusync leaves nothing running
     verbosity.set_level(job.get("verbosity", verbosity.NORMAL))
     if not verbosity.verbose() and _builtin(job.get("target")):
         verbosity.hush_third_party()

@@ -11,6 +11,7 @@ from . import errors, verbosity
 from ._version import __version__
 from .detect.session import MODES
 from .errors import BadInput, GpusyncError
+from .processes import Terminated
 from .reporters import FORMATS, VIEWS, render
 
 
@@ -602,6 +603,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         click.echo("gpusync: interrupted", err=True)
         return errors.EXIT_INTERRUPTED
+    except Terminated as e:  # SIGTERM / SIGHUP while a child ran: it has ended (processes.py)
+        click.echo(f"gpusync: terminated by {e}", err=True)
+        return e.exit_code
     except SystemExitCode as e:
         return e.exit_code
     except GpusyncError as e:

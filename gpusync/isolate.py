@@ -10,6 +10,10 @@ the report gpusync writes to stdout.
 Protocol: the parent writes job.json into a fresh folder and runs
 `python -m gpusync._child FOLDER`; the child replaces result.json there (write, then rename)
 with {"status": ..., ...}. A status of "running" left behind means the child died.
+
+The child runs in a session of its own and nothing of it outlives run_child: a time limit, a
+stop, Ctrl-C, SIGTERM or SIGHUP end it and every process it started, and the folder is
+removed (processes.py).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import errors, verbosity
+from . import errors, processes, verbosity
 from .errors import GpusyncError
 from .progress import Progress
 from .report import Report
@@ -94,38 +98,49 @@ def run_child(job: dict[str, Any], timeout: float | None = None,
     child is stopped and the return code is TIMED_OUT; `on_snapshot` is handed the child's
     latest result (a "running" snapshot while it runs) about twice a second; `env` overrides
     variables of this process's environment (torchrun: the store of this run)."""
-    folder = tempfile.mkdtemp(prefix="gpusync-")
-    try:
-        with open(os.path.join(folder, JOB), "w") as f:
-            json.dump(job, f)
-        pipe = subprocess.PIPE if output is not None else None
-        proc = subprocess.Popen([sys.executable, "-m", "gpusync._child", folder], stdout=pipe,
-                                stderr=subprocess.STDOUT if pipe else None,
-                                env=None if env is None else {**os.environ, **env})
+    with processes.Signals() as signals:  # from before the folder exists until it is gone
+        folder = tempfile.mkdtemp(prefix="gpusync-")
         reader = None
-        if output is not None:
-            reader = threading.Thread(target=output.read, args=(proc.stdout,), daemon=True)
-            reader.start()
         try:
-            returncode = _wait(proc, timeout, folder, on_snapshot)
-        except subprocess.TimeoutExpired:
-            _stop(proc, wait_first=False)
-            returncode = TIMED_OUT
-        except StopRequested:
-            _stop(proc, wait_first=False)
-            returncode = STOPPED
-        except KeyboardInterrupt:
-            returncode = _stop(proc)
-            raise
+            with open(os.path.join(folder, JOB), "w") as f:
+                json.dump({**job, "parent": os.getpid()}, f)
+            pipe = subprocess.PIPE if output is not None else None
+            with processes.Group(signals, [sys.executable, "-m", "gpusync._child", folder],
+                                 stdout=pipe, stderr=subprocess.STDOUT if pipe else None,
+                                 env=None if env is None else {**os.environ, **env}) as group:
+                if output is not None:
+                    reader = threading.Thread(target=output.read, args=(group.proc.stdout,),
+                                              daemon=True)
+                    reader.start()
+                returncode = _supervise(signals, group, timeout, folder, on_snapshot)
+            result = _read_result(folder) or {"status": RUNNING}
+            if returncode in (TIMED_OUT, STOPPED):  # what it wrote then is not its verdict
+                result = {"status": RUNNING, "report": result.get("report")}
+            return result, returncode
         finally:
-            if reader is not None:
+            if reader is not None:  # every process that held its pipe has ended
                 reader.join(timeout=10)
-        result = _read_result(folder) or {"status": RUNNING}
-        if returncode in (TIMED_OUT, STOPPED):  # what it wrote then is not its verdict
-            result = {"status": RUNNING, "report": result.get("report")}
-        return result, returncode
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _supervise(signals: processes.Signals, group: processes.Group, timeout: float | None,
+               folder: str, on_snapshot: Callable[[dict[str, Any]], None] | None) -> int:
+    """The child's return code, or TIMED_OUT / STOPPED. A stop asks it with SIGINT (the code
+    unwinds as on Ctrl-C) and kills it after the grace period (processes.py)."""
+    try:
+        return signals.watch(lambda: _wait(group.proc, timeout, folder, on_snapshot))
+    except subprocess.TimeoutExpired:
+        group.stop(signal.SIGINT)
+        return TIMED_OUT
+    except StopRequested:
+        group.stop(signal.SIGINT)
+        return STOPPED
+    except KeyboardInterrupt:  # Ctrl-C reached gpusync: as a terminal does, the whole group
+        group.stop(signal.SIGINT, whole_group=True)
+        raise
+    except processes.Terminated as e:  # the user's process first: its own handler runs
+        group.stop(e.signum)
+        raise
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None, folder: str,
@@ -153,21 +168,6 @@ def _read_result(folder: str) -> dict[str, Any] | None:
             return json.load(f)
     except (OSError, ValueError):  # not written yet (it is replaced whole, never half)
         return None
-
-
-def _stop(proc: subprocess.Popen, wait_first: bool = True) -> int:
-    """Stop a child: give it time to clean up (Ctrl-C reaches it too, in the same process
-    group), then insist."""
-    for sig in ((None,) if wait_first else ()) + (signal.SIGINT, signal.SIGKILL):
-        if sig is not None:
-            proc.send_signal(sig)
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            continue
-        except KeyboardInterrupt:
-            continue
-    return proc.wait()
 
 
 def _raise_for(result: dict[str, Any]) -> None:
