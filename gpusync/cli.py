@@ -502,10 +502,10 @@ def run_cmd(tuned, command):
 
     COMMAND: `python train.py ARGS` (or `train.py ARGS`).
     """
-    import runpy
     import sys
 
     from . import knobs
+    from .targets import ScriptTarget, as_main, compile_script, parse_target
     from .tune_script import load_tuned
 
     settings = load_tuned(tuned)
@@ -514,17 +514,31 @@ def run_cmd(tuned, command):
         words = words[1:]
     if not words or not words[0].endswith(".py"):
         raise BadInput("gpusync run takes a script: gpusync run TUNED -- python train.py ARGS")
-    script = words[0]
-    from .targets import parse_target
+    target = parse_target(words[0])  # a clear error for a missing script
+    if not isinstance(target, ScriptTarget):
+        raise BadInput(f"gpusync run takes a script, not {words[0]}")
+    _warn_other_script(tuned, target.path)
+    code = compile_script(target.path)
+    with knobs.applied(settings, {}), as_main(target.path, words) as globs:
+        exec(code, globs)  # as `python train.py ARGS`: its folder first on sys.path
 
-    parse_target(script)  # a clear error for a missing script
-    saved = sys.argv
-    sys.argv = words
-    try:
-        with knobs.applied(settings, {}):
-            runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.argv = saved
+
+def _warn_other_script(tuned: str, script) -> None:
+    """One line on stderr when the tuned file was tuned on another script than `script`."""
+    import pathlib
+
+    import yaml
+
+    from .fileio import read_user_file
+
+    recorded = (yaml.safe_load(read_user_file(tuned, "tuned settings")) or {}).get("target")
+    if not isinstance(recorded, str) or not recorded:
+        return
+    path = pathlib.Path(recorded)
+    same = (path.resolve() == script) if path.exists() else path.name == script.name
+    if not same:
+        click.echo(f"gpusync run: warning: {tuned} was tuned on {recorded}, not on "
+                   f"{script}", err=True)
 
 
 @bench.command("overhead")
