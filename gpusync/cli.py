@@ -505,7 +505,7 @@ def run_cmd(tuned, command):
     import sys
 
     from . import knobs
-    from .targets import ScriptTarget, as_main, compile_script, parse_target
+    from .targets import ScriptTarget, as_main, compile_script, other_script, parse_target
     from .tune_script import load_tuned
 
     settings = load_tuned(tuned)
@@ -517,28 +517,12 @@ def run_cmd(tuned, command):
     target = parse_target(words[0])  # a clear error for a missing script
     if not isinstance(target, ScriptTarget):
         raise BadInput(f"gpusync run takes a script, not {words[0]}")
-    _warn_other_script(tuned, target.path)
+    warning = other_script(tuned, target.path)
+    if warning:
+        click.echo(f"gpusync run: warning: {warning}", err=True)
     code = compile_script(target.path)
     with knobs.applied(settings, {}), as_main(target.path, words) as globs:
         exec(code, globs)  # as `python train.py ARGS`: its folder first on sys.path
-
-
-def _warn_other_script(tuned: str, script) -> None:
-    """One line on stderr when the tuned file was tuned on another script than `script`."""
-    import pathlib
-
-    import yaml
-
-    from .fileio import read_user_file
-
-    recorded = (yaml.safe_load(read_user_file(tuned, "tuned settings")) or {}).get("target")
-    if not isinstance(recorded, str) or not recorded:
-        return
-    path = pathlib.Path(recorded)
-    same = (path.resolve() == script) if path.exists() else path.name == script.name
-    if not same:
-        click.echo(f"gpusync run: warning: {tuned} was tuned on {recorded}, not on "
-                   f"{script}", err=True)
 
 
 @bench.command("overhead")

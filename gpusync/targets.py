@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from .errors import BadInput
-from .fileio import read_user_bytes
+from .fileio import read_user_bytes, read_user_file
 from .profiles import Profile, builtin_names, find_builtin, load_profile
 
 DEFAULT_TARGET = "sparsenn"
@@ -202,3 +202,16 @@ def as_main(path: Path, argv: list[str]) -> Iterator[dict[str, Any]]:
         sys.path[:] = saved_path
         if saved_main is not None:
             sys.modules["__main__"] = saved_main
+
+
+def other_script(tuned: str, script: Path) -> str | None:
+    """Why the tuned file `tuned` may not fit `script`: it records another script (by path
+    when the recorded one exists from here, else by name); None when it fits."""
+    import yaml
+
+    recorded = (yaml.safe_load(read_user_file(tuned, "tuned settings")) or {}).get("target")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    path = Path(recorded)
+    same = path.resolve() == script if path.exists() else path.name == script.name
+    return None if same else f"{tuned} was tuned on {recorded}, not on {script}"
