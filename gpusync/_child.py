@@ -54,14 +54,22 @@ def _report(session) -> dict | None:
 
 
 @contextlib.contextmanager
-def _saving_on_exit(results: _Results, last_words: Callable[[], dict[str, Any]]) -> Iterator[None]:
+def _saving_on_exit(results: _Results, last_words: Callable[[], dict[str, Any]],
+                    clean_end: Callable[[], dict[str, Any]] | None = None) -> Iterator[None]:
     """While inside, code that ends the process with os._exit(code) first leaves
     {"status": EARLY_EXIT, "code": code, **last_words()} as its result: gpusync reaches a
-    verdict about code that never returns."""
+    verdict about code that never returns. With `clean_end`, os._exit(0) is a normal end and
+    leaves clean_end() instead. Only this process's os._exit counts: a forked child (a
+    DataLoader worker) inherits the patch and ends with os._exit when its work is done."""
     real_exit = os._exit
+    pid = os.getpid()
 
     def os_exit(status: int) -> NoReturn:
-        results.write({"status": isolate.EARLY_EXIT, "code": status, **last_words()})
+        if os.getpid() == pid:
+            if status == 0 and clean_end is not None:
+                results.write(clean_end())
+            else:
+                results.write({"status": isolate.EARLY_EXIT, "code": status, **last_words()})
         real_exit(status)
 
     os._exit = os_exit
@@ -94,6 +102,19 @@ def _snapshots(results: _Results, snapshot: Callable[[], dict[str, Any] | None]
         thread.join()
 
 
+def _is_script(job: dict) -> bool:
+    from .targets import ScriptTarget, parse_target
+
+    return isinstance(parse_target(job["target"]), ScriptTarget)
+
+
+def _write_trace(job: dict, session) -> None:
+    if job.get("trace") and session is not None:
+        from .fileio import write_atomic
+
+        write_atomic(job["trace"], json.dumps(session.trace()))
+
+
 def _scan(job: dict, results: _Results) -> None:
     from .scan import run_scan
 
@@ -108,15 +129,17 @@ def _scan(job: dict, results: _Results) -> None:
             stop.set()
             return {"report": _report(live["session"])}
 
-        with _saving_on_exit(results, last_words):
+        def clean_end() -> dict[str, Any]:  # a script's os._exit(0): its own normal end
+            stop.set()
+            _write_trace(job, live["session"])
+            return {"status": isolate.DONE, "report": _report(live["session"])}
+
+        with _saving_on_exit(results, last_words, clean_end if _is_script(job) else None):
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
                               mode=job["mode"], script_args=tuple(job["script_args"]),
                               on_session=lambda s: live.__setitem__("session", s),
                               virtual_cuda=job.get("virtual_cuda", True))
-    if job.get("trace") and live["session"] is not None:
-        from .fileio import write_atomic
-
-        write_atomic(job["trace"], json.dumps(live["session"].trace()))
+    _write_trace(job, live["session"])
     data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,

@@ -526,10 +526,10 @@ def run_cmd(tuned, command):
 
     COMMAND: `python train.py ARGS` (or `train.py ARGS`).
     """
-    import runpy
     import sys
 
     from . import knobs
+    from .targets import ScriptTarget, as_main, compile_script, other_script, parse_target
     from .tune_script import load_tuned
 
     settings = load_tuned(tuned)
@@ -538,17 +538,15 @@ def run_cmd(tuned, command):
         words = words[1:]
     if not words or not words[0].endswith(".py"):
         raise BadInput("gpusync run takes a script: gpusync run TUNED -- python train.py ARGS")
-    script = words[0]
-    from .targets import parse_target
-
-    parse_target(script)  # a clear error for a missing script
-    saved = sys.argv
-    sys.argv = words
-    try:
-        with knobs.applied(settings, {}):
-            runpy.run_path(script, run_name="__main__")
-    finally:
-        sys.argv = saved
+    target = parse_target(words[0])  # a clear error for a missing script
+    if not isinstance(target, ScriptTarget):
+        raise BadInput(f"gpusync run takes a script, not {words[0]}")
+    warning = other_script(tuned, target.path)
+    if warning:
+        click.echo(f"gpusync run: warning: {warning}", err=True)
+    code = compile_script(target.path)
+    with knobs.applied(settings, {}), as_main(target.path, words) as globs:
+        exec(code, globs)  # as `python train.py ARGS`: its folder first on sys.path
 
 
 @bench.command("overhead")

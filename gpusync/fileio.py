@@ -183,3 +183,13 @@ def read_user_file(path, what: str, limit: int | None = None) -> str:
         raise BadInput(f"cannot read {what} {path}: larger than {limit >> 10} KiB, "
                        "not a gpusync file")
     return text
+
+
+def read_user_bytes(path, what: str) -> bytes:
+    """The bytes of a file the user named (Python source: compile() reads its BOM and coding
+    cookie as the interpreter does); a one-line BadInput when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise BadInput(f"cannot read {what} {path}: {e.strerror or e}") from None

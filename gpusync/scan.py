@@ -1,23 +1,26 @@
 """Run a target under a scan Session and return its Report (and the user's error, if any)."""
 from __future__ import annotations
 
-import sys
+import contextlib
+import shutil
+import tempfile
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from .detect.session import Session, resolve_mode
+from . import _spawned
+from .detect.session import NOTHING_ON_GPU, Session, resolve_mode
 from .errors import BadInput
 from .targets import (
     FactoryTarget,
     ScriptTarget,
+    as_main,
     call_factory,
     check_requires,
     check_workload,
     compile_script,
     load_factory,
     parse_target,
-    script_dir,
 )
 
 
@@ -65,14 +68,15 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
     return _scan_factory(target, steps, warmup, mode, on_session, detect, cycle)
 
 
-def _result(session: Session, error: BaseException | None) -> ScanResult:
+def _result(session: Session, error: BaseException | None,
+            notes: list[str] | None = None) -> ScanResult:
     text, summary = "", None
     if error is not None:
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         summary = f"{type(error).__name__}: {error}"
         if isinstance(error, SystemExit):
             summary = f"the scanned code called sys.exit({error.code!r}) before the scan ended"
-    report = session.report(error=summary)
+    report = session.report(error=summary, **({"notes": notes} if notes else {}))
     return ScanResult(report=report, error=error, traceback=text)
 
 
@@ -119,6 +123,9 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
 
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
                  args: tuple, on_session, detect: bool, virtual_cuda: bool) -> ScanResult:
+    """Run the script as `python SCRIPT ARGS` runs it (targets.as_main), stopped after
+    --steps: once stopped, the report is frozen (Session.stopped), and code that swallowed
+    the stop (`except BaseException`) is stopped again at each later step boundary."""
     code = compile_script(target.path)
     session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label,
                       detect=detect, virtual_cuda=virtual_cuda)
@@ -126,34 +133,52 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         on_session(session)
     limit = None if steps is None else warmup + steps
     observer = session.on_step  # set by on_session (tune's step clock)
+    state = {"stopped": False}
 
     def stop_when_done(whole_steps: int) -> None:
+        if state["stopped"]:
+            raise _StopScan()
         if observer is not None:
             observer(whole_steps)
         if limit is not None and whole_steps >= limit:
             session.stopped()
+            state["stopped"] = True
             raise _StopScan()
 
     session.on_step = stop_when_done
-    saved_argv, saved_path0 = sys.argv, list(sys.path)
-    sys.argv = [str(target.path), *args]
-    sys.path.insert(0, script_dir(target.path))
-    main_module = sys.modules["__main__"]
-    globs = {"__name__": "__main__", "__file__": str(target.path), "__builtins__": __builtins__}
     error: BaseException | None = None
-    try:
-        with session:
-            try:
-                exec(code, globs)
-            except _StopScan:
-                pass
-            except SystemExit as e:  # the script's own end, unless it reports a failure
-                if e.code not in (None, 0):
+    with _spawned_children(session.virtual_cuda) as children:
+        with as_main(target.path, [target.label, *args]) as globs:
+            with session:
+                try:
+                    exec(code, globs)
+                except _StopScan:
+                    pass
+                except SystemExit as e:  # the script's own end, unless it reports a failure
+                    if e.code not in (None, 0):
+                        error = e
+                except Exception as e:
                     error = e
-            except Exception as e:
-                error = e
+        spawned = children()
+    if state["stopped"]:  # what ran after the scan stopped it is not the scan's
+        error = None
+    result = _result(session, error, notes=_spawned.notes(spawned))
+    if _spawned.placed(spawned):  # the script's device work ran in its spawned processes
+        result.report.notes = [n for n in result.report.notes if n != NOTHING_ON_GPU]
+    return result
+
+
+@contextlib.contextmanager
+def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[dict]]]:
+    """While inside, processes the script spawns run on the virtual CUDA device too
+    (gpusync/_spawned.py); yields the function that reads what they wrote once they ended."""
+    if not virtual:
+        yield list
+        return
+    folder = tempfile.mkdtemp(prefix="gpusync-spawned-")
+    handle = _spawned.redirect(folder)
+    try:
+        yield lambda: _spawned.read(folder)
     finally:
-        sys.argv = saved_argv
-        sys.path[:] = saved_path0
-        sys.modules["__main__"] = main_module
-    return _result(session, error)
+        handle.remove()
+        shutil.rmtree(folder, ignore_errors=True)

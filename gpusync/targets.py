@@ -9,17 +9,21 @@
 """
 from __future__ import annotations
 
+import builtins
+import contextlib
 import importlib
+import importlib.machinery
 import importlib.util
 import inspect
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .errors import BadInput
-from .fileio import read_user_file
+from .fileio import read_user_bytes, read_user_file
 from .profiles import Profile, builtin_names, find_builtin, load_profile
 
 DEFAULT_TARGET = "sparsenn"
@@ -161,12 +165,55 @@ def check_workload(obj, spec: str):
 
 
 def compile_script(path: Path):
-    text = read_user_file(path, "script")
+    """The script's code, compiled from its bytes as `python path` does: a UTF-8 BOM and a
+    PEP 263 coding cookie are read, not taken for text."""
+    source = read_user_bytes(path, "script")
     try:
-        return compile(text, str(path), "exec")
+        return compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as e:
         raise BadInput(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except ValueError as e:  # null bytes
+        raise BadInput(f"cannot compile {path}: {e}") from None
 
 
 def script_dir(path: Path) -> str:
     return os.path.dirname(str(path))
+
+
+@contextlib.contextmanager
+def as_main(path: Path, argv: list[str]) -> Iterator[dict[str, Any]]:
+    """While inside, the process looks as `python path argv[1:]` makes it look: a fresh module
+    registered as sys.modules["__main__"] (so pickle, copy and multiprocessing's spawn find the
+    script's own classes and functions there), with the globals the interpreter gives a
+    script (__spec__ None, a SourceFileLoader), sys.argv = argv and the script's folder first
+    on sys.path. Yields the module's globals, to exec the script's code in. All restored
+    after."""
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=str(path), __cached__=None, __spec__=None,
+                           __package__=None, __builtins__=builtins,
+                           __loader__=importlib.machinery.SourceFileLoader("__main__",
+                                                                           str(path)))
+    saved_argv, saved_path, saved_main = sys.argv, list(sys.path), sys.modules.get("__main__")
+    sys.argv = list(argv)
+    sys.path.insert(0, script_dir(path))
+    sys.modules["__main__"] = module
+    try:
+        yield module.__dict__
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
+def other_script(tuned: str, script: Path) -> str | None:
+    """Why the tuned file `tuned` may not fit `script`: it records another script (by path
+    when the recorded one exists from here, else by name); None when it fits."""
+    import yaml
+
+    recorded = (yaml.safe_load(read_user_file(tuned, "tuned settings")) or {}).get("target")
+    if not isinstance(recorded, str) or not recorded:
+        return None
+    path = Path(recorded)
+    same = path.resolve() == script if path.exists() else path.name == script.name
+    return None if same else f"{tuned} was tuned on {recorded}, not on {script}"

@@ -10,6 +10,7 @@ from .cuda import CudaExtras, StallTimer
 from .ops import OpDetector
 from .phases import PhaseTracker
 from .recorder import Recorder
+from .steps import Steps
 
 MODES = ("auto", "simulate", "cuda")
 NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
@@ -55,6 +56,7 @@ class Session:
         self.warmup = warmup
         self.target = target
         self._installed: list = []
+        self._frozen_steps: Steps | None = None  # as they were when the scan stopped the run
 
     def __enter__(self) -> "Session":
         try:
@@ -130,13 +132,17 @@ class Session:
         self.tracker.steps.on_boundary = callback
 
     def stopped(self) -> None:
-        """The run was stopped at a step boundary: the step that just began is not whole."""
+        """The run was stopped at a step boundary: the step that just began is not whole, and
+        the report is frozen here (code that swallows the stop and runs on is not counted)."""
         self.tracker.steps.stopped = True
+        if self._frozen_steps is None:
+            self._frozen_steps = self.tracker.steps.result()
+            self.recorder.closed = True
 
     def report(self, **kwargs):
         from ..report import build_report
 
-        steps = self.tracker.steps.result()
+        steps = self._frozen_steps or self.tracker.steps.result()
         events = list(self.events)
         for i, e in enumerate(events):
             e.step = steps.step_of(i)

@@ -35,23 +35,23 @@ FACTORY = textwrap.dedent('''
 ''')
 
 
-def test_os_exit_zero_is_exit_3_with_what_was_measured(tmp_path):
-    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(0)\n")
+def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
+    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
     proc = gpusync("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
-    assert "os._exit(0)" in proc.stderr
+    assert "os._exit(1)" in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["steps"] == 4
     assert [s["op"] for s in report["sites"] if not s["setup"]] == ["item"]
-    assert "os._exit(0)" in report["error"]
+    assert "os._exit(1)" in report["error"]
 
 
 def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP)
     assert gpusync("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
-    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(0)\n")
+    (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
     gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
-    assert gate.returncode == 3 and "os._exit(0)" in gate.stderr
+    assert gate.returncode == 3 and "os._exit(1)" in gate.stderr
     assert gate.stdout == ""  # no verdict: what ran goes to stderr, before the reason
     assert "gpusync scan of train.py" in gate.stderr and "train.py:8" in gate.stderr
     base = gpusync("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
