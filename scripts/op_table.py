@@ -1,12 +1,11 @@
 """Regenerate docs/rules.md's op table from the OpInfo differential (gpusync/devtools/opdb.py).
 
-    python scripts/op_table.py            # run the differential (CI budget), rewrite the table
-    python scripts/op_table.py --check    # exit 1 if the committed table is stale
-    python scripts/op_table.py --all      # every sample of every op (about 4x longer): print
-                                          # the differences, write nothing
+    python scripts/op_table.py                # run the differential, rewrite the table
+    python scripts/op_table.py --check        # exit 1 if the committed table is stale
+    python scripts/op_table.py --ops nonzero  # those ops only: print, write nothing
 
-The table carries the CI budget's run, so the test (tests/trust/test_opdb_differential.py)
-can check it is current. Run with one BLAS thread, as the tests do:
+The table carries the test's budget (opdb.CI), so tests/trust/test_opdb_differential.py can
+check it is current. Run with one BLAS thread, as the tests do:
 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1.
 """
 from __future__ import annotations
@@ -24,18 +23,21 @@ from gpusync.devtools.opdb_known import KNOWN  # noqa: E402
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only check the committed table")
-    parser.add_argument("--all", action="store_true",
-                        help="every sample; print the differences, write nothing")
+    parser.add_argument("--ops", nargs="+", metavar="NAME",
+                        help="run these ops only; print their rows and differences")
     args = parser.parse_args()
-    budget = opdb.Budget(None, None) if args.all else opdb.CI
-    results = opdb.run(budget=budget)
+    ops = opdb.op_db()
+    if args.ops:
+        ops = [op for op in ops if opdb.op_name(op) in args.ops]
+    results = opdb.run(ops)
     unexplained = [r for r in results if r.differences and r.name not in KNOWN]
     for r in unexplained:
         print(f"{r.name}: " + "\n    ".join(r.differences[:5]), file=sys.stderr)
-    if args.all:
-        print(f"{len(unexplained)} ops differ unexplained", file=sys.stderr)
+    if args.ops:
+        for r in results:
+            print(f"{r.name}: {opdb_table.verdict(r)} | {opdb_table.outcome(r)}")
         return 1 if unexplained else 0
-    section = opdb_table.render(results, budget)
+    section = opdb_table.render(results)
     if args.check:
         stale = section != opdb_table.committed()
         print("docs/rules.md: the op table is " + ("stale" if stale else "current"),

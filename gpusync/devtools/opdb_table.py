@@ -79,10 +79,10 @@ def render(results: list[OpResult], budget: Budget = CI) -> str:
         "again in a scan on the virtual CUDA device (inputs moved with `.to(\"cuda\")`); "
         "outputs, dtypes, shapes, strides, `device`, `requires_grad`, input gradients and "
         "exceptions are compared (`gpusync/devtools/opdb.py`). Budget: one dtype per op "
-        f"(float32 where it runs), the first {budget.samples} samples of the function and "
-        f"{budget.variant_samples} of its method and in-place variants, gradients of float32 "
-        "samples. The syncs column is what gpusync's rules recorded on those samples: "
-        "label, then in how many of the calls.",
+        f"(float32 where it runs), {_count(budget.samples)} of the function and "
+        f"{_count(budget.variant_samples)} of its method and in-place variants, gradients "
+        "of float32 samples. The syncs column is what gpusync's rules recorded on those "
+        "samples: label, then in how many of the calls.",
         "",
         f"**Coverage**: {len(results)} OpInfos; {len(cuda)} with a CUDA kernel, all run; "
         f"{len(same)} identical on the virtual device "
@@ -99,6 +99,10 @@ def render(results: list[OpResult], budget: Budget = CI) -> str:
                      f"{outcome(r)} |")
     lines.append(END)
     return "\n".join(lines) + "\n"
+
+
+def _count(samples: int | None) -> str:
+    return "every sample" if samples is None else f"the first {samples} samples"
 
 
 def committed(doc: pathlib.Path = DOC) -> str:
