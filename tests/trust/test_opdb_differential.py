@@ -4,15 +4,23 @@ can see (values, dtypes, shapes, strides, devices, requires_grad, gradients, exc
 the same, but for the differences gpusync/devtools/opdb_known.py lists with their reasons.
 The budget is opdb.CI (every sample, one dtype per op: about 30 s of CPU); docs/rules.md's
 op table is that run's."""
+import os
+from unittest import mock
+
 import pytest
 
+from gpusync.detect import native
 from gpusync.devtools import opdb, opdb_table
 from gpusync.devtools.opdb_known import HOST_OUTPUTS, KNOWN, SHAPE_ONLY
 
 
 @pytest.fixture(scope="module")
 def results():
-    return opdb.run()
+    """One run for the module, with the compiled observer scans use (the Python dispatch
+    mode's known gap, composite ops' allocations, is in README's "Without a GPU")."""
+    with mock.patch.dict(os.environ, {"GPUSYNC_OBSERVER": "native"}):
+        assert native.load() is not None, native.failure()
+        return opdb.run()
 
 
 def test_every_cuda_op_runs(results):
