@@ -226,13 +226,13 @@ def run_call(fn: Callable, sample, world, grad: bool) -> Call:
 def _gradient(call: Call, sample, out, leaves_in: list, world) -> None:
     """Backward of the sum of the float outputs (after the sample's own output processing):
     the input gradients, and the syncs backward made."""
-    processed = sample.output_process_fn_grad(out)
-    floats = [t for t in tree_flatten(processed)[0] if isinstance(t, Tensor)
-              and t.requires_grad and (t.is_floating_point() or t.is_complex())]
-    if not floats:
-        return
     mark = world.mark()
     try:
+        processed = sample.output_process_fn_grad(out)
+        floats = [t for t in tree_flatten(processed)[0] if isinstance(t, Tensor)
+                  and t.requires_grad and (t.is_floating_point() or t.is_complex())]
+        if not floats:
+            return
         sums = [torch.view_as_real(t).sum() if t.is_complex() else t.sum() for t in floats]
         grads = torch.autograd.grad(functools.reduce(operator.add, sums), leaves_in,
                                     allow_unused=True)
