@@ -7,7 +7,7 @@ values, dtypes, shapes, strides, requires_grad, the device each output reports (
 CUDA puts it), input gradients, and exceptions. Every sync the scan recorded while an op ran
 (forward) or while its gradient was taken (backward) is kept as the op's verdict.
 
-The budget (Budget; CI is the test's, about 30 s of CPU for ~23,000 calls, and
+The budget (Budget; CI is the test's, about 25 s of CPU for ~24,000 calls, and
 scripts/op_table.py uses the same, so the table docs/rules.md carries is the one the test
 checks): one dtype per op (float32 where both the CPU and CUDA support it, else the first dtype
 both support), every sample of the function, method and in-place variants, gradients only for

@@ -2,7 +2,7 @@
 CUDA kernel runs its samples plainly and in a scan on the virtual device, and what the code
 can see (values, dtypes, shapes, strides, devices, requires_grad, gradients, exceptions) is
 the same, but for the differences gpusync/devtools/opdb_known.py lists with their reasons.
-The budget is opdb.CI (every sample, one dtype per op: about 30 s of CPU); docs/rules.md's
+The budget is opdb.CI (every sample, one dtype per op: about 25 s of CPU); docs/rules.md's
 op table is that run's."""
 import os
 from unittest import mock
