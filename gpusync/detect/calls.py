@@ -124,7 +124,14 @@ class CallLayers:
         def handler(call, args, kwargs):
             if kwargs.get("device") is not None or (virtual and kwargs.get("pin_memory")):
                 return det.handle_factory(call, args, kwargs, data_at)
-            return call(*args, **kwargs)
+            out = call(*args, **kwargs)
+            # In a backward pass the observer takes a factory handed a device for a backward
+            # formula's `at::zeros(sizes, grad.options())` (on the gradients' device); Python
+            # passes its default device the same way, and with no device= it is host memory
+            if (virtual and torch._C._current_graph_task_id() != -1
+                    and isinstance(out, Tensor) and torch.get_default_device().type == "cpu"):
+                det.host.mark_host(out)
+            return out
 
         return self._handled(name, handler)
 

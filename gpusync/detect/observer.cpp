@@ -12,6 +12,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <algorithm>
@@ -59,6 +60,7 @@ struct Frame {
   bool recorded;
   bool all_host;
   bool has_tensor;
+  bool names_device;   // a Device argument (a factory given TensorOptions with a device)
   Impl* self_host;     // the first argument, when it is a host tensor (in-place ops)
   uint64_t inner_at;   // inner_ops_ when the op began
 };
@@ -172,15 +174,16 @@ class Observer {
   bool start(const at::RecordFunction& fn) {
     if (opaque_depth_ > 0) {  // an opaque op's inner op: only counted
       ++inner_ops_;
-      stack_.push_back(Frame{nullptr, false, false, true, false, nullptr, 0});
+      stack_.push_back(Frame{nullptr, false, false, true, false, false, nullptr, 0});
       return false;
     }
     OpInfo& info = info_of(fn);
-    Frame f{&info, true, false, true, false, nullptr, inner_ops_};
+    Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
     if (info.flags & kOpaque) ++opaque_depth_;
     auto inputs = fn.inputs();
     Inputs seen;
     for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].isDevice()) f.names_device = true;
       each_tensor(inputs[i], [&](const at::Tensor& t) {
         if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
         f.has_tensor = true;
@@ -216,9 +219,11 @@ class Observer {
     const auto& outputs = fn.outputs();
     if (f.recorded && needs_grad(outputs)) recorded(outputs);
     if (flags & kKeep) return;
-    if ((flags & kLift) || (f.all_host && !(device_default > 0 && !f.has_tensor))) {
+    const bool for_device =
+        !f.has_tensor && (device_default > 0 || (f.names_device && context_on_device()));
+    if ((flags & kLift) || (f.all_host && !for_device)) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
-    } else if (device_default > 0 && !f.has_tensor) {
+    } else if (for_device) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_device(t); });
     } else if (f.self_host != nullptr) {  // an in-place op on a host tensor with device inputs
       for (const auto& o : outputs) {
@@ -227,6 +232,18 @@ class Observer {
         });
       }
     }
+  }
+
+  // A factory that was handed a device (TensorOptions) from C++ code: `at::zeros(sizes,
+  // grad.options())` in a backward formula, or a composite op's allocation from its input's
+  // options. On CUDA that device is the tensor's it came from: the inputs of the op it runs
+  // in, or, at the top of a backward pass, the gradients'. (A Python-level factory given
+  // device= is decided again by its call layer, detect/calls.py.)
+  bool context_on_device() const {
+    for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
+      if (it->visible && it->has_tensor) return !it->all_host;
+    }
+    return torch::autograd::get_current_graph_task_id() != -1;
   }
 
   void reset_stack() {

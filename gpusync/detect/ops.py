@@ -37,7 +37,7 @@ from .calls import CallLayers
 from .frames import source_line
 from .phases import remember_forward
 from .recorder import Recorder
-from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, QUIET, SCALAR_LABELS
+from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, QUIET, SCALAR_LABELS, cpu_branch_only
 from .virtual_cuda import VirtualCuda, current_device, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
@@ -332,7 +332,7 @@ class OpDetector:
     def judge(self, rule, args, kwargs, overload: str) -> bool:
         """Record the sync an op with a rule makes on CUDA, if it makes one."""
         label = rule(args, kwargs, self.host.on_device, overload)
-        if label is None:
+        if label is None or (not self.real and cpu_branch_only()):
             return False
         if label == QUIET:  # CUDA reads nothing here: what the CPU kernel reads is no sync
             return not self.rec.suppressed()
@@ -560,6 +560,14 @@ def _has_tensor(items) -> bool:
                for a in items)
 
 
+def _options_in_backward(kwargs) -> bool:
+    """A factory handed a device in a backward formula (`at::zeros(sizes, grad.options())`):
+    on CUDA the gradients' device (observer.cpp's context_on_device; this mode cannot see
+    the op a factory runs in, so forward composites are not covered here)."""
+    return (isinstance(kwargs.get("device"), torch.device)
+            and torch._C._current_graph_task_id() != -1)
+
+
 def _all_host(items, ids) -> bool:
     for a in items:
         if isinstance(a, Tensor):
@@ -607,7 +615,8 @@ class _DispatchMode(TorchDispatchMode):
         if key in _LIFT_IDS:  # torch.tensor(data) / Python scalars enter here: host memory
             det.host.mark_host(out)
             return out
-        if det.device_default and not _has_tensor(args) and not _has_tensor(kwargs.values()):
+        if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
+                det.device_default or _options_in_backward(kwargs)):
             for t in _outputs(out):
                 det.host.mark_device(t)
             return out

@@ -205,6 +205,23 @@ def _sparse_operand(args, kwargs, dev, overload=""):
     return None
 
 
+# Backward nodes whose C++ formula reads a value on the host only on its CPU branch, which is the
+# one a virtual CUDA run takes: FunctionsManual.cpp evenly_distribute_backward (full-reduction
+# max / min / median / nanmedian) runs `mask * (grad / mask.sum())` when `input.is_cuda()`, and
+# `value.isnan().item()` plus a masked_fill_ with a tensor value otherwise. What a rule finds
+# inside them is not a CUDA sync (the OpInfo differential, docs/rules.md's op table, shows it).
+CPU_BRANCH_NODES = frozenset({"MaxBackward1", "MinBackward1", "MedianBackward0",
+                              "NanmedianBackward0"})
+
+
+def cpu_branch_only() -> bool:
+    """Inside a backward node of CPU_BRANCH_NODES (asked only once a rule found a sync)."""
+    if torch._C._current_graph_task_id() == -1:
+        return False
+    node = torch._C._current_autograd_node()
+    return node is not None and node.name() in CPU_BRANCH_NODES
+
+
 # OpOverloadPacket -> rule. Ops absent here are sync-free on CUDA.
 DISPATCH_RULES: dict[Any, Rule] = {
     aten._local_scalar_dense: _self_on_dev("item"),
