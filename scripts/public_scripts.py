@@ -273,7 +273,19 @@ def doc_details(r: Result) -> list[str]:
     return out + [""]
 
 
-def write_doc(path: Path, results: list[Result], python: str) -> None:
+def doc_classes(classes: list[dict[str, Any]]) -> list[str]:
+    out = ["## Classes found, with minimal repros", "",
+           "Run each repro plainly and under `python -m gpusync scan FILE` (a repro that",
+           "names \"cuda\" runs on a GPU or under the scan only).", ""]
+    for c in classes:
+        out += [f"### {c['name']} ({c['status']})", "",
+                f"- scripts: {', '.join(c.get('scripts', []))}",
+                f"- effect: {c['effect']}", "", "```python", c["repro"].rstrip(), "```", ""]
+    return out
+
+
+def write_doc(path: Path, results: list[Result], python: str,
+              classes: list[dict[str, Any]]) -> None:
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# gpusync scan on public PyTorch training scripts", "",
              f"Run {now}, gpusync commit {gpusync_commit()}, torch "
@@ -289,6 +301,7 @@ def write_doc(path: Path, results: list[Result], python: str) -> None:
     lines += ["", "## Per script", ""]
     for r in results:
         lines += doc_details(r)
+    lines += doc_classes(classes)
     path.write_text("\n".join(lines))
 
 
@@ -304,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--python", default=sys.executable)
     args = ap.parse_args(argv)
     root = Path(args.root)
-    entries = yaml.safe_load(Path(args.manifest).read_text())["scripts"]
+    manifest = yaml.safe_load(Path(args.manifest).read_text())
+    entries = manifest["scripts"]
     if args.only:
         entries = [e for e in entries if e["name"] in args.only]
     results = []
@@ -319,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = args.doc if args.doc is not None else \
         ("" if args.only else str(REPO / "docs" / "public-scripts.md"))
     if doc:
-        write_doc(Path(doc), results, args.python)
+        write_doc(Path(doc), results, args.python, manifest.get("classes", []))
     return 0 if all(r.verdict == "ok" for r in results) else 1
 
 
