@@ -295,7 +295,11 @@ def write_doc(path: Path, results: list[Result], python: str,
              "docstring). Expected sites are read off each script against CUDA's kernels; the",
              "reasoning is in each entry's notes. Plain runs take the CPU branch, scans the",
              "virtual GPU's, so lines that print the device are normalised (`normalize` in the",
-             "manifest).", "",
+             "manifest). Re-run the whole campaign from the repository root with",
+             "`PYTHONPATH=. OMP_NUM_THREADS=1 /work/main/.venv/bin/python",
+             "scripts/public_scripts.py --root /work/public_scripts` (the fetched scripts,",
+             "their stand-ins in",
+             "`_stubs/site-packages` and PATCHES.md, which lists every edit, live there).", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     lines += ["", "## Per script", ""]
