@@ -156,8 +156,9 @@ class CallLayers:
             for name in _NAMING:
                 add(Tensor, name, self._naming(name))
             one_hot = self._handled("one_hot", det.handle_one_hot)
-            add(torch.nn.functional, "one_hot", one_hot)
             add(torch._C._nn, "one_hot", one_hot)
+            self._handles.append(patches.add_alias(torch.nn.functional, "one_hot", torch._C._nn,
+                                                   "one_hot"))
             self._handles += patches.add_property_layer(
                 Tensor, "data", set=self._handled("data", det.handle_set_data))
             for name in factory_names():

@@ -10,7 +10,9 @@ handled the same way: a session's mode is taken out wherever it sits, not popped
 from __future__ import annotations
 
 import functools
+import sys
 import threading
+import types
 from typing import Any, Callable
 
 _lock = threading.RLock()
@@ -29,25 +31,168 @@ def _through(layers: list[Layer], call: Callable[..., Any], *args, **kwargs):
     return call(*args, **kwargs)
 
 
+class _Builtin:
+    """Stands in for a C function (torch.zeros, F.one_hot): called like it, and seen like it by
+    the code that inspects it. A Python function in its place would bind as a method when
+    stored on a class, gain a source file, pickle by a name that leads elsewhere, and be unknown
+    to TorchScript. `__class__` answers the original's type (isinstance, inspect.isbuiltin);
+    attributes not copied here are the original's (__self__, __text_signature__)."""
+
+    def __init__(self, original: Any, layers: list[Layer]):
+        self._layers, self.__wrapped__ = layers, original
+        self._home: tuple[Any, str] = (None, "")  # (owner, name) it is installed as
+        for name in ("__name__", "__qualname__", "__doc__"):
+            setattr(self, name, getattr(original, name, None))
+
+    def __call__(self, *args, **kwargs):
+        return _through(self._layers, self.__wrapped__, *args, **kwargs)
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__wrapped__, name)
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+    def __reduce__(self):  # pickled as the original is: by where it lives
+        return self.__wrapped__.__reduce__()
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class _BuiltinFunction(_Builtin):
+    def __init__(self, original: Any, layers: list[Layer]):
+        super().__init__(original, layers)
+        self.__module__ = original.__module__
+
+    def __reduce__(self):
+        """By name where that name leads to this object (torch.zeros), as pickle does for a
+        C function; otherwise as the original reduces."""
+        module = sys.modules.get(self.__module__ or "")
+        if getattr(module, self.__name__ or "", None) is self:
+            return self.__name__
+        return super().__reduce__()
+
+
+# Named as the types they stand for: `type(f).__name__`, and messages that print it
+# (inspect.getfile's TypeError), read the same.
+_BuiltinFunction.__name__ = _BuiltinFunction.__qualname__ = "builtin_function_or_method"
+
+
+class _MethodDescriptor(_Builtin):
+    """A C method of a class (Tensor.to, Tensor.__getitem__): binds to its instance, has no
+    __module__, as the original."""
+
+    def __get__(self, obj, cls=None):
+        return self if obj is None else types.MethodType(self, obj)
+
+    @property
+    def __module__(self):  # type: ignore[override]
+        raise AttributeError("__module__")
+
+    def __reduce__(self):  # by the class it is installed on: unpickles to this object
+        return getattr, self._home
+
+
+class _Function(_Builtin):
+    """A Python function (torch.cuda.is_available, Tensor.__repr__): binds as one, and its
+    __code__, __globals__, source file are the original's (inspect, TorchScript)."""
+
+    def __init__(self, original: Any, layers: list[Layer]):
+        super().__init__(original, layers)
+        self.__module__ = original.__module__
+
+    def __get__(self, obj, cls=None):
+        return self if obj is None else types.MethodType(self, obj)
+
+    def __reduce__(self):
+        """By its qualified name, as pickle saves a function, where that leads to this object;
+        otherwise by the attribute it is installed as."""
+        found: Any = sys.modules.get(self.__module__ or "")
+        for part in (self.__qualname__ or "").split("."):
+            found = getattr(found, part, None)
+        if found is self:
+            return self.__qualname__
+        owner, name = self._home
+        return name if isinstance(owner, types.ModuleType) else (getattr, self._home)
+
+
+_Function.__name__ = _Function.__qualname__ = "function"
+
+
+@functools.cache
+def _descriptor_class(kind: type) -> type:
+    """_MethodDescriptor named as `kind` (method_descriptor, wrapper_descriptor)."""
+    return type(kind.__name__, (_MethodDescriptor,),
+                {"__slots__": (), "__module__": vars(_MethodDescriptor)["__module__"]})
+
+
+def _builtin_table() -> dict[int, str]:
+    """TorchScript's table of the Python callables it compiles as aten ops, keyed by id(); built
+    before any of ours is installed, so that it holds torch's own functions."""
+    from torch.jit import _builtins
+
+    return _builtins._get_builtin_table()
+
+
 class _Slot:
     def __init__(self, owner: Any, name: str):
         self.owner, self.name = owner, name
         self.own = name in vars(owner)
         self.original = vars(owner)[name] if self.own else getattr(owner, name)
         self.layers: list[Layer] = []
+        self.scripted = False
         layers, original = self.layers, self.original
-
-        @functools.wraps(original)
-        def wrapper(*args, **kwargs):
-            return _through(layers, original, *args, **kwargs)
-
+        wrapper: Any
+        if isinstance(original, types.FunctionType):
+            wrapper = _Function(original, layers)
+        elif isinstance(original, types.BuiltinFunctionType):
+            wrapper = _BuiltinFunction(original, layers)
+        elif isinstance(original, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+            wrapper = _descriptor_class(type(original))(original, layers)  # type: ignore[arg-type]
+        else:
+            @functools.wraps(original)
+            def wrapper(*args, **kwargs):
+                return _through(layers, original, *args, **kwargs)
+        table = _builtin_table()
+        op = table.get(id(original))
+        if op is not None:  # a scripted function calling torch.zeros compiles to aten::zeros
+            table[id(wrapper)] = op
+            self.scripted = True
+        if isinstance(wrapper, _Builtin):
+            wrapper._home = (owner, name)
+        self.wrapper = wrapper
         setattr(owner, name, wrapper)
 
     def restore(self) -> None:
+        if self.scripted:
+            _builtin_table().pop(id(self.wrapper), None)
         if self.own:
             setattr(self.owner, self.name, self.original)
         else:  # it was inherited: remove ours, leave no copy behind
             delattr(self.owner, self.name)
+
+
+class _GetSet(property):
+    """A property (its getter runs in C, as a getset's does) that is seen as the getset it
+    replaces: its type, name and class."""
+
+    @property  # type: ignore[misc]
+    def __class__(self):
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__wrapped__, name)
+
+
+_GetSet.__name__ = _GetSet.__qualname__ = "getset_descriptor"
 
 
 class _PropertySlot:
@@ -62,12 +207,30 @@ class _PropertySlot:
         self.set_layers: list[Layer] = []
         get, set_ = self.original.__get__, self.original.__set__
         getters, setters = self.get_layers, self.set_layers
-        setattr(owner, name, property(lambda obj: _through(getters, get, obj),
-                                      lambda obj, value: _through(setters, set_, obj, value),
-                                      doc=getattr(self.original, "__doc__", None)))
+        setattr(owner, name, _GetSet(lambda obj: _through(getters, get, obj),
+                                     lambda obj, value: _through(setters, set_, obj, value),
+                                     doc=getattr(self.original, "__doc__", None)))
+        vars(owner)[name].__wrapped__ = self.original
 
     def empty(self) -> bool:
         return not self.get_layers and not self.set_layers
+
+    scripted = False
+    restore = _Slot.restore
+
+
+class _AliasSlot:
+    """owner.name made the very object source.name is now (F.one_hot is torch._C._nn.one_hot:
+    so both stay one object, which pickle checks); `layers` holds its users."""
+
+    scripted = False
+
+    def __init__(self, owner: Any, name: str, source: Any, source_name: str):
+        self.owner, self.name = owner, name
+        self.own = name in vars(owner)
+        self.original = vars(owner)[name] if self.own else getattr(owner, name)
+        self.layers: list[Any] = []
+        setattr(owner, name, getattr(source, source_name))
 
     restore = _Slot.restore
 
@@ -75,7 +238,7 @@ class _PropertySlot:
 class Handle:
     """Removes one layer; safe to call twice."""
 
-    def __init__(self, key: tuple[int, str], layer: Layer):
+    def __init__(self, key: tuple[int, str], layer: Any):
         self._key, self._layer = key, layer
 
     def remove(self) -> None:
@@ -109,6 +272,17 @@ def add_layer(owner: Any, name: str, layer: Layer) -> Handle:
             slot = _slots[key] = _Slot(owner, name)
         slot.layers.append(layer)
     return Handle(key, layer)
+
+
+def add_alias(owner: Any, name: str, source: Any, source_name: str) -> Handle:
+    """owner.name is source.name (already wrapped by add_layer) until the handle is removed."""
+    key, token = (id(owner), name), object()
+    with _lock:
+        slot = _slots.get(key)
+        if slot is None:
+            slot = _slots[key] = _AliasSlot(owner, name, source, source_name)
+        slot.layers.append(token)
+    return Handle(key, token)
 
 
 def add_property_layer(owner: Any, name: str, get: Layer | None = None,

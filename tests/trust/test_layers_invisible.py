@@ -1,0 +1,133 @@
+"""gpusync's call layers (detect/patches.py) are invisible to the code they wrap, and the
+virtual device does not change what a script computes: each script here prints the same lines
+run plainly (`python x.py`) and under `gpusync scan` (whose stderr carries the script's own
+output). Lines the scripts print start with "|"; the rest is gpusync's."""
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import DETERMINISTIC, run_main
+
+
+def outputs(tmp_path, capfd, source: str, name: str = "x.py") -> tuple[list[str], list[str]]:
+    """(plain run's lines, scanned run's lines) of the script `source`. The scanned script runs
+    in gpusync's child process, which writes to this process's stderr (capfd)."""
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    plain = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
+                           timeout=300, cwd=tmp_path, env={**os.environ, **DETERMINISTIC})
+    assert plain.returncode == 0, plain.stderr
+    capfd.readouterr()
+    scan = run_main("scan", path, cwd=tmp_path)
+    child = capfd.readouterr().err
+    assert "the scanned code raised" not in scan.stderr, scan.stderr + child
+    mine = [ln for ln in plain.stdout.splitlines() if ln.startswith("|")]
+    assert mine, "the script prints what it computed"
+    return mine, [ln for ln in child.splitlines() if ln.startswith("|")]
+
+
+def assert_same(tmp_path, capfd, source: str) -> list[str]:
+    plain, scanned = outputs(tmp_path, capfd, source)
+    assert scanned == plain
+    return plain
+
+
+def test_torchscript_compiles_while_the_scan_runs(tmp_path, capfd):
+    """torchrec imports _apply_optimizer_in_backward, which scripts functions whose globals hold
+    gpusync's wrappers; scripted code calling wrapped factories compiles to the same aten ops."""
+    assert_same(tmp_path, capfd, """
+        import torch
+        from torch.distributed.optim import _apply_optimizer_in_backward  # noqa: F401
+
+        @torch.jit.script
+        def f(x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(3) + x.sum() + torch.tensor([1.0, 2.0, 3.0])
+
+        class M(torch.nn.Module):
+            def forward(self, x):
+                y = torch.ones(2, dtype=torch.float64)
+                return x.to(torch.float64) + y + torch.zeros(2)
+
+        print("|", f(torch.ones(2)).tolist())
+        print("|", torch.jit.script(M())(torch.ones(2)).tolist())
+        print("|", torch.jit.trace(M(), torch.ones(2))(torch.full((2,), 3.0)).tolist())
+        print("|", "aten::zeros" in str(f.graph))
+        """)
+
+
+def test_wrapped_torch_functions_look_like_the_originals(tmp_path, capfd):
+    """inspect, pickle and copy see torch's own callables; a C function stored on a class
+    does not bind; Tensor methods have no __module__."""
+    assert_same(tmp_path, capfd, """
+        import copy, functools, inspect, pickle
+        import torch
+        import torch.nn.functional as F
+
+        def show(*a):
+            print("|", *a)
+
+        def probe(what, fn, f):
+            try:
+                show(" ", what, fn(f))
+            except Exception as e:
+                show(" ", what, type(e).__name__)
+
+        fns = {"zeros": torch.zeros, "tensor": torch.tensor, "one_hot": F.one_hot,
+               "Tensor.to": torch.Tensor.to, "Tensor.__getitem__": torch.Tensor.__getitem__,
+               "Tensor.tolist": torch.Tensor.tolist, "Tensor.__repr__": torch.Tensor.__repr__,
+               "cuda.is_available": torch.cuda.is_available, "compile": torch.compile}
+        for name, f in fns.items():
+            show(name, type(f).__name__, inspect.isbuiltin(f), inspect.ismethoddescriptor(f),
+                 inspect.isroutine(f), inspect.isfunction(f), repr(f).split(" at 0x")[0])
+            show(" ", getattr(f, "__module__", "NO"), f.__qualname__, f.__name__,
+                 (f.__doc__ or "")[:30].replace("\\n", " "), getattr(f, "__self__", "NO"))
+            probe("signature", inspect.signature, f)
+            probe("file", inspect.getfile, f)
+            probe("source", lambda f: inspect.getsource(f)[:20], f)
+            probe("unwrap", lambda f: inspect.unwrap(f) is inspect.unwrap(inspect.unwrap(f)), f)
+            show(" copies", pickle.loads(pickle.dumps(f)) is f, copy.deepcopy(f) is f,
+                 copy.copy(f) is f)
+
+        class Config:
+            make = torch.zeros
+            hot = F.one_hot
+        show("class attribute", Config().make(2), Config.hot(torch.tensor([0, 1])).tolist())
+        show("partial", pickle.loads(pickle.dumps(functools.partial(torch.zeros, 3)))())
+        show(F.one_hot is torch._C._nn.one_hot)
+        x = torch.arange(4.)
+        show(x.to.__name__, type(x).__name__, x.to(torch.float64).dtype)
+        cpu = torch.device("cpu")
+        show(isinstance(x, torch.Tensor), type(x) is torch.Tensor,
+             type(cpu) is torch.device, isinstance(cpu, torch.device))
+        show(type(torch.Tensor.data).__name__, torch.Tensor.data.__name__,
+             inspect.isdatadescriptor(torch.Tensor.device), torch.Tensor.device.__objclass__)
+        """)
+
+
+def test_tensors_modules_optimizers_save_and_copy_as_plainly(tmp_path, capfd):
+    assert_same(tmp_path, capfd, """
+        import copy, io, pickle
+        import torch
+
+        def show(*a):
+            print("|", *a)
+
+        torch.manual_seed(0)
+        m = torch.nn.Linear(2, 2)
+        opt = torch.optim.Adam(m.parameters(), lr=0.1)
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        x = torch.arange(4.)
+        buf = io.BytesIO()
+        torch.save({"m": m.state_dict(), "o": opt.state_dict(), "x": x, "fn": torch.zeros,
+                    "mod": m}, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        show(sorted(loaded), loaded["fn"] is torch.zeros, loaded["x"].tolist(),
+             type(loaded["mod"]).__name__, sorted(loaded["m"]), loaded["o"]["state"][0]["step"])
+        show(pickle.loads(pickle.dumps(m)).weight.tolist() == m.weight.tolist(),
+             copy.deepcopy(opt).state_dict()["param_groups"][0]["lr"])
+        show(copy.deepcopy(x).tolist(), pickle.loads(pickle.dumps(x)).tolist(),
+             copy.deepcopy(m).weight.tolist() == m.weight.tolist())
+        """)
