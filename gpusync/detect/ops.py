@@ -524,8 +524,12 @@ class OpDetector:
         if data_at is None:
             return False
         data = args[data_at] if len(args) > data_at else kwargs.get("data")
-        if isinstance(data, Tensor) and self.host.on_device(data):
-            return False
+        if isinstance(data, Tensor):
+            if self.host.on_device(data):
+                return False
+        else:  # tensor_new.cpp stores each element with float(t) / int(t): a read each
+            for t in _device_elements(data, self.host.on_device):
+                self.record("float()" if t.is_floating_point() else "int()", detail=ELEMENT_READ)
         return self.record("H2D copy (torch.tensor)")
 
     def _virtual_factory(self, func, args, kwargs, data_at: int | None):
@@ -549,6 +553,20 @@ class OpDetector:
                 if pin:
                     pin_host(out)
         return out
+
+
+ELEMENT_READ = ("torch.tensor(data) reads each device tensor in `data` on the host, then copies "
+                "the result up: torch.stack them on the device instead")
+
+
+def _device_elements(data, on_device) -> list:
+    """The device tensors a nested list / tuple holds (tensor_new.cpp's recursive_store reads
+    each with its __float__ / __int__)."""
+    if isinstance(data, Tensor):
+        return [data] if on_device(data) else []
+    if type(data) in (list, tuple):
+        return [t for d in data for t in _device_elements(d, on_device)]
+    return []
 
 
 def _has_tensor(items) -> bool:

@@ -9,6 +9,7 @@ handled the same way: a session's mode is taken out wherever it sits, not popped
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import sys
 import threading
@@ -142,6 +143,37 @@ def _builtin_table() -> dict[int, str]:
     return _builtins._get_builtin_table()
 
 
+_AS_SEQUENCE = 13  # PyTypeObject.tp_as_sequence, in pointers from the start (3.8 to 3.13)
+_HEAP_TYPE_SIZE: int = vars(type)["__basicsize__"].__get__(type)  # sizeof(PyHeapTypeObject)
+_SEQUENCE_SLOTS = {"__getitem__": 3, "__setitem__": 5}  # sq_item, sq_ass_item
+
+
+def _sequence_slot(owner: Any, name: str) -> ctypes.c_void_p | None:
+    """The sq_item / sq_ass_item slot that setting `name` on a heap type (Tensor) fills in
+    besides the mapping slot, where torch's C type has only the mapping one: a 0-d tensor
+    would then pass PySequence_Check, and torch.tensor([t0, t1]) ask its len(). Restoring the
+    attribute does not empty it (CPython cannot tell which of the two slots was the type's)."""
+    index = _SEQUENCE_SLOTS.get(name)
+    if index is None or not isinstance(owner, type) or not owner.__flags__ & (1 << 9):
+        return None
+    pointer = ctypes.c_void_p.from_address(id(owner) + _AS_SEQUENCE * ctypes.sizeof(
+        ctypes.c_void_p)).value
+    if pointer is None or not id(owner) < pointer < id(owner) + _HEAP_TYPE_SIZE:
+        return None  # not this interpreter's layout (a heap type holds its own methods)
+    return ctypes.c_void_p.from_address(pointer + index * ctypes.sizeof(ctypes.c_void_p))
+
+
+def _set_keeping_sequence(owner: Any, name: str, value: Any = None, delete: bool = False):
+    slot = _sequence_slot(owner, name)
+    saved = slot.value if slot is not None else None
+    if delete:
+        delattr(owner, name)
+    else:
+        setattr(owner, name, value)
+    if slot is not None:
+        slot.value = saved
+
+
 class _Slot:
     def __init__(self, owner: Any, name: str):
         self.owner, self.name = owner, name
@@ -169,15 +201,15 @@ class _Slot:
         if isinstance(wrapper, _Builtin):
             wrapper._home = (owner, name)
         self.wrapper = wrapper
-        setattr(owner, name, wrapper)
+        _set_keeping_sequence(owner, name, wrapper)
 
     def restore(self) -> None:
         if self.scripted:
             _builtin_table().pop(id(self.wrapper), None)
         if self.own:
-            setattr(self.owner, self.name, self.original)
+            _set_keeping_sequence(self.owner, self.name, self.original)
         else:  # it was inherited: remove ours, leave no copy behind
-            delattr(self.owner, self.name)
+            _set_keeping_sequence(self.owner, self.name, delete=True)
 
 
 class _GetSet(property):

@@ -131,3 +131,53 @@ def test_tensors_modules_optimizers_save_and_copy_as_plainly(tmp_path, capfd):
         show(copy.deepcopy(x).tolist(), pickle.loads(pickle.dumps(x)).tolist(),
              copy.deepcopy(m).weight.tolist() == m.weight.tolist())
         """)
+
+
+FACTORIES_OF_0D = """
+    import torch
+
+    w = torch.arange(10.)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    a = torch.Tensor([w[:k].sum() for k in (2, 5)])
+    t0, t1 = torch.tensor(1.5, device=dev), torch.tensor(2.5, device=dev)
+    b = torch.tensor([t0, t1], device=dev)
+    c = torch.tensor([w[1], w[2]])
+    d = torch.as_tensor([w[3], 4.0], device=dev)
+    print("|", a.tolist(), b.tolist(), c.tolist(), d.tolist())
+    print("|", torch.Tensor([w[0], w[1]]).tolist())
+    """
+
+
+def test_factories_take_lists_of_0d_tensors(tmp_path, capfd):
+    """Tensor.__getitem__'s layer must not make a 0-d tensor a sequence (len() of a 0-d
+    tensor), during the scan or after it."""
+    assert_same(tmp_path, capfd, FACTORIES_OF_0D)
+
+
+def test_a_list_of_device_scalars_is_read_element_by_element(tmp_path):
+    """tensor_new.cpp stores each element of `data` with float(t): one read per device tensor,
+    then one blocking copy of the result up."""
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "x.py"
+    path.write_text(textwrap.dedent(FACTORIES_OF_0D))
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    assert result.error is None, result.traceback
+    sites = {(s.line, s.op): s.count for s in result.report.sites}
+    assert sites[(8, "float()")] == 2 and sites[(8, "H2D copy (torch.tensor)")] == 1
+    assert (10, "float()") not in sites  # host scalars: read on the host
+    assert sites[(10, "H2D copy (torch.tensor)")] == 1
+
+
+def test_len_of_a_0d_tensor_still_fails_after_a_watch_block():
+    import pytest
+    import torch
+
+    import gpusync
+
+    w = torch.arange(3.)
+    with gpusync.watch(mode="simulate"):
+        assert torch.Tensor([w[0], w[1]]).tolist() == [0.0, 1.0]
+    assert torch.Tensor([w[0], w[1]]).tolist() == [0.0, 1.0]
+    with pytest.raises(TypeError, match="0-d"):
+        len(w[0])
