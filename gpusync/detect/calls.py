@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from .ops import OpDetector
 
 Tensor = torch.Tensor
+_has_torch_function = torch._C._has_torch_function
+_function_mode = torch._C._is_torch_function_mode_enabled
 
 # The Python-level calls behind _local_scalar_dense, for its label (rules.SCALAR_LABELS).
 _NAMING = ("item", "__float__", "__int__", "__bool__", "__index__", "__getitem__",
@@ -42,6 +44,9 @@ _DATA_AT = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
 # Installed layers by the thread they watch, innermost last: nested scans share the layers
 # on an attribute, and the innermost one judges the call (as with nested modes).
 _ACTIVE: dict[int, list["CallLayers"]] = {}
+# The layers of sessions on the virtual device, newest last: the newest places other threads'
+# tensors (README "Without a GPU": their syncs are not the step's, and are not recorded).
+_VIRTUAL: list["CallLayers"] = []
 
 
 @functools.lru_cache(1)
@@ -79,14 +84,30 @@ class CallLayers:
             return _ACTIVE[ident][-1] is self
         return det.real and torch._C._current_graph_task_id() != -1
 
-    def _handled(self, name: str, handler: Callable[..., Any]):
+    def placing(self) -> bool:
+        """Another thread than the scanned one, on the virtual device: a background thread's
+        `.to("cuda")` goes to the virtual device as the scanned thread's does (a CPU build of
+        torch has no other), its tensors are resident there; what it syncs is not recorded
+        (OpDetector.record), as it stalls that thread and not the step."""
+        det = self.det
+        return (det.virtual and not det.closed and bool(_VIRTUAL) and _VIRTUAL[-1] is self
+                and threading.get_ident() != det._owner)
+
+    def _handled(self, name: str, handler: Callable[..., Any], method: bool = False):
         """A layer running handler(call, args, kwargs) as the current call; what it returns
         remembers the forward line of a sync it recorded (a sync in its backward is shown
         there)."""
-        det, watching = self.det, self.watching
+        det, watching, placing = self.det, self.watching, self.placing
 
         def layer(call, *args, **kwargs):
             if not watching():
+                return handler(call, args, kwargs) if placing() else call(*args, **kwargs)
+            if method and (_has_torch_function(args) or _function_mode()):
+                # A __torch_function__ subclass or mode sees a Tensor method first, as it
+                # would plainly (the arguments as given, none of ours): torch hands it
+                # torch.Tensor's attribute, this one, which it calls again with itself
+                # disabled, and that call is handled. (Functions of torch's namespace reach
+                # it as torch._C's own, so those are handled here.)
                 return call(*args, **kwargs)
             events = det.rec.events
             before = len(events)
@@ -116,7 +137,7 @@ class CallLayers:
 
         return layer
 
-    def _factory(self, name: str):
+    def _factory(self, name: str, method: bool = False):
         det = self.det
         data_at = _DATA_AT.get(name)
         virtual = det.virtual
@@ -126,14 +147,14 @@ class CallLayers:
                 return det.handle_factory(call, args, kwargs, data_at)
             return call(*args, **kwargs)
 
-        return self._handled(name, handler)
+        return self._handled(name, handler, method)
 
     def _device_context(self, call, mode, func, types, args=(), kwargs=None):
         """torch's DeviceContext mode puts its device into a factory call that has none."""
         from torch.utils._device import _device_constructors
 
         kwargs = kwargs or {}
-        if (not self.watching() or func not in _device_constructors()
+        if (not (self.watching() or self.placing()) or func not in _device_constructors()
                 or kwargs.get("device") is not None):
             return call(mode, func, types, args, kwargs)
         return self._context_factory(func, *args, **{**kwargs, "device": mode.device})
@@ -145,14 +166,17 @@ class CallLayers:
         det = self.det
         _device._device_constructors()  # cache torch's own functions before ours replace them
         _ACTIVE.setdefault(det._owner, []).append(self)
+        if det.virtual:
+            _VIRTUAL.append(self)
         add = self._add
         try:
             for kind in ("to", "cpu", "cuda"):
                 add(Tensor, kind, self._handled(
-                    kind, functools.partial(det.handle_to, kind=kind)))
+                    kind, functools.partial(det.handle_to, kind=kind), method=True))
             for name, label in (("tolist", "tolist"), ("numpy", "numpy"),
                                 ("__repr__", "repr"), ("__format__", "repr")):
-                add(Tensor, name, self._handled(name, det.handle_to_host_read(label)))
+                add(Tensor, name, self._handled(name, det.handle_to_host_read(label),
+                                                method=True))
             for name in _NAMING:
                 add(Tensor, name, self._naming(name))
             one_hot = self._handled("one_hot", det.handle_one_hot)
@@ -167,11 +191,12 @@ class CallLayers:
                 add(owner, name, self._factory(name))
             for name in ("new_empty", "new_empty_strided", "new_full", "new_ones",
                          "new_zeros"):
-                add(Tensor, name, self._factory(name))
+                add(Tensor, name, self._factory(name, method=True))
             if det.virtual:
-                add(Tensor, "new_tensor", self._handled("new_tensor", det.handle_new_tensor))
+                add(Tensor, "new_tensor", self._handled("new_tensor", det.handle_new_tensor,
+                                                        method=True))
             else:
-                add(Tensor, "new_tensor", self._factory("new_tensor"))
+                add(Tensor, "new_tensor", self._factory("new_tensor", method=True))
             add(_device.DeviceContext, "__torch_function__", self._device_context)
             if det.virtual:
                 self._virtual_getters()
@@ -181,18 +206,19 @@ class CallLayers:
             raise
 
     def _virtual_getters(self) -> None:
-        det, watching = self.det, self.watching
+        det, watching, placing = self.det, self.watching, self.placing
 
         def getter(handler):
             def layer(call, obj):
-                return handler(call, (obj,), {}) if watching() else call(obj)
+                return handler(call, (obj,), {}) if watching() or placing() else call(obj)
             return layer
 
         self._handles += patches.add_property_layer(Tensor, "device",
                                                     get=getter(det.handle_device))
         self._handles += patches.add_property_layer(Tensor, "is_cuda",
                                                     get=getter(det.handle_is_cuda))
-        self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device))
+        self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device,
+                                                      method=True))
 
     def _add(self, owner: Any, name: str, layer) -> None:
         self._handles.append(patches.add_layer(owner, name, layer))
@@ -206,3 +232,5 @@ class CallLayers:
             stack.remove(self)
         if not stack:
             _ACTIVE.pop(self.det._owner, None)
+        if self in _VIRTUAL:
+            _VIRTUAL.remove(self)

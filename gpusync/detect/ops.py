@@ -321,6 +321,8 @@ class OpDetector:
     def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool:
         if self.rec.suppressed():
             return False
+        if self.virtual and threading.get_ident() != self._owner:
+            return False  # another thread placing tensors on the virtual device (calls.py)
         if self._libraries is not None and self._libraries.in_reducer_callback():
             return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None

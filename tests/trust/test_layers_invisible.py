@@ -181,3 +181,91 @@ def test_len_of_a_0d_tensor_still_fails_after_a_watch_block():
     assert torch.Tensor([w[0], w[1]]).tolist() == [0.0, 1.0]
     with pytest.raises(TypeError, match="0-d"):
         len(w[0])
+
+
+def test_a_background_thread_gets_the_virtual_device(tmp_path, capfd):
+    """Placement and residency in another thread are the scanned thread's: its tensors are on
+    the device the script chose (on a CPU build, real torch would refuse "cuda")."""
+    assert_same(tmp_path, capfd, """
+        import queue, threading
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        out = queue.Queue()
+
+        def work():
+            x = torch.arange(4.).to(dev)
+            z = torch.zeros(2, device=dev)
+            with torch.device(dev):
+                y = torch.ones(2)
+            out.put((x, z, y, x.device.type == dev, z.is_cuda == (dev == "cuda"),
+                     y.device.type == dev, x.sum().item()))
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        x, z, y, *facts = out.get()
+        print("|", facts, x.device.type == dev, (x * 2).tolist(), z.tolist(), y.tolist())
+        """)
+
+
+def test_another_threads_syncs_are_not_the_steps(tmp_path):
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "x.py"
+    path.write_text(textwrap.dedent("""
+        import threading
+        import torch
+
+        def work():
+            x = torch.arange(4.).to("cuda")
+            x.sum().item()
+            torch.cuda.synchronize()
+
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+        y = torch.arange(4.).to("cuda")
+        print(y.sum().item())
+        """))
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    assert result.error is None, result.traceback
+    assert {(s.line, s.op) for s in result.report.sites} == {(13, "H2D copy"), (14, "item")}
+
+
+def test_a_torch_function_subclass_sees_what_it_sees_plainly(tmp_path, capfd):
+    """The subclass sees `to` with the arguments given (no clone, no getter gpusync reads)."""
+    assert_same(tmp_path, capfd, """
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        seen = []
+
+        class Logged(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                seen.append((func.__name__, [str(a) for a in args[1:]]))
+                return super().__torch_function__(func, types, args, kwargs or {})
+
+        class Mode(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                seen.append(("mode " + func.__name__, sorted(kwargs or {})))
+                return func(*args, **(kwargs or {}))
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        x = torch.arange(4.).as_subclass(Logged)
+        seen.clear()
+        y = x.to(dev)
+        z = y.to(dev)
+        w = x.to(torch.float64)
+        print("|", [s for s in seen if s[0] != "to"], type(y).__name__, z is y,
+              type(w).__name__, (y is x) == (dev == "cpu"))
+        seen.clear()
+        c = y.cpu()
+        print("|", seen, (c is y) == (dev == "cpu"), c.tolist())
+        seen.clear()
+        with Mode():
+            a = torch.zeros(2, device=dev)
+            b = a.to(torch.float64)
+        print("|", [(n, [k for k in ks if k != "device"]) for n, ks in seen], b.tolist())
+        """)
