@@ -424,11 +424,11 @@ class OpDetector:
         if not crossing:
             return out
         if to_host:
-            out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
+            out = _copy_of(out) if out is src else out  # a CUDA run makes a new host tensor
             self.host.mark_host(out)
         else:
             if out is src and not isinstance(src, torch.nn.Parameter):
-                out = out.clone()  # keep the host original on the host
+                out = _copy_of(out)  # keep the host original on the host
             self.host.mark_device(out)
             self.placed = True
         return out
@@ -548,13 +548,21 @@ class OpDetector:
         if isinstance(out, Tensor):
             if to_device:
                 if args and out is args[0] and not self.host.on_device(out):
-                    out = out.clone()  # as_tensor(host tensor, device=cuda) is a new tensor
+                    out = _copy_of(out)  # as_tensor(host tensor, device=cuda) is a new tensor
                 self.host.mark_device(out)
             else:
                 self.host.mark_host(out)
                 if pin:
                     pin_host(out)
         return out
+
+
+def _copy_of(t: Tensor) -> Tensor:
+    """The new tensor a copy across the bus makes, of t's class; a __torch_function__ subclass
+    does not see it made (plainly, no clone runs)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        out = t.clone()
+        return out if type(out) is type(t) else out.as_subclass(type(t))
 
 
 ELEMENT_READ = ("torch.tensor(data) reads each device tensor in `data` on the host, then copies "

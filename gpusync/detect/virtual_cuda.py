@@ -19,6 +19,7 @@ path: such syncs come from `detect/predicted.py`, marked as predicted. All patch
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -299,8 +300,44 @@ class VirtualGenerator(torch._C.Generator, metaclass=_AnyGenerator):
 
 def _no_compile(call, model=None, **kwargs):
     """torch.compile runs eagerly: a compiled CUDA graph cannot run on the CPU, and its host
-    reads (graph breaks at .item()) are the eager program's."""
-    return model if model is not None else (lambda fn: fn)
+    reads (graph breaks at .item()) are the eager program's. What it returns is what it returns
+    on a GPU (a module wrapped in an OptimizedModule, whose state_dict keys start `_orig_mod.`;
+    a function wrapped in one of its name), so checkpoints and attribute lookups match."""
+    return _eager if model is None else _eager(model)
+
+
+def _eager(model):
+    if isinstance(model, torch.nn.Module):
+        from torch._dynamo.eval_frame import DisableContext
+
+        return _eager_module_class()(model, DisableContext())
+    if not callable(model):
+        return model
+
+    @functools.wraps(model)
+    def compiled(*args, **kwargs):
+        return model(*args, **kwargs)
+
+    compiled._torchdynamo_orig_callable = model  # type: ignore[attr-defined]
+    return compiled
+
+
+@functools.cache
+def _eager_module_class() -> type:
+    """torch's OptimizedModule with dynamo disabled, which does not warn that gpusync's global
+    module hooks (the scan's phases) fire twice; it pickles as torch's own."""
+    from torch._dynamo.eval_frame import OptimizedModule, _set_in_optimized_module
+
+    def __call__(self, *args, **kwargs):
+        with _set_in_optimized_module():
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    def __reduce__(self):
+        return OptimizedModule, (self._orig_mod, self.dynamo_ctx)
+
+    return type("OptimizedModule", (OptimizedModule,), {
+        "__call__": __call__, "__reduce__": __reduce__, "__module__": OptimizedModule.__module__,
+        "__qualname__": OptimizedModule.__qualname__, "__doc__": OptimizedModule.__doc__})
 
 
 class _Swap:

@@ -269,3 +269,35 @@ def test_a_torch_function_subclass_sees_what_it_sees_plainly(tmp_path, capfd):
             b = a.to(torch.float64)
         print("|", [(n, [k for k in ks if k != "device"]) for n, ks in seen], b.tolist())
         """)
+
+
+def test_torch_compile_returns_what_it_returns_on_a_gpu(tmp_path, capfd):
+    """An OptimizedModule (state_dict keys `_orig_mod.`), a function wrapper: run eagerly."""
+    assert_same(tmp_path, capfd, """
+        import io
+        import torch
+
+        torch.manual_seed(0)
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        m = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU()).to(dev)
+        cm = torch.compile(m)
+        print("|", type(cm).__name__, cm._orig_mod is m, cm._orig_mod[0] is m[0], cm.training,
+              isinstance(cm, torch._dynamo.eval_frame.OptimizedModule))
+        print("|", list(cm.state_dict()))
+        x = torch.ones(1, 2, device=dev)
+        print("|", cm(x).tolist() == m(x).tolist())
+
+        def f(a):
+            return a * 2
+
+        g = torch.compile(f)
+        h = torch.compile(mode="max-autotune")(f)
+        print("|", g.__name__, g is f, g._torchdynamo_orig_callable is f, g(x).tolist(),
+              h(x).tolist())
+        buf = io.BytesIO()
+        torch.save(cm.state_dict(), buf)
+        buf.seek(0)
+        print("|", sorted(torch.load(buf)))
+        m.compile()
+        print("|", m(x).shape)
+        """)
