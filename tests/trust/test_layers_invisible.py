@@ -301,3 +301,40 @@ def test_torch_compile_returns_what_it_returns_on_a_gpu(tmp_path, capfd):
         m.compile()
         print("|", m(x).shape)
         """)
+
+
+def test_jit_load_onto_the_device(tmp_path, capfd):
+    assert_same(tmp_path, capfd, """
+        import io
+        import torch
+
+        torch.manual_seed(0)
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        m = torch.jit.script(torch.nn.Linear(2, 3))
+        buf = io.BytesIO()
+        torch.jit.save(m, buf)
+        buf.seek(0)
+        n = torch.jit.load(buf, map_location=dev)
+        x = torch.ones(1, 2, device=dev)
+        print("|", type(n).__name__, n.weight.device.type == dev,
+              n(x).tolist() == m.to(dev)(x).tolist(), sorted(n.state_dict()))
+        """)
+
+
+def test_jit_load_counts_one_copy_per_storage(tmp_path):
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "x.py"
+    path.write_text(textwrap.dedent("""
+        import io
+        import torch
+
+        buf = io.BytesIO()
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 3)), buf)
+        buf.seek(0)
+        n = torch.jit.load(buf, map_location="cuda")
+        print(n.weight.is_cuda)
+        """))
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    assert result.error is None, result.traceback
+    assert {(s.line, s.op): s.count for s in result.report.sites} == {(8, "H2D copy"): 2}
