@@ -17,6 +17,8 @@ before it) is not seen; scripts and their imports run inside the scan, so theirs
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -41,8 +43,9 @@ _EXTRA_FACTORIES = ((torch, "asarray"), (torch.fft, "fftfreq"), (torch.fft, "rff
                     (torch.nested, "nested_tensor"), (torch.nested, "as_nested_tensor"))
 # The argument holding the data a factory copies from the host: torch.tensor(data).
 _DATA_AT = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
-# Installed layers by the thread they watch, innermost last: nested scans share the layers
-# on an attribute, and the innermost one judges the call (as with nested modes).
+# Installed layers by the thread they watch, outermost first: nested sessions share the layers
+# on an attribute, and the outermost one, which has seen where every tensor was made, judges
+# the call for all (_share).
 _ACTIVE: dict[int, list["CallLayers"]] = {}
 # The layers of sessions on the virtual device, newest last: the newest places other threads'
 # tensors (README "Without a GPU": their syncs are not the step's, and are not recorded).
@@ -63,6 +66,29 @@ def factory_names() -> tuple[str, ...]:
     return tuple(names)
 
 
+def _others(judge: "CallLayers") -> list["CallLayers"]:
+    """The other sessions open on the judging one's thread (a scanned script's own
+    `gpusync.watch()` inside the scan), which judge nothing themselves at this call."""
+    stack = _ACTIVE.get(judge.det._owner, ())
+    return [c for c in stack if c is not judge and not c.det.closed] if len(stack) > 1 else []
+
+
+def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: Any) -> None:
+    """What the outermost session judged at a Python-level call is also the others': its syncs
+    (each report sets its own events' steps, hence copies), and where its outputs live (each
+    session's observer follows ops from there). The nested block takes nothing away from the
+    scan's report."""
+    outputs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+               if isinstance(t, Tensor)]
+    for other in others:
+        rec = other.det.rec
+        if not rec.suppressed():
+            rec.events.extend(copy.copy(event) for event in recorded)
+        for t in outputs:
+            (other.det.host.mark_device if det.host.on_device(t) else
+             other.det.host.mark_host)(t)
+
+
 class CallLayers:
     """One detector's layers; `install` / `uninstall` as a pair (uninstall is idempotent)."""
 
@@ -74,14 +100,14 @@ class CallLayers:
 
     # -- which calls count ---------------------------------------------------------------
     def watching(self) -> bool:
-        """The scanned thread, if this is its innermost scan; on a GPU also the autograd
+        """The scanned thread, if this is its outermost session; on a GPU also the autograd
         engine's device threads running its backward."""
         det = self.det
         if det.closed:
             return False
         ident = threading.get_ident()
         if ident == det._owner:
-            return _ACTIVE[ident][-1] is self
+            return _ACTIVE[ident][0] is self
         return det.real and torch._C._current_graph_task_id() != -1
 
     def placing(self) -> bool:
@@ -112,10 +138,19 @@ class CallLayers:
             events = det.rec.events
             before = len(events)
             outer, det.current_func = det.current_func, name
+            others = _others(self)
             try:
-                out = handler(call, args, kwargs)
+                if others:
+                    with contextlib.ExitStack() as stack:
+                        for other in others:  # this call is judged here, once
+                            stack.enter_context(other.det.rec.suppress())
+                        out = handler(call, args, kwargs)
+                else:
+                    out = handler(call, args, kwargs)
             finally:
                 det.current_func = outer
+            if others:
+                _share(det, others, events[before:], out)
             if len(events) != before and torch.is_grad_enabled():
                 last = events[-1]
                 remember_forward(out, last.frames, last.module)

@@ -139,19 +139,19 @@ class VirtualStream:
 
 
 class _Active:
-    """The live virtual device: its current stream, its pinned memory, and where a host wait
-    is reported (the op detector's record)."""
+    """The live virtual device: its current stream, its pinned memory, and the sessions using
+    it, each told of a host wait (its op detector's record, which keeps its own thread's)."""
 
     def __init__(self):
         self.pinned = Pinned()
         self.default = VirtualStream()
         self.current = self.default
-        self.record: Callable[[str], Any] | None = None
+        self.users: list[VirtualCuda] = []  # in the order they started; any may end first
         self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
 
     def sync(self, label: str) -> None:
-        if self.record is not None:
-            self.record(label)
+        for user in list(self.users):
+            user._record(label)
 
 
 _ACTIVE = _Active()
@@ -398,20 +398,30 @@ _SHARED = patches.Shared(_install, _uninstall)
 
 
 class VirtualCuda:
-    """One scan's use of the virtual device; `record(label)` reports a host wait."""
+    """One session's use of the virtual device; `record(label)` reports a host wait. Sessions
+    may nest (a scanned script's own `gpusync.watch()`) and end in any order: each is told of
+    the waits while it is on."""
 
     def __init__(self, record: Callable[[str], Any]):
         self._record = record
         self._on = False
 
     def install(self) -> None:
-        _ACTIVE.record = self._record
-        _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        _SHARED.acquire()
-        self._on = True
+        with patches._lock:
+            if not _ACTIVE.users:  # the first user sets the device; a nested one shares it
+                _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+            _SHARED.acquire()
+            _ACTIVE.users.append(self)
+            self._on = True
 
     def uninstall(self) -> None:
-        if self._on:
-            self._on = False
-            _ACTIVE.record = None
-            _SHARED.release()
+        with patches._lock:
+            if self._on:
+                self._on = False
+                _ACTIVE.users.remove(self)
+                _SHARED.release()
+
+
+def active() -> bool:
+    """A session is running on the virtual device (torch.cuda answers for it)."""
+    return bool(_ACTIVE.users)

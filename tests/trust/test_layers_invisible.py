@@ -338,3 +338,92 @@ def test_jit_load_counts_one_copy_per_storage(tmp_path):
     result = run_scan(str(path), mode="simulate", warmup=0)
     assert result.error is None, result.traceback
     assert {(s.line, s.op): s.count for s in result.report.sites} == {(8, "H2D copy"): 2}
+
+
+NESTED = """
+    import sys
+    import torch
+    import gpusync
+
+    x = torch.ones(3)
+
+    def work():
+        y = x.to("cuda")
+        torch.cuda.synchronize()
+        return y.sum().item(), y.tolist()
+
+    work()
+    if sys.argv[1:] == ["nested"]:
+        with gpusync.watch() as w:
+            work()
+        print(sorted((s.line, s.op, s.count) for s in w.report().sites))
+    else:
+        work()
+    """
+
+
+def test_a_scripts_own_watch_block_changes_nothing_in_the_scan(tmp_path):
+    """A scanned script that uses `with gpusync.watch():` itself: the scan reports what it
+    reports without it (the block runs on the same virtual device and sees the same syncs)."""
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "x.py"
+    path.write_text(textwrap.dedent(NESTED))
+    plain = run_scan(str(path), mode="simulate", warmup=0)
+    nested = run_scan(str(path), mode="simulate", warmup=0, script_args=("nested",))
+    assert plain.error is None and nested.error is None, nested.traceback
+    sites = {(s.line, s.op, s.count) for s in plain.report.sites}
+    assert sites == {(9, "H2D copy", 2), (10, "cuda.synchronize", 2), (11, "item", 2),
+                     (11, "tolist", 2)}
+    assert {(s.line, s.op, s.count) for s in nested.report.sites} == sites
+    assert plain.report.steps == nested.report.steps
+
+
+def test_nested_watch_blocks_count_their_own_steps_and_share_syncs():
+    import torch
+
+    import gpusync
+    from tests.unit.test_cleanup import global_state
+
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step():
+        model(torch.randn(4, 3)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        return model.weight.sum().item()
+
+    before = global_state()
+    with gpusync.watch(mode="simulate") as outer:
+        step()
+        with gpusync.watch(mode="simulate") as inner:
+            step()
+            torch.ones(2).tolist()
+        step()
+    assert global_state() == before
+    assert outer.report().steps == 3 and inner.report().steps == 1
+    assert [e.op for e in inner.events] == ["item"]
+    assert [e.op for e in outer.events] == ["item"] * 3
+
+
+def test_a_watch_block_entered_twice_says_so_and_leaves_torch_clean():
+    import pytest
+
+    import gpusync
+    from gpusync.errors import GpusyncError
+    from tests.unit.test_cleanup import global_state, train_step
+
+    before = global_state()
+    w = gpusync.watch(mode="simulate")
+    with w:
+        with pytest.raises(GpusyncError, match="entered already"):
+            with w:
+                pass
+        train_step()
+    assert global_state() == before
+    with pytest.raises(GpusyncError, match="entered already"):
+        with w:
+            pass
+    assert global_state() == before
+    assert w.report().steps == 1
