@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 Tensor = torch.Tensor
 _has_torch_function = torch._C._has_torch_function
-_function_mode = torch._C._is_torch_function_mode_enabled
 
 # The Python-level calls behind _local_scalar_dense, for its label (rules.SCALAR_LABELS).
 _NAMING = ("item", "__float__", "__int__", "__bool__", "__index__", "__getitem__",
@@ -66,11 +65,13 @@ def factory_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-def _others(judge: "CallLayers") -> list["CallLayers"]:
-    """The other sessions open on the judging one's thread (a scanned script's own
-    `gpusync.watch()` inside the scan), which judge nothing themselves at this call."""
-    stack = _ACTIVE.get(judge.det._owner, ())
-    return [c for c in stack if c is not judge and not c.det.closed] if len(stack) > 1 else []
+def _restack(owner: int) -> None:
+    """Each session on the thread `owner` learns the others open there (a scanned script's own
+    `gpusync.watch()` inside the scan), to which it hands what it judges; kept in place, as
+    the layers hold the list."""
+    stack = _ACTIVE.get(owner, [])
+    for layers in stack:
+        layers._others[:] = [c for c in stack if c is not layers]
 
 
 def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: Any) -> None:
@@ -81,6 +82,8 @@ def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: A
     outputs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
                if isinstance(t, Tensor)]
     for other in others:
+        if other.det.closed:
+            continue
         rec = other.det.rec
         if not rec.suppressed():
             rec.events.extend(copy.copy(event) for event in recorded)
@@ -95,6 +98,7 @@ class CallLayers:
     def __init__(self, det: OpDetector):
         self.det = det
         self._handles: list[patches.Handle] = []
+        self._others: list[CallLayers] = []  # the other sessions open on this thread
         self._context_factory = self._handled("factory", lambda f, a, k: det.handle_factory(
             f, a, k, _DATA_AT.get(getattr(f, "__name__", ""))))
 
@@ -123,12 +127,12 @@ class CallLayers:
         """A layer running handler(call, args, kwargs) as the current call; what it returns
         remembers the forward line of a sync it recorded (a sync in its backward is shown
         there)."""
-        det, watching, placing = self.det, self.watching, self.placing
+        det, watching, placing, others = self.det, self.watching, self.placing, self._others
 
         def layer(call, *args, **kwargs):
             if not watching():
                 return handler(call, args, kwargs) if placing() else call(*args, **kwargs)
-            if method and (_has_torch_function(args) or _function_mode()):
+            if method and _has_torch_function(args):  # true under a mode too
                 # A __torch_function__ subclass or mode sees a Tensor method first, as it
                 # would plainly (the arguments as given, none of ours): torch hands it
                 # torch.Tensor's attribute, this one, which it calls again with itself
@@ -138,7 +142,6 @@ class CallLayers:
             events = det.rec.events
             before = len(events)
             outer, det.current_func = det.current_func, name
-            others = _others(self)
             try:
                 if others:
                     with contextlib.ExitStack() as stack:
@@ -201,6 +204,7 @@ class CallLayers:
         det = self.det
         _device._device_constructors()  # cache torch's own functions before ours replace them
         _ACTIVE.setdefault(det._owner, []).append(self)
+        _restack(det._owner)
         if det.virtual:
             _VIRTUAL.append(self)
         add = self._add
@@ -265,6 +269,8 @@ class CallLayers:
         stack = _ACTIVE.get(self.det._owner, [])
         if self in stack:
             stack.remove(self)
+        self._others[:] = []
+        _restack(self.det._owner)
         if not stack:
             _ACTIVE.pop(self.det._owner, None)
         if self in _VIRTUAL:

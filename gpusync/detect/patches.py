@@ -32,6 +32,17 @@ def _through(layers: list[Layer], call: Callable[..., Any], *args, **kwargs):
     return call(*args, **kwargs)
 
 
+def _calling(layers: list[Layer], original: Any) -> Callable[..., Any]:
+    """The function a wrapper runs: `original` through `layers`."""
+    @functools.wraps(original)  # its name and doc, as a bound method shows them
+    def call(*args, **kwargs):
+        if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__)
+            return layers[0](original, *args, **kwargs)
+        return _through(layers, original, *args, **kwargs)
+
+    return call
+
+
 class _Builtin:
     """Stands in for a C function (torch.zeros, F.one_hot): called like it, and seen like it by
     the code that inspects it. A Python function in its place would bind as a method when
@@ -40,13 +51,13 @@ class _Builtin:
     attributes not copied here are the original's (__self__, __text_signature__)."""
 
     def __init__(self, original: Any, layers: list[Layer]):
-        self._layers, self.__wrapped__ = layers, original
+        self._call, self.__wrapped__ = _calling(layers, original), original
         self._home: tuple[Any, str] = (None, "")  # (owner, name) it is installed as
         for name in ("__name__", "__qualname__", "__doc__"):
             setattr(self, name, getattr(original, name, None))
 
     def __call__(self, *args, **kwargs):
-        return _through(self._layers, self.__wrapped__, *args, **kwargs)
+        return self._call(*args, **kwargs)
 
     @property  # type: ignore[misc]
     def __class__(self):
@@ -92,7 +103,7 @@ class _MethodDescriptor(_Builtin):
     __module__, as the original."""
 
     def __get__(self, obj, cls=None):
-        return self if obj is None else types.MethodType(self, obj)
+        return self if obj is None else types.MethodType(self._call, obj)
 
     @property
     def __module__(self):  # type: ignore[override]
@@ -111,7 +122,7 @@ class _Function(_Builtin):
         self.__module__ = original.__module__
 
     def __get__(self, obj, cls=None):
-        return self if obj is None else types.MethodType(self, obj)
+        return self if obj is None else types.MethodType(self._call, obj)
 
     def __reduce__(self):
         """By its qualified name, as pickle saves a function, where that leads to this object;
