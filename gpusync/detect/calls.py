@@ -20,7 +20,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import os
+import sys
 import threading
+import warnings
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -63,6 +67,27 @@ def factory_names() -> tuple[str, ...]:
         if any(a.name == "device" for s in schemas for a in s.arguments):
             names.append(name)
     return tuple(names)
+
+
+_DETECT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_line(call, msg):
+    """A warning torch's C++ raises inside a wrapped call (torch.tensor's TracerWarning, its
+    copy-construct advice) names the innermost Python frame, which is gpusync's: shown at the
+    calling line instead, as it is plainly."""
+    if msg.filename.startswith(_DETECT_DIR):
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and not (frame.f_code.co_filename == msg.filename
+                                         and frame.f_lineno == msg.lineno):
+            frame = frame.f_back
+        while frame is not None and (frame.f_code.co_filename.startswith(_DETECT_DIR)
+                                     or frame.f_code.co_filename == warnings.__file__):
+            frame = frame.f_back
+        if frame is not None:
+            msg.filename, msg.lineno, msg.line = (frame.f_code.co_filename, frame.f_lineno,
+                                                  None)
+    return call(msg)
 
 
 def _restack(owner: int) -> None:
@@ -237,6 +262,7 @@ class CallLayers:
             else:
                 add(Tensor, "new_tensor", self._factory("new_tensor", method=True))
             add(_device.DeviceContext, "__torch_function__", self._device_context)
+            add(warnings, "_showwarnmsg", _user_line)
             if det.virtual:
                 self._virtual_getters()
                 add(torch._C._nn, "_parse_to", self._handled("_parse_to", det.handle_parse_to))

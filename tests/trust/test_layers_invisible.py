@@ -37,6 +37,8 @@ def test_torchscript_compiles_while_the_scan_runs(tmp_path, capfd):
     """torchrec imports _apply_optimizer_in_backward, which scripts functions whose globals hold
     gpusync's wrappers; scripted code calling wrapped factories compiles to the same aten ops."""
     assert_same(tmp_path, capfd, """
+        from typing import List
+
         import torch
         from torch.distributed.optim import _apply_optimizer_in_backward  # noqa: F401
 
@@ -53,6 +55,27 @@ def test_torchscript_compiles_while_the_scan_runs(tmp_path, capfd):
         print("|", torch.jit.script(M())(torch.ones(2)).tolist())
         print("|", torch.jit.trace(M(), torch.ones(2))(torch.full((2,), 3.0)).tolist())
         print("|", "aten::zeros" in str(f.graph))
+
+        @torch.jit.script
+        def g(x: torch.Tensor) -> List[float]:
+            out: List[float] = x.tolist()
+            return out
+
+        print("|", g(torch.arange(3.)))
+        """)
+
+
+def test_a_warning_from_a_wrapped_call_names_the_callers_line(tmp_path, capfd):
+    assert_same(tmp_path, capfd, """
+        import warnings
+        import torch
+
+        x = torch.ones(2)
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            y = torch.tensor(x)
+        print("|", [(w.filename.endswith("x.py"), w.lineno, w.category.__name__) for w in ws])
+        print("|", y.tolist())
         """)
 
 
