@@ -450,3 +450,24 @@ def test_a_watch_block_entered_twice_says_so_and_leaves_torch_clean():
             pass
     assert global_state() == before
     assert w.report().steps == 1
+
+
+def test_wrappers_are_torchscript_builtins_only_while_installed():
+    import torch
+    from torch.jit._builtins import _find_builtin
+
+    import gpusync
+
+    with gpusync.watch(mode="simulate"):
+        wrapper = torch.zeros
+        assert wrapper is not torch._C._VariableFunctions.zeros
+        assert _find_builtin(wrapper) == "aten::zeros"
+
+        @torch.jit.script
+        def f(n: int) -> torch.Tensor:
+            return torch.zeros(n) + torch.tensor([1.0]).sum()
+
+        assert f(2).tolist() == [1.0, 1.0]
+    assert torch.zeros is torch._C._VariableFunctions.zeros
+    assert _find_builtin(wrapper) is None
+    assert _find_builtin(torch.zeros) == "aten::zeros"
