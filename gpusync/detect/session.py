@@ -41,9 +41,10 @@ class Session:
         used, and on a CPU its step times are indicative only, as any CPU time is."""
         from .virtual_cuda import active
 
-        if active() and mode in ("auto", "cuda"):
+        if active() and mode in MODES:
             # Inside a scan on the virtual device (a scanned script's own watch()): torch.cuda
-            # is the virtual one, so this session runs on it too.
+            # is the virtual one, and the scan judges each call for both, so this session
+            # runs on it too.
             mode, virtual_cuda = "simulate", True
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
