@@ -40,6 +40,7 @@ def _calling(layers: list[Layer], original: Any) -> Callable[..., Any]:
             return layers[0](original, *args, **kwargs)
         return _through(layers, original, *args, **kwargs)
 
+    call.__module__ = getattr(original, "__module__", None)  # type: ignore[assignment]
     return call
 
 

@@ -119,7 +119,7 @@ def test_wrapped_torch_functions_look_like_the_originals(tmp_path, capfd):
         show("partial", pickle.loads(pickle.dumps(functools.partial(torch.zeros, 3)))())
         show(F.one_hot is torch._C._nn.one_hot)
         x = torch.arange(4.)
-        show(x.to.__name__, type(x).__name__, x.to(torch.float64).dtype)
+        show(x.to.__name__, x.to.__module__, type(x).__name__, x.to(torch.float64).dtype)
         cpu = torch.device("cpu")
         show(isinstance(x, torch.Tensor), type(x) is torch.Tensor,
              type(cpu) is torch.device, isinstance(cpu, torch.device))
