@@ -17,8 +17,14 @@ before it) is not seen; scripts and their imports run inside the scan, so theirs
 """
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
+import os
+import sys
 import threading
+import warnings
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
     from .ops import OpDetector
 
 Tensor = torch.Tensor
+_has_torch_function = torch._C._has_torch_function
 
 # The Python-level calls behind _local_scalar_dense, for its label (rules.SCALAR_LABELS).
 _NAMING = ("item", "__float__", "__int__", "__bool__", "__index__", "__getitem__",
@@ -39,9 +46,13 @@ _EXTRA_FACTORIES = ((torch, "asarray"), (torch.fft, "fftfreq"), (torch.fft, "rff
                     (torch.nested, "nested_tensor"), (torch.nested, "as_nested_tensor"))
 # The argument holding the data a factory copies from the host: torch.tensor(data).
 _DATA_AT = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
-# Installed layers by the thread they watch, innermost last: nested scans share the layers
-# on an attribute, and the innermost one judges the call (as with nested modes).
+# Installed layers by the thread they watch, outermost first: nested sessions share the layers
+# on an attribute, and the outermost one, which has seen where every tensor was made, judges
+# the call for all (_share).
 _ACTIVE: dict[int, list["CallLayers"]] = {}
+# The layers of sessions on the virtual device, newest last: the newest places other threads'
+# tensors (README "Without a GPU": their syncs are not the step's, and are not recorded).
+_VIRTUAL: list["CallLayers"] = []
 
 
 @functools.lru_cache(1)
@@ -58,43 +69,116 @@ def factory_names() -> tuple[str, ...]:
     return tuple(names)
 
 
+_DETECT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _user_line(call, msg):
+    """A warning torch's C++ raises inside a wrapped call (torch.tensor's TracerWarning, its
+    copy-construct advice) names the innermost Python frame, which is gpusync's: shown at the
+    calling line instead, as it is plainly."""
+    if msg.filename.startswith(_DETECT_DIR):
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None and not (frame.f_code.co_filename == msg.filename
+                                         and frame.f_lineno == msg.lineno):
+            frame = frame.f_back
+        while frame is not None and (frame.f_code.co_filename.startswith(_DETECT_DIR)
+                                     or frame.f_code.co_filename == warnings.__file__):
+            frame = frame.f_back
+        if frame is not None:
+            msg.filename, msg.lineno, msg.line = (frame.f_code.co_filename, frame.f_lineno,
+                                                  None)
+    return call(msg)
+
+
+def _restack(owner: int) -> None:
+    """Each session on the thread `owner` learns the others open there (a scanned script's own
+    `gpusync.watch()` inside the scan), to which it hands what it judges; kept in place, as
+    the layers hold the list."""
+    stack = _ACTIVE.get(owner, [])
+    for layers in stack:
+        layers._others[:] = [c for c in stack if c is not layers]
+
+
+def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: Any) -> None:
+    """What the outermost session judged at a Python-level call is also the others': its syncs
+    (each report sets its own events' steps, hence copies), and where its outputs live (each
+    session's observer follows ops from there). The nested block takes nothing away from the
+    scan's report."""
+    outputs = [t for t in (out if isinstance(out, (tuple, list)) else (out,))
+               if isinstance(t, Tensor)]
+    for other in others:
+        if other.det.closed:
+            continue
+        rec = other.det.rec
+        if not rec.suppressed():
+            rec.events.extend(copy.copy(event) for event in recorded)
+        for t in outputs:
+            (other.det.host.mark_device if det.host.on_device(t) else
+             other.det.host.mark_host)(t)
+
+
 class CallLayers:
     """One detector's layers; `install` / `uninstall` as a pair (uninstall is idempotent)."""
 
     def __init__(self, det: OpDetector):
         self.det = det
         self._handles: list[patches.Handle] = []
+        self._others: list[CallLayers] = []  # the other sessions open on this thread
         self._context_factory = self._handled("factory", lambda f, a, k: det.handle_factory(
             f, a, k, _DATA_AT.get(getattr(f, "__name__", ""))))
 
     # -- which calls count ---------------------------------------------------------------
     def watching(self) -> bool:
-        """The scanned thread, if this is its innermost scan; on a GPU also the autograd
+        """The scanned thread, if this is its outermost session; on a GPU also the autograd
         engine's device threads running its backward."""
         det = self.det
         if det.closed:
             return False
         ident = threading.get_ident()
         if ident == det._owner:
-            return _ACTIVE[ident][-1] is self
+            return _ACTIVE[ident][0] is self
         return det.real and torch._C._current_graph_task_id() != -1
 
-    def _handled(self, name: str, handler: Callable[..., Any]):
+    def placing(self) -> bool:
+        """Another thread than the scanned one, on the virtual device: a background thread's
+        `.to("cuda")` goes to the virtual device as the scanned thread's does (a CPU build of
+        torch has no other), its tensors are resident there; what it syncs is not recorded
+        (OpDetector.record), as it stalls that thread and not the step."""
+        det = self.det
+        return (det.virtual and not det.closed and bool(_VIRTUAL) and _VIRTUAL[-1] is self
+                and threading.get_ident() != det._owner)
+
+    def _handled(self, name: str, handler: Callable[..., Any], method: bool = False):
         """A layer running handler(call, args, kwargs) as the current call; what it returns
         remembers the forward line of a sync it recorded (a sync in its backward is shown
         there)."""
-        det, watching = self.det, self.watching
+        det, watching, placing, others = self.det, self.watching, self.placing, self._others
 
         def layer(call, *args, **kwargs):
             if not watching():
+                return handler(call, args, kwargs) if placing() else call(*args, **kwargs)
+            if method and _has_torch_function(args):  # true under a mode too
+                # A __torch_function__ subclass or mode sees a Tensor method first, as it
+                # would plainly (the arguments as given, none of ours): torch hands it
+                # torch.Tensor's attribute, this one, which it calls again with itself
+                # disabled, and that call is handled. (Functions of torch's namespace reach
+                # it as torch._C's own, so those are handled here.)
                 return call(*args, **kwargs)
             events = det.rec.events
             before = len(events)
             outer, det.current_func = det.current_func, name
             try:
-                out = handler(call, args, kwargs)
+                if others:
+                    with contextlib.ExitStack() as stack:
+                        for other in others:  # this call is judged here, once
+                            stack.enter_context(other.det.rec.suppress())
+                        out = handler(call, args, kwargs)
+                else:
+                    out = handler(call, args, kwargs)
             finally:
                 det.current_func = outer
+            if others:
+                _share(det, others, events[before:], out)
             if len(events) != before and torch.is_grad_enabled():
                 last = events[-1]
                 remember_forward(out, last.frames, last.module)
@@ -116,7 +200,7 @@ class CallLayers:
 
         return layer
 
-    def _factory(self, name: str):
+    def _factory(self, name: str, method: bool = False):
         det = self.det
         data_at = _DATA_AT.get(name)
         virtual = det.virtual
@@ -133,14 +217,14 @@ class CallLayers:
                 det.host.mark_host(out)
             return out
 
-        return self._handled(name, handler)
+        return self._handled(name, handler, method)
 
     def _device_context(self, call, mode, func, types, args=(), kwargs=None):
         """torch's DeviceContext mode puts its device into a factory call that has none."""
         from torch.utils._device import _device_constructors
 
         kwargs = kwargs or {}
-        if (not self.watching() or func not in _device_constructors()
+        if (not (self.watching() or self.placing()) or func not in _device_constructors()
                 or kwargs.get("device") is not None):
             return call(mode, func, types, args, kwargs)
         return self._context_factory(func, *args, **{**kwargs, "device": mode.device})
@@ -152,19 +236,24 @@ class CallLayers:
         det = self.det
         _device._device_constructors()  # cache torch's own functions before ours replace them
         _ACTIVE.setdefault(det._owner, []).append(self)
+        _restack(det._owner)
+        if det.virtual:
+            _VIRTUAL.append(self)
         add = self._add
         try:
             for kind in ("to", "cpu", "cuda"):
                 add(Tensor, kind, self._handled(
-                    kind, functools.partial(det.handle_to, kind=kind)))
+                    kind, functools.partial(det.handle_to, kind=kind), method=True))
             for name, label in (("tolist", "tolist"), ("numpy", "numpy"),
                                 ("__repr__", "repr"), ("__format__", "repr")):
-                add(Tensor, name, self._handled(name, det.handle_to_host_read(label)))
+                add(Tensor, name, self._handled(name, det.handle_to_host_read(label),
+                                                method=True))
             for name in _NAMING:
                 add(Tensor, name, self._naming(name))
             one_hot = self._handled("one_hot", det.handle_one_hot)
-            add(torch.nn.functional, "one_hot", one_hot)
             add(torch._C._nn, "one_hot", one_hot)
+            self._handles.append(patches.add_alias(torch.nn.functional, "one_hot", torch._C._nn,
+                                                   "one_hot"))
             self._handles += patches.add_property_layer(
                 Tensor, "data", set=self._handled("data", det.handle_set_data))
             for name in factory_names():
@@ -173,12 +262,14 @@ class CallLayers:
                 add(owner, name, self._factory(name))
             for name in ("new_empty", "new_empty_strided", "new_full", "new_ones",
                          "new_zeros"):
-                add(Tensor, name, self._factory(name))
+                add(Tensor, name, self._factory(name, method=True))
             if det.virtual:
-                add(Tensor, "new_tensor", self._handled("new_tensor", det.handle_new_tensor))
+                add(Tensor, "new_tensor", self._handled("new_tensor", det.handle_new_tensor,
+                                                        method=True))
             else:
-                add(Tensor, "new_tensor", self._factory("new_tensor"))
+                add(Tensor, "new_tensor", self._factory("new_tensor", method=True))
             add(_device.DeviceContext, "__torch_function__", self._device_context)
+            add(warnings, "_showwarnmsg", _user_line)
             if det.virtual:
                 self._virtual_getters()
                 add(torch._C._nn, "_parse_to", self._handled("_parse_to", det.handle_parse_to))
@@ -187,18 +278,19 @@ class CallLayers:
             raise
 
     def _virtual_getters(self) -> None:
-        det, watching = self.det, self.watching
+        det, watching, placing = self.det, self.watching, self.placing
 
         def getter(handler):
             def layer(call, obj):
-                return handler(call, (obj,), {}) if watching() else call(obj)
+                return handler(call, (obj,), {}) if watching() or placing() else call(obj)
             return layer
 
         self._handles += patches.add_property_layer(Tensor, "device",
                                                     get=getter(det.handle_device))
         self._handles += patches.add_property_layer(Tensor, "is_cuda",
                                                     get=getter(det.handle_is_cuda))
-        self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device))
+        self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device,
+                                                      method=True))
 
     def _add(self, owner: Any, name: str, layer) -> None:
         self._handles.append(patches.add_layer(owner, name, layer))
@@ -210,5 +302,9 @@ class CallLayers:
         stack = _ACTIVE.get(self.det._owner, [])
         if self in stack:
             stack.remove(self)
+        self._others[:] = []
+        _restack(self.det._owner)
         if not stack:
             _ACTIVE.pop(self.det._owner, None)
+        if self in _VIRTUAL:
+            _VIRTUAL.remove(self)

@@ -322,6 +322,8 @@ class OpDetector:
     def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool:
         if self.rec.suppressed():
             return False
+        if self.virtual and threading.get_ident() != self._owner:
+            return False  # another thread placing tensors on the virtual device (calls.py)
         if self._libraries is not None and self._libraries.in_reducer_callback():
             return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None
@@ -425,11 +427,11 @@ class OpDetector:
         if not crossing:
             return out
         if to_host:
-            out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
+            out = _copy_of(out) if out is src else out  # a CUDA run makes a new host tensor
             self.host.mark_host(out)
         else:
             if out is src and not isinstance(src, torch.nn.Parameter):
-                out = out.clone()  # keep the host original on the host
+                out = _copy_of(out)  # keep the host original on the host
             self.host.mark_device(out)
             self.placed = True
         return out
@@ -527,8 +529,12 @@ class OpDetector:
         if data_at is None:
             return False
         data = args[data_at] if len(args) > data_at else kwargs.get("data")
-        if isinstance(data, Tensor) and self.host.on_device(data):
-            return False
+        if isinstance(data, Tensor):
+            if self.host.on_device(data):
+                return False
+        else:  # tensor_new.cpp stores each element with float(t) / int(t): a read each
+            for t in _device_elements(data, self.host.on_device):
+                self.record("float()" if t.is_floating_point() else "int()", detail=ELEMENT_READ)
         return self.record("H2D copy (torch.tensor)")
 
     def _virtual_factory(self, func, args, kwargs, data_at: int | None):
@@ -545,13 +551,35 @@ class OpDetector:
         if isinstance(out, Tensor):
             if to_device:
                 if args and out is args[0] and not self.host.on_device(out):
-                    out = out.clone()  # as_tensor(host tensor, device=cuda) is a new tensor
+                    out = _copy_of(out)  # as_tensor(host tensor, device=cuda) is a new tensor
                 self.host.mark_device(out)
             else:
                 self.host.mark_host(out)
                 if pin:
                     pin_host(out)
         return out
+
+
+def _copy_of(t: Tensor) -> Tensor:
+    """The new tensor a copy across the bus makes, of t's class; a __torch_function__ subclass
+    does not see it made (plainly, no clone runs)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        out = t.clone()
+        return out if type(out) is type(t) else out.as_subclass(type(t))
+
+
+ELEMENT_READ = ("torch.tensor(data) reads each device tensor in `data` on the host, then copies "
+                "the result up: torch.stack them on the device instead")
+
+
+def _device_elements(data, on_device) -> list:
+    """The device tensors a nested list / tuple holds (tensor_new.cpp's recursive_store reads
+    each with its __float__ / __int__)."""
+    if isinstance(data, Tensor):
+        return [data] if on_device(data) else []
+    if type(data) in (list, tuple):
+        return [t for d in data for t in _device_elements(d, on_device)]
+    return []
 
 
 def _has_tensor(items) -> bool:

@@ -40,6 +40,13 @@ class Session:
         the path a GPU run takes (detect/virtual_cuda.py). A timed run on the virtual device
         keeps the op detector (residency is what makes the device virtual); its report is not
         used, and on a CPU its step times are indicative only, as any CPU time is."""
+        from .virtual_cuda import active
+
+        if active() and mode in MODES:
+            # Inside a scan on the virtual device (a scanned script's own watch()): torch.cuda
+            # is the virtual one, and the scan judges each call for both, so this session
+            # runs on it too.
+            mode, virtual_cuda = "simulate", True
         self.mode = resolve_mode(mode)
         self.tracker = PhaseTracker(root=model, auto_steps=auto_steps)
         self.recorder = Recorder(self.tracker)
@@ -57,8 +64,15 @@ class Session:
         self.target = target
         self._installed: list = []
         self._frozen_steps: Steps | None = None  # as they were when the scan stopped the run
+        self._entered = False
 
     def __enter__(self) -> "Session":
+        if self._entered:
+            from ..errors import GpusyncError
+
+            raise GpusyncError("this gpusync.watch() block was entered already: a session is "
+                               "used once; make a new one with gpusync.watch() for each block")
+        self._entered = True
         try:
             for part in (self.tracker, self.detector, self.extras):
                 if part is None:

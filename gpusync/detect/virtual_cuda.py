@@ -21,6 +21,7 @@ path: such syncs come from `detect/predicted.py`, marked as predicted. All patch
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -140,20 +141,20 @@ class VirtualStream:
 
 
 class _Active:
-    """The live virtual device: its current stream, its pinned memory, and where a host wait
-    is reported (the op detector's record)."""
+    """The live virtual device: its current stream, its pinned memory, and the sessions using
+    it, each told of a host wait (its op detector's record, which keeps its own thread's)."""
 
     def __init__(self):
         self.pinned = Pinned()
         self.default = VirtualStream()
         self.current = self.default
-        self.record: Callable[[str], Any] | None = None
+        self.users: list[VirtualCuda] = []  # in the order they started; any may end first
         self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
         self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
 
     def sync(self, label: str) -> None:
-        if self.record is not None:
-            self.record(label)
+        for user in list(self.users):
+            user._record(label)
 
 
 _ACTIVE = _Active()
@@ -308,8 +309,44 @@ class VirtualGenerator(torch._C.Generator, metaclass=_AnyGenerator):
 
 def _no_compile(call, model=None, **kwargs):
     """torch.compile runs eagerly: a compiled CUDA graph cannot run on the CPU, and its host
-    reads (graph breaks at .item()) are the eager program's."""
-    return model if model is not None else (lambda fn: fn)
+    reads (graph breaks at .item()) are the eager program's. What it returns is what it returns
+    on a GPU (a module wrapped in an OptimizedModule, whose state_dict keys start `_orig_mod.`;
+    a function wrapped in one of its name), so checkpoints and attribute lookups match."""
+    return _eager if model is None else _eager(model)
+
+
+def _eager(model):
+    if isinstance(model, torch.nn.Module):
+        from torch._dynamo.eval_frame import DisableContext
+
+        return _eager_module_class()(model, DisableContext())
+    if not callable(model):
+        return model
+
+    @functools.wraps(model)
+    def compiled(*args, **kwargs):
+        return model(*args, **kwargs)
+
+    compiled._torchdynamo_orig_callable = model  # type: ignore[attr-defined]
+    return compiled
+
+
+@functools.cache
+def _eager_module_class() -> type:
+    """torch's OptimizedModule with dynamo disabled, which does not warn that gpusync's global
+    module hooks (the scan's phases) fire twice; it pickles as torch's own."""
+    from torch._dynamo.eval_frame import OptimizedModule, _set_in_optimized_module
+
+    def __call__(self, *args, **kwargs):
+        with _set_in_optimized_module():
+            return torch.nn.Module.__call__(self, *args, **kwargs)
+
+    def __reduce__(self):
+        return OptimizedModule, (self._orig_mod, self.dynamo_ctx)
+
+    return type("OptimizedModule", (OptimizedModule,), {
+        "__call__": __call__, "__reduce__": __reduce__, "__module__": OptimizedModule.__module__,
+        "__qualname__": OptimizedModule.__qualname__, "__doc__": OptimizedModule.__doc__})
 
 
 class _Swap:
@@ -373,20 +410,30 @@ _SHARED = patches.Shared(_install, _uninstall)
 
 
 class VirtualCuda:
-    """One scan's use of the virtual device; `record(label)` reports a host wait."""
+    """One session's use of the virtual device; `record(label)` reports a host wait. Sessions
+    may nest (a scanned script's own `gpusync.watch()`) and end in any order: each is told of
+    the waits while it is on."""
 
     def __init__(self, record: Callable[[str], Any]):
         self._record = record
         self._on = False
 
     def install(self) -> None:
-        _ACTIVE.record = self._record
-        _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
-        _SHARED.acquire()
-        self._on = True
+        with patches._lock:
+            if not _ACTIVE.users:  # the first user sets the device; a nested one shares it
+                _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+            _SHARED.acquire()
+            _ACTIVE.users.append(self)
+            self._on = True
 
     def uninstall(self) -> None:
-        if self._on:
-            self._on = False
-            _ACTIVE.record = None
-            _SHARED.release()
+        with patches._lock:
+            if self._on:
+                self._on = False
+                _ACTIVE.users.remove(self)
+                _SHARED.release()
+
+
+def active() -> bool:
+    """A session is running on the virtual device (torch.cuda answers for it)."""
+    return bool(_ACTIVE.users)

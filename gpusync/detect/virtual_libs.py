@@ -168,6 +168,7 @@ class VirtualLibraries:
             # vdev item 7: the backward of sparse @ dense coalesces on CUDA
             patches.add_layer(torch, "spmm", self._sparse_forward),
             patches.add_layer(torch.sparse, "mm", self._sparse_forward),
+            patches.add_layer(torch.jit, "load", self._jit_load),
         ]
         self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
@@ -352,6 +353,23 @@ class VirtualLibraries:
             det.placed = True
         for _ in range(_storages(loaded)):
             det.record("H2D copy", detail="torch.load: one per storage", fix=SERIALIZATION_FIX)
+        return out
+
+    def _jit_load(self, call, f, map_location=None, *args, **kwargs):
+        """torch.jit.load(f, map_location="cuda"): loaded on the CPU, its tensors resident on
+        the device, one copy up per storage (as torch.load)."""
+        det = self.det
+        map_location, to_gpu = _map_to_cpu(map_location)
+        with det.rec.suppress():
+            out = call(f, map_location, *args, **kwargs)
+        loaded = _tensors(out) if to_gpu else []
+        for t in loaded:
+            det.host.mark_device(t)
+        if loaded:
+            det.placed = True
+        for _ in range(_storages(loaded)):
+            det.record("H2D copy", detail="torch.jit.load: one per storage",
+                       fix=SERIALIZATION_FIX)
         return out
 
     def _follow(self, fn, moved: list[bool]):
