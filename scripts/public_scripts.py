@@ -108,7 +108,9 @@ def run_scan(root: Path, entry: dict[str, Any], python: str, timeout: float) -> 
            *map(str, entry.get("scan_args", entry.get("args", [])))]
     rc, out, err, timed_out = execute(cmd, root / entry["dir"], run_env(root, entry), timeout,
                                       False)
-    own = "\n".join(line for line in err.splitlines() if not GPUSYNC_LINE.match(line))
+    # keepends: the script's last line may be empty ('...\n\n'); a join on "\n" would lose it
+    own = "".join(line for line in err.splitlines(keepends=True)
+                  if not GPUSYNC_LINE.match(line))
     try:
         report = json.loads(out) if out.strip() else None
     except json.JSONDecodeError:
