@@ -147,7 +147,8 @@ def site_key(site: dict[str, Any], cwd: Path) -> str:
 
 def describe(site: dict[str, Any], key: str) -> str:
     where = "setup" if site.get("setup") else f"{site.get('per_step')}/step"
-    return f"{key} [{site.get('phase')}, {where}, count {site.get('count', '?')}]"
+    process = f", {site['process']}" if site.get("process") else ""
+    return f"{key} [{site.get('phase')}, {where}, count {site.get('count', '?')}{process}]"
 
 
 def check_site(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -162,6 +163,10 @@ def check_site(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
         wrong.append(f"per_step {got['per_step']} (expected {want['per_step']})")
     if "count" in want and int(want["count"]) != int(got["count"]):
         wrong.append(f"count {got['count']} (expected {want['count']})")
+    # `spawned: true`: made in a process the script spawned (the site's `process`)
+    if bool(want.get("spawned", False)) != bool(got.get("process")):
+        wrong.append(f"process {got.get('process')} (expected "
+                     f"{'a spawned one' if want.get('spawned') else 'the scanned one'})")
     return wrong
 
 

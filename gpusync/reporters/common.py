@@ -52,7 +52,9 @@ def fix_line(site) -> str:
               if lib else "")
     detail = f" ({site.detail})" if site.detail else ""
     predicted = f" [predicted: {site.predicted}]" if site.predicted else ""
-    return f"{site.op}{inside}{detail}{predicted}: {site.fix}"
+    process = getattr(site, "process", None)
+    spawned = f" [in spawned process {process}, per its own steps]" if process else ""
+    return f"{site.op}{inside}{detail}{predicted}{spawned}: {site.fix}"
 
 
 def library_view(report):
