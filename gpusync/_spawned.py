@@ -7,8 +7,10 @@ such a child as `from gpusync._spawned import main; main(FOLDER, ...)` instead o
 `from multiprocessing.spawn import spawn_main; spawn_main(...)`. `main` starts a scan Session
 on the virtual device, then runs multiprocessing's own spawn_main (which imports the script as
 __mp_main__ and runs the target), and on the way out writes {"pid", "name", "report"} to
-FOLDER/PID.json. The parent reads those files (`notes(folder)`) into its report's notes: a
-child's syncs are its own (a child has its own steps), so they are told apart, per pid.
+FOLDER/PID.json. The parent reads those files: each child's sites join the parent report's
+sites (`sites`), each marked with its process ("pid N (NAME)") and counted per the child's
+own steps (a child has its own steps); the parent's per-step figures stay the parent's, and
+a note per child (`notes`) says so.
 """
 from __future__ import annotations
 
@@ -99,26 +101,46 @@ def placed(children: list[dict[str, Any]]) -> bool:
                for c in children)
 
 
+def label(child: dict[str, Any]) -> str:
+    return f"pid {child.get('pid')} ({child.get('name') or '?'})"
+
+
+def sites(children: list[dict[str, Any]]) -> list[Any]:
+    """Each child's sites, marked with the child's process (the Site's `process`); their
+    count and per_step are the child's, over its own steps."""
+    from .report import Site
+
+    out = []
+    for child in children:
+        for data in (child.get("report") or {}).get("sites") or []:
+            try:
+                out.append(Site(**{**data, "process": label(child)}))
+            except TypeError:  # a child's report of another shape: its note still says it
+                continue
+    return out
+
+
 def notes(children: list[dict[str, Any]]) -> list[str]:
-    """One note per spawned child that synced (its pid, its syncs per step and where), and
-    one naming those that did not."""
+    """One note per spawned child that synced (its pid, its syncs per step over its own
+    steps, and where), and one naming those that did not."""
     quiet, unreported, out = [], [], []
     for child in children:
         report = child.get("report")
         if report is None:  # killed (a DataLoader ends a worker slow to stop)
-            unreported.append(f"pid {child.get('pid')}")
+            unreported.append(f"pid {child.get('pid')}")  # its name was not known yet
             continue
-        sites = report.get("sites") or []
-        label = f"pid {child.get('pid')} ({child.get('name')})"
-        if not sites:
-            quiet.append(label)
+        made = report.get("sites") or []
+        if not made:
+            quiet.append(label(child))
             continue
         where = ", ".join(f"{s['op']} at {s['file']}:{s['line']} x{s['count']}"
-                          for s in sites[:5]) + (", ..." if len(sites) > 5 else "")
-        out.append(f"spawned process {label} ran on the virtual CUDA device: "
+                          for s in made[:5]) + (", ..." if len(made) > 5 else "")
+        out.append(f"spawned process {label(child)} ran on the virtual CUDA device: "
                    f"{report.get('syncs_per_step', 0):g} syncs/step over "
-                   f"{report.get('steps', 0)} step(s) (max "
-                   f"{report.get('max_syncs_per_step', 0)}): {where}")
+                   f"{report.get('steps', 0)} step(s) of its own (max "
+                   f"{report.get('max_syncs_per_step', 0)}): {where}; its sites are in the "
+                   "report's sites, marked with its process and counted per its own steps "
+                   "(the report's syncs per step are this process's)")
     if quiet:
         out.append(f"spawned process(es) {', '.join(quiet)} ran on the virtual CUDA device "
                    "and made no syncs")

@@ -61,12 +61,16 @@ def rank_sites(report):
         if s.setup:
             continue
         per_rank = getattr(s, "per_rank", None)
+        # a spawned process's site is keyed on its own, by the process's name (its pid
+        # changes from run to run), as its per-step figure is per that process's steps
+        process = getattr(s, "process", None)
+        spawned = f" | spawned {process.split(' (', 1)[-1].rstrip(')')}" if process else ""
         if getattr(report, "ranks", 1) > 1 and per_rank:
             for rank, value in per_rank.items():
                 if value > 0:
-                    yield s, f" | rank {rank}", value
+                    yield s, f" | rank {rank}{spawned}", value
         else:
-            yield s, "", s.per_step
+            yield s, spawned, s.per_step
 
 
 def keyed_sites(report) -> dict[str, tuple[float, list]]:

@@ -212,7 +212,9 @@ def failed_first(payloads: dict[int, dict[str, Any] | None]) -> list[tuple[int, 
 
 def _site_key(s: Site) -> tuple:
     lib = (s.library or {}).get("file"), (s.library or {}).get("line")
-    return (s.op, s.phase, s.hook, s.module, s.file, s.line, lib, s.fix)  # report.py's key
+    # report.py's key, and the spawned process a site was made in (none: the rank's own)
+    return (s.op, s.phase, s.hook, s.module, s.file, s.line, lib, s.fix,
+            (s.process or "").split(" (")[-1])
 
 
 def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, list[str]]:

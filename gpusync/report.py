@@ -39,6 +39,9 @@ class Site:
     setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
     predicted: str = ""  # why it was predicted rather than seen (C++ code's GPU path); "" if seen
     per_rank: dict | None = None  # under torchrun: {rank: per_step}; None for one process
+    # "pid N (NAME)" for a site made in a process the script spawned (gpusync/_spawned.py):
+    # its count and per_step are over that process's own steps; None for the scanned process
+    process: str | None = None
 
     @property
     def where(self) -> str:

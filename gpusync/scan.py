@@ -163,6 +163,8 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     if state["stopped"]:  # what ran after the scan stopped it is not the scan's
         error = None
     result = _result(session, error, notes=_spawned.notes(spawned))
+    # the children's sites, after the parent's: the report's per-step figures stay the parent's
+    result.report.sites = [*result.report.sites, *_spawned.sites(spawned)]
     if _spawned.placed(spawned):  # the script's device work ran in its spawned processes
         result.report.notes = [n for n in result.report.notes if n != NOTHING_ON_GPU]
     return result

@@ -108,7 +108,9 @@ def run_scan(root: Path, entry: dict[str, Any], python: str, timeout: float) -> 
            *map(str, entry.get("scan_args", entry.get("args", [])))]
     rc, out, err, timed_out = execute(cmd, root / entry["dir"], run_env(root, entry), timeout,
                                       False)
-    own = "\n".join(line for line in err.splitlines() if not GPUSYNC_LINE.match(line))
+    # keepends: the script's last line may be empty ('...\n\n'); a join on "\n" would lose it
+    own = "".join(line for line in err.splitlines(keepends=True)
+                  if not GPUSYNC_LINE.match(line))
     try:
         report = json.loads(out) if out.strip() else None
     except json.JSONDecodeError:
@@ -145,7 +147,8 @@ def site_key(site: dict[str, Any], cwd: Path) -> str:
 
 def describe(site: dict[str, Any], key: str) -> str:
     where = "setup" if site.get("setup") else f"{site.get('per_step')}/step"
-    return f"{key} [{site.get('phase')}, {where}, count {site.get('count', '?')}]"
+    process = f", {site['process']}" if site.get("process") else ""
+    return f"{key} [{site.get('phase')}, {where}, count {site.get('count', '?')}{process}]"
 
 
 def check_site(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -160,6 +163,10 @@ def check_site(want: dict[str, Any], got: dict[str, Any]) -> list[str]:
         wrong.append(f"per_step {got['per_step']} (expected {want['per_step']})")
     if "count" in want and int(want["count"]) != int(got["count"]):
         wrong.append(f"count {got['count']} (expected {want['count']})")
+    # `spawned: true`: made in a process the script spawned (the site's `process`)
+    if bool(want.get("spawned", False)) != bool(got.get("process")):
+        wrong.append(f"process {got.get('process')} (expected "
+                     f"{'a spawned one' if want.get('spawned') else 'the scanned one'})")
     return wrong
 
 

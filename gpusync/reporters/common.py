@@ -34,7 +34,10 @@ def rows(sites):
     for i, s in sites:
         phase = f"hook:{s.hook}" if s.hook else s.phase
         stall = "-" if s.stall_ms is None else f"{s.stall_ms:.3f}"
-        row = [i, s.op, phase, s.module or "", f"{short_path(s.file)}:{s.line}", s.count,
+        process = getattr(s, "process", None)  # a spawned child's site: its pid by the line
+        where = f"{short_path(s.file)}:{s.line}" + (f" ({process.split(' (')[0]})"
+                                                    if process else "")
+        row = [i, s.op, phase, s.module or "", where, s.count,
                f"{s.per_step:g}", stall]
         per_rank = getattr(s, "per_rank", None)
         if per_rank and len(per_rank) > 1:
@@ -52,7 +55,9 @@ def fix_line(site) -> str:
               if lib else "")
     detail = f" ({site.detail})" if site.detail else ""
     predicted = f" [predicted: {site.predicted}]" if site.predicted else ""
-    return f"{site.op}{inside}{detail}{predicted}: {site.fix}"
+    process = getattr(site, "process", None)
+    spawned = f" [in spawned process {process}, per its own steps]" if process else ""
+    return f"{site.op}{inside}{detail}{predicted}{spawned}: {site.fix}"
 
 
 def library_view(report):

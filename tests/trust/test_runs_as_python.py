@@ -176,7 +176,8 @@ SPAWNS = textwrap.dedent('''
 
 def test_spawned_processes_run_on_the_virtual_device(tmp_path, capfd):
     """Spawned children import the script as __mp_main__, run on the virtual CUDA device
-    too, and the report names each one's pid with its syncs."""
+    too; their sites are among the report's sites, each marked with its process (pid and
+    name) and counted per that process's own steps; the per-step figures stay the parent's."""
     (tmp_path / "train.py").write_text(SPAWNS)
     capfd.readouterr()
     expected = plain("train.py", cwd=tmp_path)
@@ -196,6 +197,20 @@ def test_spawned_processes_run_on_the_virtual_device(tmp_path, capfd):
         assert f"H2D copy at {tmp_path / 'train.py'}:{copied} x1" in note
         assert f"item at {tmp_path / 'train.py'}:{summed} x1" in note
     assert len({n.split()[3] for n in synced}) == 3  # three pids
+    # each child's two syncs are sites of the report, one pair per child, marked with it
+    pids = sorted(n.split()[3] for n in synced)
+    by_process = {}
+    for site in report["sites"]:
+        assert site["process"] is not None, site  # the parent itself made no sync
+        by_process.setdefault(site["process"], set()).add((site["op"], site["line"],
+                                                           site["count"]))
+    assert sorted(p.split()[1] for p in by_process) == pids
+    names = sorted(p.split(" (")[1].rstrip(")") for p in by_process)
+    # the loader's worker is SpawnProcess-1 (no syncs), then the Process and the two ranks
+    assert names == ["SpawnProcess-2", "SpawnProcess-3", "SpawnProcess-4"], names
+    assert all(v == {("H2D copy", copied, 1), ("item", summed, 1)}
+               for v in by_process.values()), by_process
+    assert report["syncs_per_step"] == 0  # the parent's own
     # the DataLoader's worker: no syncs (or, when slow to stop, stopped by the DataLoader)
     assert len(children) == 4, report["notes"]
     assert not any("never put a tensor on the GPU" in n for n in report["notes"])

@@ -98,3 +98,20 @@ def test_the_same_run_gives_the_baselines_figure_exactly():
 def test_a_new_site_is_shown_at_its_line_not_at_a_setup_site_with_its_key():
     [problem] = compare_counts({"sites": []}, report(site(213, 0.0, setup=True), site(316, 1.0)))
     assert (problem.kind, problem.line) == ("new site", 316)
+
+
+def test_a_spawned_processs_site_is_keyed_on_its_own_by_the_processs_name():
+    """A site a spawned child made (counted per the child's steps) never adds to the
+    parent's figure at the same key; its key names the process, not its pid (which changes
+    from run to run)."""
+    from gpusync.baseline import from_report, keyed_sites
+
+    child = SimpleNamespace(**{**vars(site(8, 1.0)), "process": "pid 4027 (SpawnProcess-2)"})
+    now = SimpleNamespace(sites=[site(8, 0.5), child], ranks=1, target="t.py",
+                          mode="simulate", device="cpu", warmup=1, measured_steps=2,
+                          syncs_per_step=0.5, max_syncs_per_step=1, syncs_by_phase={})
+    keys = {k: v[0] for k, v in keyed_sites(now).items()}
+    assert keys == {KEY: 0.5, f"{KEY} | spawned SpawnProcess-2": 1.0}
+    again = SimpleNamespace(**{**vars(now), "sites": [
+        site(8, 0.5), SimpleNamespace(**{**vars(child), "process": "pid 5120 (SpawnProcess-2)"})]})
+    assert compare_counts(from_report(now), again) == []

@@ -44,3 +44,25 @@ def test_sites_match_by_op_line_and_phase_and_the_rest_is_sorted_out(tmp_path):
     assert res.mismatched == ["H2D copy @ train.py:5: count 2 (expected 4)"]
     assert [m.split(" [")[0] for m in res.misses] == ["item @ train.py:9"]
     assert [f.split(" [")[0] for f in res.false_alarms] == ["nonzero @ train.py:7"]
+
+
+def test_the_scans_output_keeps_the_scripts_trailing_empty_line(monkeypatch):
+    """A script whose last print ends '\\n\\n' (hogwild's test()) ends with an empty line;
+    the scan's stderr less gpusync's lines keeps it, as the plain run's output does."""
+    err = "gpusync scan: scanning main.py (5s elapsed)\nTest set: 9%\n\n"
+    monkeypatch.setattr(ps, "execute", lambda *a, **k: (0, "", err, False))
+    run = ps.run_scan(Path("/root"), {"dir": "s", "script": "main.py"}, "python", 1.0)
+    assert run.lines == ps.normalise("Test set: 9%\n\n", {}) == ["Test set: 9%", ""]
+
+
+def test_a_spawned_expected_site_matches_only_a_spawned_processs_site(tmp_path):
+    entry = {"name": "s", "dir": "s", "expected_sites": [
+        {"op": "item", "file": "train.py", "line": 9, "count": 2, "spawned": True},
+        {"op": "item", "file": "train.py", "line": 12, "count": 2, "spawned": True},
+    ]}
+    report = {"sites": [{**site("item", 9), "process": "pid 41 (Process-1)"},
+                        site("item", 12)]}
+    res = ps.Result("s", entry, ps.Run(0, []), ps.Run(0, [], report))
+    ps.compare_sites(res, Path("/root"))
+    assert res.matched == ["item @ train.py:9"]
+    assert res.mismatched == ["item @ train.py:12: process None (expected a spawned one)"]

@@ -54,3 +54,25 @@ def test_text_renderers_name_every_site_and_fix(fmt):
     r = build_report([ev("item", 0), ev("nonzero", 0, 20)], steps=1, warmup=0, mode="simulate")
     text = render(r, fmt)
     assert "item" in text and "nonzero" in text and "fix it" in text
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "html"])
+def test_a_spawned_processs_site_names_its_process(fmt):
+    """A site a spawned child made (scan.py appends them) shows the child's pid by its line and
+    its process in its fix; a v4 report without the field still reads (it is optional)."""
+    import dataclasses
+
+    r = build_report([ev("item", 0), ev("nonzero", 0, 20)], steps=1, warmup=0, mode="simulate")
+    r.sites[1] = dataclasses.replace(r.sites[1], process="pid 4027 (SpawnProcess-2)")
+    text = render(r, fmt)
+    assert "train.py:20 (pid 4027)" in text and "train.py:10 (pid" not in text
+    assert "[in spawned process pid 4027 (SpawnProcess-2), per its own steps]" in text
+    d = json.loads(render(r, "json"))
+    assert [s["process"] for s in d["sites"]] == [None, "pid 4027 (SpawnProcess-2)"]
+    from gpusync.schemas import validator
+
+    validator(d["kind"]).validate(d)
+    assert Report.from_dict(d) == r
+    del d["sites"][0]["process"]
+    validator(d["kind"]).validate(d)
+    assert Report.from_dict(d).sites[0].process is None
