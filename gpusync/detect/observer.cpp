@@ -12,12 +12,14 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <torch/csrc/Device.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -475,6 +477,33 @@ void uninstall(Observer& o) {
   }
 }
 
+// torch.device(0) on the virtual device. A CPU build resolves a bare index against the current
+// accelerator in C++ (THPDevice_pynew) and has none; torch.device is a static C type that
+// Python cannot subclass or patch without breaking `type(d) is torch.device`. So while a
+// virtual scan runs, the type's tp_new reads a lone int as cuda:INDEX, as a one-GPU build
+// does, and hands everything else to torch's own.
+newfunc original_device_new = nullptr;
+
+PyObject* virtual_device_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  if (type == &THPDeviceType && (kwargs == nullptr || PyDict_Size(kwargs) == 0) &&
+      PyTuple_GET_SIZE(args) == 1) {
+    PyObject* arg = PyTuple_GET_ITEM(args, 0);
+    if (PyLong_Check(arg) && !PyBool_Check(arg)) {
+      long index = PyLong_AsLong(arg);
+      if (index >= 0 && index <= std::numeric_limits<c10::DeviceIndex>::max()) {
+        return THPDevice_New(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index)));
+      }
+      PyErr_Clear();  // out of range: torch's own message
+    }
+  }
+  return original_device_new(type, args, kwargs);
+}
+
+void virtual_device_index(bool on) {
+  if (original_device_new == nullptr) original_device_new = THPDeviceType.tp_new;
+  THPDeviceType.tp_new = on ? virtual_device_new : original_device_new;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -487,6 +516,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("FILTERS") = filters;
   m.def("add_rule", &add_rule);
   m.def("add_lift", [](const std::string& name) { add_to(&Config::lifts, name); });
+  m.def("virtual_device_index", &virtual_device_index);
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
   py::class_<Observer>(m, "Observer")
       .def(py::init<py::object, py::object>(), py::arg("on_rule"), py::arg("on_recorded"))

@@ -348,6 +348,25 @@ def add_property_layer(owner: Any, name: str, get: Layer | None = None,
     return handles
 
 
+
+class Swap:
+    """Set owner.name to a value outright (a class stays a class for isinstance checks); the
+    original is put back, or the attribute removed, by remove(). For values no layer can
+    stand in front of: classes, constants."""
+
+    def __init__(self, owner: Any, name: str, value: Any):
+        self.owner, self.name = owner, name
+        self.own = name in vars(owner)
+        self.original = vars(owner).get(name)
+        setattr(owner, name, value)
+
+    def remove(self) -> None:
+        if self.own:
+            setattr(self.owner, self.name, self.original)
+        else:
+            delattr(self.owner, self.name)
+
+
 class Shared:
     """A global setting several sessions need at once (e.g. the CUDA sync-debug mode): `enter`
     runs for the first user and returns what `leave` gets back when the last one goes."""

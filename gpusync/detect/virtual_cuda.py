@@ -349,20 +349,22 @@ def _eager_module_class() -> type:
         "__qualname__": OptimizedModule.__qualname__, "__doc__": OptimizedModule.__doc__})
 
 
-class _Swap:
-    """Replace an attribute outright (a class stays a class for isinstance checks)."""
+class _BareIndex:
+    """torch.device(0) reads as cuda:0 while installed (observer.cpp `virtual_device_index`:
+    torch.device is a C type, resolved against an accelerator a CPU build lacks). Without the
+    compiled observer, a bare index fails as on any CPU build."""
 
-    def __init__(self, owner: Any, name: str, value: Any):
-        self.owner, self.name = owner, name
-        self.own = name in vars(owner)
-        self.original = vars(owner).get(name)
-        setattr(owner, name, value)
+    def __init__(self):
+        from . import native
+
+        self._module = native.load()
+        if self._module is not None:
+            self._module.virtual_device_index(True)
 
     def remove(self) -> None:
-        if self.own:
-            setattr(self.owner, self.name, self.original)
-        else:
-            delattr(self.owner, self.name)
+        if self._module is not None:
+            self._module.virtual_device_index(False)
+            self._module = None
 
 
 def _install() -> list:
@@ -377,9 +379,9 @@ def _install() -> list:
         for name, fn in _accelerator_api().items():
             handles.append(patches.add_layer(torch.accelerator, name,
                                              lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
-        handles.append(_Swap(torch.cuda, "Stream", VirtualStream))
-        handles.append(_Swap(torch.cuda, "Event", VirtualEvent))
-        handles.append(_Swap(torch, "Generator", VirtualGenerator))
+        handles.append(patches.Swap(torch.cuda, "Stream", VirtualStream))
+        handles.append(patches.Swap(torch.cuda, "Event", VirtualEvent))
+        handles.append(patches.Swap(torch, "Generator", VirtualGenerator))
         handles.append(patches.add_layer(torch, "compile", _no_compile))
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
             handles.append(patches.add_layer(torch.cuda.nvtx, name, lambda call, *a, **k: 0))
@@ -387,6 +389,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
         handles += virtual_torch.install(lambda label: _ACTIVE.sync(label))
+        handles.append(_BareIndex())
         if dist.is_available():
             handles.append(patches.add_layer(dist, "init_process_group", _nccl_to_gloo))
             handles.append(patches.add_layer(dist, "is_nccl_available",

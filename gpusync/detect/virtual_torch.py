@@ -80,28 +80,12 @@ def _is_acceptable(call, tensor):
             and tensor.dtype in _cudnn_module().CUDNN_TENSOR_DTYPES)
 
 
-class _Value:
-    """Set owner.name to a value, restored (or removed) on remove()."""
-
-    def __init__(self, owner: Any, name: str, value: Any):
-        self.owner, self.name = owner, name
-        self.own = name in vars(owner)
-        self.original = vars(owner).get(name)
-        setattr(owner, name, value)
-
-    def remove(self) -> None:
-        if self.own:
-            setattr(self.owner, self.name, self.original)
-        else:
-            delattr(self.owner, self.name)
-
-
 def _build_handles() -> list:
     import torch.backends.cuda
 
     cudnn = _cudnn_module()
     return [
-        _Value(torch.version, "cuda", CUDA_VERSION),
+        patches.Swap(torch.version, "cuda", CUDA_VERSION),
         patches.add_layer(cudnn, "_init", lambda call: True),
         patches.add_layer(cudnn, "version", lambda call: CUDNN_VERSION),
         patches.add_layer(cudnn, "is_available", lambda call: True),
@@ -184,8 +168,8 @@ def _data_parallel_handles() -> list:
     from torch.nn.parallel import _functions
 
     return [
-        _Value(torch._C, "_scatter", _scatter),
-        _Value(torch._C, "_gather", _gather),
+        patches.Swap(torch._C, "_scatter", _scatter),
+        patches.Swap(torch._C, "_gather", _gather),
         patches.add_layer(_functions.Scatter, "forward", _scatter_forward),
     ]
 

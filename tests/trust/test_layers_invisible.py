@@ -471,3 +471,34 @@ def test_wrappers_are_torchscript_builtins_only_while_installed():
     assert torch.zeros is torch._C._VariableFunctions.zeros
     assert _find_builtin(wrapper) is None
     assert _find_builtin(torch.zeros) == "aten::zeros"
+
+
+def test_a_bare_device_index_is_the_virtual_gpu(tmp_path, capfd):
+    """torch.device(0) reads as cuda:0 under the scan, as on a one-GPU build (a CPU build has no
+    accelerator to resolve it against); a lone int only: other spellings are torch's own."""
+    plain = assert_same(tmp_path, capfd, """
+        import torch
+
+        dev = torch.device(0) if torch.cuda.is_available() else torch.device("cpu")
+        x = torch.arange(4.0).to(dev)
+        print("|", (x * 2).sum().item(), type(dev) is torch.device, dev.type in ("cpu", "cuda"))
+        print("|", torch.device("cpu"), torch.device("cuda", 1), torch.device(type="cuda"))
+        for bad in (-1, "bogus"):
+            try:
+                torch.device(bad)
+            except RuntimeError as e:
+                print("|", bad, str(e).split(",")[0][:40])
+        """)
+    assert plain[0] == "| 12.0 True True"
+
+
+def test_a_bare_device_index_fails_again_after_the_scan(tmp_path):
+    import pytest
+    import torch
+
+    from gpusync.detect.session import Session
+
+    with Session(mode="simulate", virtual_cuda=True, auto_steps=False):
+        assert torch.device(1) == torch.device("cuda", 1)
+    with pytest.raises(RuntimeError):
+        torch.device(0)
