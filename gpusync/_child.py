@@ -204,6 +204,9 @@ def main(folder: str) -> int:
     with open(os.path.join(folder, isolate.JOB)) as f:
         job = json.load(f)
     processes.die_with_parent(job.get("parent"))  # a killed gpusync leaves nothing running
+    from . import scan
+
+    scan.SCRATCH = folder  # removed by the parent whichever way this process ends
     verbosity.set_level(job.get("verbosity", verbosity.NORMAL))
     if not verbosity.verbose() and _builtin(job.get("target")):
         verbosity.hush_third_party()

@@ -170,6 +170,11 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     return result
 
 
+# Where this run's temporary folders go: the scan child sets it to its job folder, which the
+# parent removes even when it had to kill the child (whose own cleanup then never ran).
+SCRATCH: str | None = None
+
+
 @contextlib.contextmanager
 def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[dict]]]:
     """While inside, processes the script spawns run on the virtual CUDA device too
@@ -177,7 +182,7 @@ def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[dict]]]:
     if not virtual:
         yield list
         return
-    folder = tempfile.mkdtemp(prefix="gpusync-spawned-")
+    folder = tempfile.mkdtemp(prefix="gpusync-spawned-", dir=SCRATCH)
     handle = _spawned.redirect(folder)
     try:
         yield lambda: _spawned.read(folder)

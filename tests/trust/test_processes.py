@@ -263,3 +263,20 @@ def test_under_torchrun_sigterm_ends_every_ranks_processes(tmp_path):
         assert (tmp_path / "marks" / f"checkpoint{rank}").read_text() == "saved"
         assert _left(tmp_path / "marks", rank) == []
     assert _folders(tmp_path) == []
+
+
+def test_a_child_killed_after_the_grace_leaves_no_folder(tmp_path):
+    """A script that ignores SIGTERM is killed after the grace period, so its own cleanup never
+    runs: its temporary folders (spawned children's reports) live in the job folder, which
+    gpusync removes."""
+    (tmp_path / "train.py").write_text(HELPERS + textwrap.dedent('''
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        mark("pgid", os.getpgid(0))
+        time.sleep(1000)
+    '''))
+    proc = _start(tmp_path, "scan", "train.py")
+    _wait_for(tmp_path / "marks" / "pgid", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert _folders(tmp_path) == []
