@@ -63,6 +63,8 @@ struct Frame {
   bool names_device;   // a Device argument (a factory given TensorOptions with a device)
   Impl* self_host;     // the first argument, when it is a host tensor (in-place ops)
   uint64_t inner_at;   // inner_ops_ when the op began
+  bool remember = false;  // not recorded: its outputs' forward line is still wanted
+  bool opaque = false;    // its inner ops are only counted (kOpaque, unless sparse)
 };
 
 // What one pass over an op's tensor inputs found.
@@ -179,7 +181,6 @@ class Observer {
     }
     OpInfo& info = info_of(fn);
     Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
-    if (info.flags & kOpaque) ++opaque_depth_;
     auto inputs = fn.inputs();
     Inputs seen;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -197,12 +198,19 @@ class Observer {
       });
     }
     f.all_host = !seen.any_device;
+    // With a sparse operand an opaque op's inner ops are looked at: torch.matmul / `@` (opaque:
+    // a kernel for Autograd) reach mm, whose sparse operand coalesces on CUDA in forward or
+    // in backward (rules.py SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
+    f.opaque = (info.flags & kOpaque) && !seen.any_sparse;
+    if (f.opaque) ++opaque_depth_;
     if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
-      f.recorded = ask(info, inputs);
+      int answer = ask(info, inputs);
+      f.recorded = answer == kRecorded;
+      f.remember = answer == kRemember;
       if (f.recorded) ++recorded_depth_;
     }
     stack_.push_back(f);
-    return info.inner >= kQuietFrom;
+    return f.opaque && info.inner >= kQuietFrom;
   }
 
   void end(const at::RecordFunction& fn) {
@@ -211,13 +219,13 @@ class Observer {
     stack_.pop_back();
     if (!f.visible) return;
     const uint8_t flags = f.info->flags;
-    if (flags & kOpaque) {
+    if (f.opaque) {
       --opaque_depth_;
       if (f.info->inner < 0) f.info->inner = static_cast<int>(inner_ops_ - f.inner_at);
     }
     if (f.recorded) --recorded_depth_;
     const auto& outputs = fn.outputs();
-    if (f.recorded && needs_grad(outputs)) recorded(outputs);
+    if ((f.recorded || f.remember) && needs_grad(outputs)) recorded(outputs, f.recorded);
     if (flags & kKeep) return;
     const bool for_device =
         !f.has_tensor && (device_default > 0 || (f.names_device && context_on_device()));
@@ -328,7 +336,12 @@ class Observer {
     }
   }
 
-  bool ask(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  // Python's answer (OpDetector._on_rule): nothing, a recorded sync, or no sync but a forward
+  // line to keep on the op's autograd node (a sparse matmul, whose backward coalesces).
+  static constexpr int kRecorded = 1;
+  static constexpr int kRemember = 2;
+
+  int ask(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
     py::gil_scoped_acquire gil;
     try {
       py::list args;
@@ -343,10 +356,10 @@ class Observer {
         }
       }
       return on_rule_(py::str(info.name), py::str(info.overload), py::tuple(args), kwargs)
-          .cast<bool>();
+          .cast<int>();
     } catch (py::error_already_set& e) {
       unraisable(e, on_rule_);
-      return false;
+      return 0;
     }
   }
 
@@ -358,14 +371,15 @@ class Observer {
     return any;
   }
 
-  // Python gets the outputs of an op it recorded that autograd will run backward through
-  // (their node is set by now): a sync in that backward is shown at the forward line.
-  void recorded(const std::vector<c10::IValue>& outputs) {
+  // Python gets the outputs of an op it recorded (or asked to remember) that autograd will run
+  // backward through (their node is set by now): a sync in that backward is shown at the
+  // forward line.
+  void recorded(const std::vector<c10::IValue>& outputs, bool was_recorded) {
     py::gil_scoped_acquire gil;
     try {
       py::list values;
       for (const auto& o : outputs) values.append(torch::jit::toPyObject(o));
-      on_recorded_(py::tuple(values));
+      on_recorded_(py::tuple(values), py::bool_(was_recorded));
     } catch (py::error_already_set& e) {
       unraisable(e, on_recorded_);
     }
