@@ -35,6 +35,9 @@ constexpr uint8_t kOpaque = 1;  // it has its own kernel: ops it calls are its i
 constexpr uint8_t kRule = 2;    // Python decides whether it syncs
 constexpr uint8_t kLift = 4;    // torch.tensor(data) enters here: host memory
 constexpr uint8_t kKeep = 8;    // copy_: the destination stays where it is
+// Opaque only through an Autograd kernel beside its composite one (matmul, linear: nested
+// tensors' autograd kernel); a dense or sparse tensor runs the composite, whose ops are real.
+constexpr uint8_t kAutogradOnly = 16;
 
 // An opaque op with this many inner ops or more runs with RecordFunction off (ThreadState).
 constexpr int kQuietFrom = 2;
@@ -64,7 +67,7 @@ struct Frame {
   Impl* self_host;     // the first argument, when it is a host tensor (in-place ops)
   uint64_t inner_at;   // inner_ops_ when the op began
   bool remember = false;  // not recorded: its outputs' forward line is still wanted
-  bool opaque = false;    // its inner ops are only counted (kOpaque, unless sparse)
+  bool opaque = false;    // its inner ops are only counted (kOpaque, but see start)
 };
 
 // What one pass over an op's tensor inputs found.
@@ -198,10 +201,10 @@ class Observer {
       });
     }
     f.all_host = !seen.any_device;
-    // With a sparse operand an opaque op's inner ops are looked at: torch.matmul / `@` (opaque:
-    // a kernel for Autograd) reach mm, whose sparse operand coalesces on CUDA in forward or
-    // in backward (rules.py SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
-    f.opaque = (info.flags & kOpaque) && !seen.any_sparse;
+    // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
+    // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
+    // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
+    f.opaque = (info.flags & kOpaque) && !((info.flags & kAutogradOnly) && seen.any_sparse);
     if (f.opaque) ++opaque_depth_;
     if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
       int answer = ask(info, inputs);
@@ -295,16 +298,22 @@ class Observer {
     auto op = c10::Dispatcher::singleton().findOp({name, overload});
     // Ranges that are no op (the autograd engine's, record_function's) enclose user code.
     bool decomposes = !op;
+    bool autograd_only = false;
     if (op) {
       using K = c10::DispatchKey;
       decomposes = op->hasKernelForDispatchKey(K::CompositeImplicitAutograd);
+      autograd_only = decomposes;
       for (K k : {K::CPU, K::CUDA, K::CompositeExplicitAutograd,
                   K::CompositeExplicitAutogradNonFunctional, K::Autograd, K::AutogradCPU,
                   K::AutogradCUDA}) {
-        if (op->hasKernelForDispatchKey(k)) decomposes = false;
+        if (op->hasKernelForDispatchKey(k)) {
+          decomposes = false;
+          if (k != K::Autograd) autograd_only = false;
+        }
       }
     }
     if (!decomposes) info.flags |= kOpaque;
+    if (!decomposes && autograd_only) info.flags |= kAutogradOnly;
     info.op = static_cast<bool>(op);
     auto rule = c.rules.find(name);
     if (rule != c.rules.end()) {
