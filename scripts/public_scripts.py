@@ -176,11 +176,12 @@ def library_name(site: dict[str, Any]) -> str:
 
 
 def pick(want: dict[str, Any], candidates: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The reported site an expected one names: same op and line (and phase or library frame
-    where the manifest gives them, for two sites on one line); the one whose figures agree
-    first."""
+    """The reported site an expected one names: same op and line (and phase, module or library
+    frame where the manifest gives them, for two sites on one line); the one whose figures
+    agree first."""
     fits = [c for c in candidates
             if want.get("phase", c["phase"]) == c["phase"]
+            and want.get("module", c.get("module")) == c.get("module")
             and want.get("library", library_name(c)) == library_name(c)]
     for site in fits:
         if not check_site(want, site):

@@ -37,6 +37,9 @@ constexpr uint8_t kOpaque = 1;  // it has its own kernel: ops it calls are its i
 constexpr uint8_t kRule = 2;    // Python decides whether it syncs
 constexpr uint8_t kLift = 4;    // torch.tensor(data) enters here: host memory
 constexpr uint8_t kKeep = 8;    // copy_: the destination stays where it is
+// Opaque only through an Autograd kernel beside its composite one (matmul, linear: nested
+// tensors' autograd kernel); a dense or sparse tensor runs the composite, whose ops are real.
+constexpr uint8_t kAutogradOnly = 16;
 
 // An opaque op with this many inner ops or more runs with RecordFunction off (ThreadState).
 constexpr int kQuietFrom = 2;
@@ -65,6 +68,8 @@ struct Frame {
   bool names_device;   // a Device argument (a factory given TensorOptions with a device)
   Impl* self_host;     // the first argument, when it is a host tensor (in-place ops)
   uint64_t inner_at;   // inner_ops_ when the op began
+  bool remember = false;  // not recorded: its outputs' forward line is still wanted
+  bool opaque = false;    // its inner ops are only counted (kOpaque, but see start)
 };
 
 // What one pass over an op's tensor inputs found.
@@ -181,7 +186,6 @@ class Observer {
     }
     OpInfo& info = info_of(fn);
     Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
-    if (info.flags & kOpaque) ++opaque_depth_;
     auto inputs = fn.inputs();
     Inputs seen;
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -199,12 +203,19 @@ class Observer {
       });
     }
     f.all_host = !seen.any_device;
+    // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
+    // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
+    // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
+    f.opaque = (info.flags & kOpaque) && !((info.flags & kAutogradOnly) && seen.any_sparse);
+    if (f.opaque) ++opaque_depth_;
     if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
-      f.recorded = ask(info, inputs);
+      int answer = ask(info, inputs);
+      f.recorded = answer == kRecorded;
+      f.remember = answer == kRemember;
       if (f.recorded) ++recorded_depth_;
     }
     stack_.push_back(f);
-    return info.inner >= kQuietFrom;
+    return f.opaque && info.inner >= kQuietFrom;
   }
 
   void end(const at::RecordFunction& fn) {
@@ -213,13 +224,13 @@ class Observer {
     stack_.pop_back();
     if (!f.visible) return;
     const uint8_t flags = f.info->flags;
-    if (flags & kOpaque) {
+    if (f.opaque) {
       --opaque_depth_;
       if (f.info->inner < 0) f.info->inner = static_cast<int>(inner_ops_ - f.inner_at);
     }
     if (f.recorded) --recorded_depth_;
     const auto& outputs = fn.outputs();
-    if (f.recorded && needs_grad(outputs)) recorded(outputs);
+    if ((f.recorded || f.remember) && needs_grad(outputs)) recorded(outputs, f.recorded);
     if (flags & kKeep) return;
     const bool for_device =
         !f.has_tensor && (device_default > 0 || (f.names_device && context_on_device()));
@@ -289,16 +300,22 @@ class Observer {
     auto op = c10::Dispatcher::singleton().findOp({name, overload});
     // Ranges that are no op (the autograd engine's, record_function's) enclose user code.
     bool decomposes = !op;
+    bool autograd_only = false;
     if (op) {
       using K = c10::DispatchKey;
       decomposes = op->hasKernelForDispatchKey(K::CompositeImplicitAutograd);
+      autograd_only = decomposes;
       for (K k : {K::CPU, K::CUDA, K::CompositeExplicitAutograd,
                   K::CompositeExplicitAutogradNonFunctional, K::Autograd, K::AutogradCPU,
                   K::AutogradCUDA}) {
-        if (op->hasKernelForDispatchKey(k)) decomposes = false;
+        if (op->hasKernelForDispatchKey(k)) {
+          decomposes = false;
+          if (k != K::Autograd) autograd_only = false;
+        }
       }
     }
     if (!decomposes) info.flags |= kOpaque;
+    if (!decomposes && autograd_only) info.flags |= kAutogradOnly;
     info.op = static_cast<bool>(op);
     auto rule = c.rules.find(name);
     if (rule != c.rules.end()) {
@@ -330,7 +347,12 @@ class Observer {
     }
   }
 
-  bool ask(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
+  // Python's answer (OpDetector._on_rule): nothing, a recorded sync, or no sync but a forward
+  // line to keep on the op's autograd node (a sparse matmul, whose backward coalesces).
+  static constexpr int kRecorded = 1;
+  static constexpr int kRemember = 2;
+
+  int ask(const OpInfo& info, c10::ArrayRef<const c10::IValue> inputs) {
     py::gil_scoped_acquire gil;
     try {
       py::list args;
@@ -345,10 +367,10 @@ class Observer {
         }
       }
       return on_rule_(py::str(info.name), py::str(info.overload), py::tuple(args), kwargs)
-          .cast<bool>();
+          .cast<int>();
     } catch (py::error_already_set& e) {
       unraisable(e, on_rule_);
-      return false;
+      return 0;
     }
   }
 
@@ -360,14 +382,15 @@ class Observer {
     return any;
   }
 
-  // Python gets the outputs of an op it recorded that autograd will run backward through
-  // (their node is set by now): a sync in that backward is shown at the forward line.
-  void recorded(const std::vector<c10::IValue>& outputs) {
+  // Python gets the outputs of an op it recorded (or asked to remember) that autograd will run
+  // backward through (their node is set by now): a sync in that backward is shown at the
+  // forward line.
+  void recorded(const std::vector<c10::IValue>& outputs, bool was_recorded) {
     py::gil_scoped_acquire gil;
     try {
       py::list values;
       for (const auto& o : outputs) values.append(torch::jit::toPyObject(o));
-      on_recorded_(py::tuple(values));
+      on_recorded_(py::tuple(values), py::bool_(was_recorded));
     } catch (py::error_already_set& e) {
       unraisable(e, on_recorded_);
     }

@@ -34,10 +34,19 @@ from torch.utils._pytree import tree_leaves
 
 from . import native, patches
 from .calls import CallLayers
-from .frames import source_line
+from .frames import capture, source_line
 from .phases import remember_forward
 from .recorder import Recorder
-from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, QUIET, SCALAR_LABELS, cpu_branch_only
+from .rules import (
+    ASK_WHEN,
+    DISPATCH_RULES,
+    NAMED_RULES,
+    QUIET,
+    SCALAR_LABELS,
+    SPARSE_MATMULS,
+    cpu_branch_only,
+    sparse_on_device,
+)
 from .virtual_cuda import VirtualCuda, current_device, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
@@ -172,7 +181,7 @@ class OpDetector:
         self.current_func = ""  # the Python-level call being run (names labels)
         self.in_backward = False  # inside loss.backward() / autograd.grad()
         self._calls = CallLayers(self)
-        self._forward_outputs: list = []  # (output, event): see recorded_outputs
+        self._forward_outputs: list = []  # (output, frames, module): see recorded_outputs
         # On a GPU the autograd engine runs backward in its own threads, which a thread-local
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if real else native.load()
@@ -246,27 +255,32 @@ class OpDetector:
         finally:
             self.in_backward = outer
 
-    def recorded_outputs(self, outputs) -> None:
+    def recorded_outputs(self, outputs, recorded: bool = True) -> None:
         """An op just recorded a sync in forward: remember its line on the autograd node it
         made, so a sync in that node's backward is shown at this line (`x[mask]`, whose
-        backward runs nonzero again). Below autograd (the dispatch mode) the node is attached
-        after the op returns: those outputs are held until the next op begins."""
-        if not torch.is_grad_enabled() or not self.rec.events:
+        backward runs nonzero again). `recorded` False: a sparse matmul that made no sync,
+        whose backward coalesces (rules.py SPARSE_MATMULS): its line is taken here. Below
+        autograd (the dispatch mode) the node is attached after the op returns: those outputs
+        are held until the next op begins."""
+        if not torch.is_grad_enabled() or (recorded and not self.rec.events):
             return
-        event = self.rec.events[-1]
+        if recorded:
+            frames, module = self.rec.events[-1].frames, self.rec.events[-1].module
+        else:
+            frames, module = capture(2)[1], self.rec.tracker.module_path()
         outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
         for out in outs:
             if isinstance(out, Tensor):
                 if out.grad_fn is not None:
-                    remember_forward(out, event.frames, event.module)
+                    remember_forward(out, frames, module)
                 elif self._dmode is not None:
-                    self._forward_outputs.append((out, event))
+                    self._forward_outputs.append((out, frames, module))
 
     def flush_forward(self) -> None:
         pending, self._forward_outputs = self._forward_outputs, []
-        for out, event in pending:
+        for out, frames, module in pending:
             if out.grad_fn is not None:
-                remember_forward(out, event.frames, event.module)
+                remember_forward(out, frames, module)
 
     def uninstall(self) -> None:
         self.closed = True
@@ -355,13 +369,18 @@ class OpDetector:
             return self.record("D2H copy" if src_dev else "H2D copy")
         return False
 
-    def _on_rule(self, name: str, overload: str, args, kwargs) -> bool:
-        """The C++ observer asks at an op that may sync; True: it was recorded."""
+    def _on_rule(self, name: str, overload: str, args, kwargs) -> int:
+        """The C++ observer asks at an op that may sync: 1, it was recorded; 2, no sync, but
+        hand back its outputs to keep its forward line (a sparse matmul: asked about only with
+        a sparse operand, so dense matmuls never reach Python); 0."""
         if self.rec.suppressed():
-            return False
+            return 0
         if name == "aten::copy_":
-            return self.copy(args, kwargs)
-        return self.judge(_RULES_BY_NAME[name], args, kwargs, overload)
+            return int(self.copy(args, kwargs))
+        if self.judge(_RULES_BY_NAME[name], args, kwargs, overload):
+            return 1
+        keep = name in _SPARSE_MATMUL_NAMES and sparse_on_device(args, self.host.on_device)
+        return 2 if keep else 0
 
     def run(self, recorded: bool, func, args, kwargs):
         """Run an op; once it is recorded, whatever it syncs inside is the same sync."""
@@ -635,6 +654,8 @@ class _DispatchMode(TorchDispatchMode):
             out = det.run(recorded, func, args, kwargs)
             if recorded:
                 det.recorded_outputs(out)
+            elif key in _SPARSE_MATMUL_IDS and sparse_on_device(args, det.host.on_device):
+                det.recorded_outputs(out, recorded=False)
         else:
             out = func(*args, **kwargs)
         if det.real:
@@ -666,6 +687,8 @@ class _DispatchMode(TorchDispatchMode):
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
 _COPY_ID = id(_aten.copy_)
+_SPARSE_MATMUL_IDS = {id(packet) for packet in SPARSE_MATMULS}
+_SPARSE_MATMUL_NAMES = {packet._qualified_op_name for packet in SPARSE_MATMULS}
 _RULES_BY_ID: dict[int, Any] = {id(packet): rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 _RULES_BY_NAME.update(NAMED_RULES)

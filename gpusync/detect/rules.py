@@ -264,9 +264,20 @@ DISPATCH_RULES: dict[Any, Rule] = {
 # When the C++ observer (detect/observer.cpp) calls a rule at all, for the ops that need more
 # than its default "some tensor input lives on the device": it keeps Python off the hot path
 # of every matmul and masked_fill.
+# Matmuls whose backward runs `sparse.t().mm(grad)` (FunctionsManual.cpp mm_mat2_backward): the
+# transpose is uncoalesced (TensorShape.cpp sparse_transpose_: `_coalesced_(false)`), so CUDA's
+# s_addmm_out_sparse_dense_cuda coalesces it every step, even when the forward did not. The
+# forward line (torch.mm, torch.spmm, torch.sparse.mm, `@`, torch.matmul, torch.addmm) is kept on
+# their autograd node, to show that backward sync there (OpDetector.recorded_outputs).
+SPARSE_MATMULS = (aten._sparse_addmm, aten.addmm, aten.hspmm, aten.bmm, aten.mm)
+
+
+def sparse_on_device(args, dev) -> bool:
+    return any(_is_tensor(a) and a.layout == torch.sparse_coo and dev(a) for a in args)
+
+
 ASK_WHEN: dict[Any, str] = {
-    aten._sparse_addmm: "sparse input", aten.addmm: "sparse input", aten.hspmm: "sparse input",
-    aten.bmm: "sparse input", aten.mm: "sparse input",
+    **{packet: "sparse input" for packet in SPARSE_MATMULS},
     aten.masked_fill: "last input on the device", aten.masked_fill_: "last input on the device",
     aten.index_fill: "last input on the device", aten.index_fill_: "last input on the device",
 }

@@ -39,9 +39,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import patches, virtual_cuda
-from .frames import capture
 from .library import SERIALIZATION_FIX
-from .phases import remember_forward
 from .virtual_cuda import current_device, is_cuda_device
 
 
@@ -165,9 +163,6 @@ class VirtualLibraries:
             # vdev item 2: PackedSequence.batch_sizes / pad_packed_sequence's lengths
             patches.add_layer(torch._VF, "_pack_padded_sequence", self._second_on_host),
             patches.add_layer(torch._VF, "_pad_packed_sequence", self._second_on_host),
-            # vdev item 7: the backward of sparse @ dense coalesces on CUDA
-            patches.add_layer(torch, "spmm", self._sparse_forward),
-            patches.add_layer(torch.sparse, "mm", self._sparse_forward),
             patches.add_layer(torch.jit, "load", self._jit_load),
         ]
         self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
@@ -241,20 +236,6 @@ class VirtualLibraries:
             node.register_prehook(enter)
             node.register_hook(leave)
         return data, on_host
-
-    def _sparse_forward(self, call, sparse, dense, *args, **kwargs):
-        """Backward of sparse @ dense runs `sparse.t().mm(grad)` (FunctionsManual.cpp
-        mm_mat2_backward); the transpose is uncoalesced (TensorShape.cpp sparse_transpose_:
-        `_coalesced_(false)`), so CUDA's s_addmm_out_sparse_dense_cuda coalesces it, reading
-        the new nnz on the host, every step. The op rule sees that in backward; this shows it
-        at the forward line, one site per layer, as for other backward syncs."""
-        out = call(sparse, dense, *args, **kwargs)
-        if (isinstance(out, torch.Tensor) and out.grad_fn is not None
-                and getattr(sparse, "layout", None) == torch.sparse_coo
-                and self.det.host.on_device(sparse) and not self.det.rec.suppressed()):
-            _, frames = capture(2)
-            remember_forward(out, frames, self.det.rec.tracker.module_path())
-        return out
 
     def _barrier(self, call, *args, **kwargs):
         """ProcessGroupNCCL::barrier allreduces a one-element device tensor, and

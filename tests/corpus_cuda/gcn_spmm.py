@@ -1,7 +1,7 @@
 # ruff: noqa: E501
 """A two-layer GCN trained full-batch on one graph, pygcn-style: a normalised sparse
-adjacency moved to the device once, `torch.spmm(adj, support)` in each GraphConvolution, and
-the CUDA cache emptied after every epoch as some scripts do."""
+adjacency moved to the device once, `torch.spmm(adj, support)` in each GraphConvolution,
+`torch.mm(adj, x)` and `adj @ x` between them, and the CUDA cache emptied after every epoch as some scripts do."""
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +31,9 @@ class GCN(torch.nn.Module):
 
     def forward(self, x, adj):
         x = F.relu(self.gc1(x, adj))
+        # cuda: torch.mm(sparse, dense) and `sparse @ dense` (torch.matmul -> mm) run the same backward as torch.spmm: adj.t() is uncoalesced, so s_addmm_out_sparse_dense_cuda coalesces it, once per line per step
+        x = x + torch.mm(adj, x)  # expect: coalesce@backward
+        x = x + adj @ x  # expect: coalesce@backward
         x = F.dropout(x, 0.5, self.training)
         return F.log_softmax(self.gc2(x, adj), dim=1)
 

@@ -211,3 +211,40 @@ def test_a_pinned_source_copied_without_non_blocking_says_so():
         torch.ones(2).pin_memory().to("cuda")
         assert ops(s) == ["H2D copy"]
         assert "add non_blocking=True" in s.events[0].detail
+
+
+def _lines(session, phase):
+    return sorted(f.line for e in session.events if e.phase == phase
+                  for f in e.frames if f.file == __file__)
+
+
+def test_every_sparse_matmul_form_coalesces_in_backward_at_its_forward_line(observer):
+    """The backward of sparse @ dense coalesces `sparse.t()` on CUDA whichever form built it; a
+    forward operand left uncoalesced coalesces in forward too, `@` included."""
+    from inspect import currentframe
+    with scan() as s:
+        i = torch.tensor([[0, 1, 2], [1, 2, 0]], device="cuda")
+        adj = torch.sparse_coo_tensor(i, torch.ones(3, device="cuda"), (3, 3),
+                                      check_invariants=False).coalesce()
+        w = torch.nn.Parameter(torch.randn(3, 2, device="cuda"))
+        b = torch.nn.Parameter(torch.zeros(2, device="cuda"))
+        del s.events[:]  # the index's copy up, the setup coalesce
+        first = currentframe().f_lineno + 1
+        outs = [torch.mm(adj, w),
+                adj @ w,
+                torch.matmul(adj, w),
+                torch.addmm(b, adj, w),
+                torch.spmm(adj, w),
+                torch.sparse.mm(adj, w)]
+        assert ops(s) == []  # coalesced operands: the forward reads nothing
+        sum(o.sum() for o in outs).backward()
+        assert ops(s) == ["coalesce"] * 6
+        assert _lines(s, "backward") == list(range(first, first + 6))
+        del s.events[:]
+        loose = torch.sparse_coo_tensor(i, torch.ones(3, device="cuda"), (3, 3),
+                                        check_invariants=False)
+        line = currentframe().f_lineno + 1
+        (loose @ w).sum().backward()
+        assert [(e.op, e.phase) for e in s.events] == [("coalesce", "other"),
+                                                        ("coalesce", "backward")]
+        assert {f.line for e in s.events for f in e.frames if f.file == __file__} == {line}
