@@ -5,7 +5,7 @@ attribute (detect/patches.py): only these calls pay, where a TorchFunctionMode c
 - Calls that move tensors or make them on a device: Tensor.to / cpu / cuda, the factories that
   take `device=` (enumerated from the aten schemas) and `Tensor.new_*`, a factory under
   `with torch.device(...)` / `torch.set_default_device` (torch's DeviceContext mode fills in
-  the device), the `.data` setter.
+  the device), the `.data` setter and getter (a getter makes a new tensor outside any op).
 - Calls that read device memory on the host outside any aten op: tolist, numpy, repr/format;
   one_hot, whose CUDA kernel syncs where its CPU kernel's differ.
 - Calls that name an op-level host read (`float(x)`, `if x:`, `x[i]`), for its label.
@@ -255,7 +255,8 @@ class CallLayers:
             self._handles.append(patches.add_alias(torch.nn.functional, "one_hot", torch._C._nn,
                                                    "one_hot"))
             self._handles += patches.add_property_layer(
-                Tensor, "data", set=self._handled("data", det.handle_set_data))
+                Tensor, "data", get=None if det.real else self._data_getter(),
+                set=self._handled("data", det.handle_set_data))
             for name in factory_names():
                 add(torch, name, self._factory(name))
             for owner, name in _EXTRA_FACTORIES:
@@ -276,6 +277,19 @@ class CallLayers:
         except BaseException:
             self.uninstall()
             raise
+
+    def _data_getter(self):
+        """`x.data` makes a new tensor outside any aten op, which no observer sees made: it
+        lives where x does (a host tensor's stays on the host; unknown is the device)."""
+        det, watching, placing = self.det, self.watching, self.placing
+
+        def layer(call, obj):
+            out = call(obj)
+            if not det.host.on_device(obj) and (watching() or placing()):
+                det.host.mark_host(out)
+            return out
+
+        return layer
 
     def _virtual_getters(self) -> None:
         det, watching, placing = self.det, self.watching, self.placing
