@@ -31,6 +31,20 @@ def test_data_lives_where_its_tensor_does(observer):
     assert host == [2.0, 6.0, 2.0, 1.0, 2.0, 1.0]
 
 
+def test_tensors_made_outside_ops_live_where_their_memory_does(observer):
+    with Session(mode="simulate", virtual_cuda=True) as s:
+        buf = torch.frombuffer(bytearray(8), dtype=torch.float32)
+        shared = torch.from_dlpack(torch.ones(2) * 3)
+        host = [float(buf[0]), float(shared[1])]
+        assert not buf.is_cuda and not shared.is_cuda
+        assert ops(s) == []
+        on_device = torch.utils.dlpack.from_dlpack(torch.ones(2).to("cuda"))
+        assert on_device.is_cuda
+        assert float(on_device[0]) == 1.0
+        assert ops(s) == ["H2D copy", "float()"]
+    assert host == [0.0, 3.0]
+
+
 def _coo():
     return torch.sparse_coo_tensor(torch.tensor([[0, 1], [1, 0]]), torch.tensor([1., 2.]),
                                    (2, 2))
