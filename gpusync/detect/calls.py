@@ -5,7 +5,8 @@ attribute (detect/patches.py): only these calls pay, where a TorchFunctionMode c
 - Calls that move tensors or make them on a device: Tensor.to / cpu / cuda, the factories that
   take `device=` (enumerated from the aten schemas) and `Tensor.new_*`, a factory under
   `with torch.device(...)` / `torch.set_default_device` (torch's DeviceContext mode fills in
-  the device), the `.data` setter.
+  the device), the `.data` setter and getter, frombuffer and from_dlpack (each makes a tensor
+  outside any op).
 - Calls that read device memory on the host outside any aten op: tolist, numpy, repr/format;
   one_hot, whose CUDA kernel syncs where its CPU kernel's differ.
 - Calls that name an op-level host read (`float(x)`, `if x:`, `x[i]`), for its label.
@@ -255,7 +256,8 @@ class CallLayers:
             self._handles.append(patches.add_alias(torch.nn.functional, "one_hot", torch._C._nn,
                                                    "one_hot"))
             self._handles += patches.add_property_layer(
-                Tensor, "data", set=self._handled("data", det.handle_set_data))
+                Tensor, "data", get=None if det.real else self._data_getter(),
+                set=self._handled("data", det.handle_set_data))
             for name in factory_names():
                 add(torch, name, self._factory(name))
             for owner, name in _EXTRA_FACTORIES:
@@ -268,6 +270,8 @@ class CallLayers:
                                                         method=True))
             else:
                 add(Tensor, "new_tensor", self._factory("new_tensor", method=True))
+            if not det.real:
+                self._made_outside_ops()
             add(_device.DeviceContext, "__torch_function__", self._device_context)
             add(warnings, "_showwarnmsg", _user_line)
             if det.virtual:
@@ -276,6 +280,41 @@ class CallLayers:
         except BaseException:
             self.uninstall()
             raise
+
+    def _data_getter(self):
+        """`x.data` makes a new tensor outside any aten op, which no observer sees made: it
+        lives where x does (a host tensor's stays on the host; unknown is the device)."""
+        det, watching, placing = self.det, self.watching, self.placing
+
+        def layer(call, obj):
+            out = call(obj)
+            if not det.host.on_device(obj) and (watching() or placing()):
+                det.host.mark_host(out)
+            return out
+
+        return layer
+
+    def _made_outside_ops(self) -> None:
+        """Tensors made with no op the observers see: torch.frombuffer's is host memory,
+        from_dlpack's lives where its source does (a capsule from another library: host)."""
+        det, add = self.det, self._add
+
+        def host_memory(call, args, kwargs):
+            out = call(*args, **kwargs)
+            det.host.mark_host(out)
+            return out
+
+        def shared(call, args, kwargs):
+            out = call(*args, **kwargs)
+            source = args[0] if args else kwargs.get("ext_tensor")
+            if not (isinstance(source, Tensor) and det.host.on_device(source)):
+                det.host.mark_host(out)
+            return out
+
+        add(torch, "frombuffer", self._handled("frombuffer", host_memory))
+        add(torch.utils.dlpack, "from_dlpack", self._handled("from_dlpack", shared))
+        self._handles.append(patches.add_alias(torch, "from_dlpack", torch.utils.dlpack,
+                                               "from_dlpack"))
 
     def _virtual_getters(self) -> None:
         det, watching, placing = self.det, self.watching, self.placing

@@ -354,7 +354,8 @@ class OpDetector:
             return not self.rec.suppressed()
         if label == "item":
             label = SCALAR_LABELS.get(self.current_func, "item")
-        return self.record(label)
+        # a Repeated label: as many syncs as the op makes (one copy per host index tensor)
+        return self._record_times(str(label), getattr(label, "times", 1))
 
     def copy(self, args, kwargs) -> bool:
         """copy_(dst, src, non_blocking): record it when it crosses the bus and the host
@@ -416,15 +417,17 @@ class OpDetector:
         src_on_device = self.host.on_device(src)
         if self.real:
             recorded = self._check_real_copy(
-                src_on_device, to_host, _non_blocking(args, kwargs), src, None)
+                src_on_device, to_host, _non_blocking(args, kwargs), src, None,
+                _bus_copies(src))
             return self.run(recorded, func, args, kwargs)
         if to_host and src_on_device:
-            out = self.run(self.record("D2H copy"), func, args, kwargs)
+            out = self.run(self._record_times("D2H copy", _bus_copies(src)), func, args, kwargs)
             out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
             self.host.mark_host(out)
             return out
         if not to_host and not src_on_device:
-            recorded = not _non_blocking(args, kwargs) and self.record("H2D copy")
+            recorded = not _non_blocking(args, kwargs) and self._record_times(
+                "H2D copy", _bus_copies(src))
             out = self.run(recorded, func, args, kwargs)
             if out is src and not isinstance(src, torch.nn.Parameter):
                 out = out.clone()  # keep the host original on the host
@@ -437,7 +440,7 @@ class OpDetector:
         src_on_device = self.host.on_device(src)
         crossing = src_on_device == to_host
         recorded = crossing and self._check_real_copy(
-            src_on_device, to_host, _non_blocking(args, kwargs), src, None)
+            src_on_device, to_host, _non_blocking(args, kwargs), src, None, _bus_copies(src))
         if kind == "cuda":
             out = src  # already on the CPU that stands for the device
         else:
@@ -485,18 +488,28 @@ class OpDetector:
             return self.handle_factory(func, args, kwargs, data_at=1)
         return func(*args, **kwargs)
 
-    def _check_real_copy(self, src_on_device, to_host, non_blocking, src, dst) -> bool:
+    def _check_real_copy(self, src_on_device, to_host, non_blocking, src, dst,
+                         copies: int = 1) -> bool:
+        """`copies`: how many copies the move makes (a sparse tensor's parts, _bus_copies)."""
         if src_on_device == (not to_host):
             return False  # same side: no copy across the bus
         if not non_blocking:
             pinned = not src_on_device and src is not None and src.is_pinned()
-            return self.record("D2H copy" if src_on_device else "H2D copy",
-                               detail="the source is pinned already: add non_blocking=True"
-                               if pinned else "")
-        host_side = dst if src_on_device else src
-        if host_side is not None and not host_side.is_pinned():
-            return self.record("pageable non_blocking copy")
-        return False
+            label = "D2H copy" if src_on_device else "H2D copy"
+            detail = "the source is pinned already: add non_blocking=True" if pinned else ""
+        else:
+            host_side = dst if src_on_device else src
+            if host_side is None or host_side.is_pinned():
+                return False
+            label, detail = "pageable non_blocking copy", ""
+        return self._record_times(label, copies, detail)
+
+    def _record_times(self, label: str, times: int, detail: str = "") -> bool:
+        """A sync the call makes `times` times (each recorded at the calling line)."""
+        recorded = False
+        for _ in range(times):
+            recorded = self.record(label, detail=detail) or recorded
+        return recorded
 
     def handle_one_hot(self, func, args, kwargs):
         """Onehot.cpp: on CUDA, only one_hot without num_classes reads the input's max on the
@@ -577,6 +590,19 @@ class OpDetector:
                 if pin:
                     pin_host(out)
         return out
+
+
+_COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
+
+
+def _bus_copies(t: Tensor) -> int:
+    """The copies moving t across the bus makes: a sparse tensor's _to_copy
+    (TensorConversions.cpp) moves its parts one by one, COO its indices and values, a
+    compressed layout its compressed indices, plain indices and values."""
+    layout = t.layout
+    if layout == torch.strided:
+        return 1
+    return 2 if layout == torch.sparse_coo else 3 if layout in _COMPRESSED else 1
 
 
 def _copy_of(t: Tensor) -> Tensor:

@@ -111,10 +111,27 @@ def _self_on_dev(label: str) -> Rule:
     return rule
 
 
-def _host_index(self, defined, dev) -> bool:
-    # IndexingUtils.h expandTensors(ensure_same_device): a host integer index into a device
-    # tensor is copied up with a blocking .to(self.device()) (test_sync_warning: x[ind_cpu])
-    return dev(self) and any(i.dtype not in _MASK_DTYPES and not dev(i) for i in defined)
+class Repeated(str):
+    """A label for a sync an op makes `times` times in one call: OpDetector.judge records it
+    that many times (a str, so that every other reader sees the label)."""
+
+    times: int
+
+    def __new__(cls, label: str, times: int) -> "Repeated":
+        made = super().__new__(cls, label)
+        made.times = times
+        return made
+
+
+def _host_index_copies(self, defined, dev) -> "str | None":
+    # A host integer index into a device tensor is copied up with a blocking
+    # .to(self.device()), one copy per index tensor: index's make_info and index_put_'s
+    # makeLinearIndex (TensorAdvancedIndexing.cpp, cuda/Indexing.cu) move each host index
+    # in turn (test_sync_warning: x[ind_cpu]; Z[:, li, lj] makes two).
+    if not dev(self):
+        return None
+    n = sum(1 for i in defined if i.dtype not in _MASK_DTYPES and not dev(i))
+    return None if n == 0 else "H2D copy" if n == 1 else Repeated("H2D copy", n)
 
 
 def _index(args, kwargs, dev, overload=""):
@@ -123,8 +140,9 @@ def _index(args, kwargs, dev, overload=""):
     masks = [i for i in defined if i.dtype in _MASK_DTYPES]
     if any(dev(m) for m in masks):
         return "bool-mask index"  # nonzero on the device, its size read on the host
-    if _host_index(self, defined, dev):
-        return "H2D copy"
+    copies = _host_index_copies(self, defined, dev)
+    if copies is not None:
+        return copies
     # a host mask runs nonzero on the host and is copied up non_blocking from pinned memory
     # (test_sync_warning: x[mask_cpu] does not sync); integer gathers are sync-free
     return None
@@ -135,8 +153,9 @@ def _index_put(args, kwargs, dev, overload=""):
     accumulate = bool(_arg(args, kwargs, 3, "accumulate", False))
     defined = [i for i in indices if _is_tensor(i)]
     masks = [i for i in defined if i.dtype in _MASK_DTYPES]
-    if _host_index(self, defined, dev):
-        return "H2D copy"
+    copies = _host_index_copies(self, defined, dev)
+    if copies is not None:
+        return copies
     if not any(dev(m) for m in masks):
         return None  # host masks: nonzero on the host (test_sync_warning: x[mask_cpu] = y)
     # ATen's canDispatchToMaskedFill: one mask, a one-element host value, no accumulate
