@@ -310,10 +310,11 @@ def write_doc(path: Path, results: list[Result], python: str,
              "reasoning is in each entry's notes. Plain runs take the CPU branch, scans the",
              "virtual GPU's, so lines that print the device are normalised (`normalize` in the",
              "manifest). Re-run the whole campaign from the repository root with",
-             "`PYTHONPATH=. OMP_NUM_THREADS=1 /work/main/.venv/bin/python",
-             "scripts/public_scripts.py --root /work/public_scripts` (the fetched scripts,",
-             "their stand-ins in",
-             "`_stubs/site-packages` and PATCHES.md, which lists every edit, live there).", "",
+             "`PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python scripts/public_scripts.py",
+             "--root DIR`, DIR holding each script fetched at the commit the manifest names",
+             "(with the edits its `edits` field lists, the stand-ins for packages the venv",
+             "lacks in `DIR/_stubs/site-packages`, and `DIR/PATCHES.md` listing every edit).",
+             "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(results)]
     lines += ["", "## Per script", ""]
