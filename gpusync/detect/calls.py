@@ -212,9 +212,12 @@ class CallLayers:
             out = call(*args, **kwargs)
             # In a backward pass the observer takes a factory handed a device for a backward
             # formula's `at::zeros(sizes, grad.options())` (on the gradients' device); Python
-            # passes its default device the same way, and with no device= it is host memory
+            # passes its default device the same way, and with no device= it is host memory,
+            # unless a tensor argument gives the device (`ones_like(x)`, `x.new_zeros()`,
+            # `as_tensor(x)`), as the observer already decided
             if (virtual and torch._C._current_graph_task_id() != -1
-                    and isinstance(out, Tensor) and torch.get_default_device().type == "cpu"):
+                    and isinstance(out, Tensor) and torch.get_default_device().type == "cpu"
+                    and not any(isinstance(a, Tensor) for a in args)):
                 det.host.mark_host(out)
             return out
 

@@ -56,6 +56,8 @@ def test_python_factories_in_backward_stay_where_they_are_asked(observer):
             seen["plain"] = torch.zeros(2)  # no device: host memory on CUDA too
             seen["cpu"] = torch.zeros(2, device="cpu")
             seen["like"] = torch.zeros(2, device=grad.device)
+            seen["ones_like"] = torch.ones_like(grad, dtype=torch.bool)  # grad's device
+            seen["new"] = grad.new_zeros(2)
             return grad * 2
 
     with Session(mode="simulate", virtual_cuda=True):
@@ -66,6 +68,9 @@ def test_python_factories_in_backward_stay_where_they_are_asked(observer):
         assert seen["plain"].device.type == "cpu" and seen["cpu"].device.type == "cpu"
         assert seen["hook"].device.type == "cpu"
         assert seen["like"].is_cuda
+        # a tensor argument gives the device (gpusync's sync-free writeback hook builds its
+        # mask with ones_like: read as host, its copy_ was a D2H copy CUDA never makes)
+        assert seen["ones_like"].is_cuda and seen["new"].is_cuda
 
 
 def test_cpu_branch_reads_of_backward_formulas_are_not_reported(observer):
