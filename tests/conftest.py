@@ -32,6 +32,18 @@ def _observer_built():
     native.load()
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Code run in this process may set variables (an example's one-rank setup sets RANK and
+    MASTER_PORT): each test starts from the environment the one before it started from, so
+    processes started later inherit nothing from an earlier test."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(params=["native", "python"])
 def observer(request, monkeypatch):
     """Each op observer: the compiled one, and the dispatch mode scans fall back to."""

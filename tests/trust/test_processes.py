@@ -88,7 +88,9 @@ def _start(tmp_path, *args, own_group=False, torchrun=False):
     signals its foreground job."""
     (tmp_path / "tmp").mkdir()
     (tmp_path / "marks").mkdir()
-    env = {**os.environ, **DETERMINISTIC, "TMPDIR": str(tmp_path / "tmp"),
+    env = {k: v for k, v in os.environ.items()  # the helpers name their marks by RANK
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    env = {**env, **DETERMINISTIC, "TMPDIR": str(tmp_path / "tmp"),
            "MARKS": str(tmp_path / "marks"), "GPUSYNC_STOP_GRACE": "1"}
     run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"] * torchrun
     return subprocess.Popen([sys.executable, *run, "-m", "gpusync", *args], cwd=tmp_path, env=env,
