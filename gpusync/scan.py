@@ -133,16 +133,13 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         on_session(session)
     limit = None if steps is None else warmup + steps
     observer = session.on_step  # set by on_session (tune's step clock)
-    state = {"stopped": False}
-
     def stop_when_done(whole_steps: int) -> None:
-        if state["stopped"]:
+        if session.frozen:  # the code swallowed the stop: stop it again
             raise _StopScan()
         if observer is not None:
             observer(whole_steps)
         if limit is not None and whole_steps >= limit:
             session.stopped()
-            state["stopped"] = True
             raise _StopScan()
 
     session.on_step = stop_when_done
@@ -160,7 +157,7 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
                 except Exception as e:
                     error = e
         spawned = children()
-    if state["stopped"]:  # what ran after the scan stopped it is not the scan's
+    if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
     result = _result(session, error, notes=_spawned.notes(spawned))
     # the children's sites, after the parent's: the report's per-step figures stay the parent's

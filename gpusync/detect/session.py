@@ -153,6 +153,11 @@ class Session:
             self._frozen_steps = self.tracker.steps.result()
             self.recorder.closed = True
 
+    @property
+    def frozen(self) -> bool:
+        """The scan stopped the run (stopped()): what runs after is not counted."""
+        return self._frozen_steps is not None
+
     def report(self, **kwargs):
         from ..report import build_report
 
