@@ -57,12 +57,6 @@ def check_output(path: str) -> None:
         raise _refuse(path, "the file is not writable")
 
 
-def check_directory(path: str) -> str:
-    """check_output, returning the folder the file would be written in (through symlinks)."""
-    check_output(path)
-    return os.path.dirname(os.path.realpath(path))
-
-
 def same_file(a: str, b: str) -> bool:
     """Whether two paths name one file (resolved; hard links too)."""
     if os.path.realpath(a) == os.path.realpath(b):
