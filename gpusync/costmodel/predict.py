@@ -1,0 +1,130 @@
+"""Per site and per step predictions from a scan's op stream, on a named GPU.
+
+predict(ops, syncs, gpu) for one step; predict_steps(steps, gpu) for several, averaged per step.
+A site's payoff is how much shorter the step is predicted to be with that site's reads removed
+(the step re-simulated without them); sites are ranked by payoff.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gpusync.costmodel.blocks import Block, blocks_for
+from gpusync.costmodel.gpus import GPU, get_gpu
+from gpusync.costmodel.host import HostModel, calibrate_host
+from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
+from gpusync.costmodel.timeline import StepTimeline, simulate
+
+_MS = 1e3
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * _MS, 4)
+
+
+@dataclass(frozen=True)
+class SitePrediction:
+    """One sync site: its stall and payoff per step (averaged over the steps), what it blocks."""
+
+    site: str
+    op: str
+    reads_per_step: float
+    predicted_stall_ms: float
+    payoff_ms: float
+    blocks: tuple[Block, ...]
+
+    def to_dict(self) -> dict:
+        return {"site": self.site, "op": self.op, "reads_per_step": self.reads_per_step,
+                "predicted_stall_ms": self.predicted_stall_ms, "payoff_ms": self.payoff_ms,
+                "blocks": [b.name for b in self.blocks],
+                "blocks_why": {b.name: b.reason for b in self.blocks}}
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """One step: its predicted length, the device's busy fraction, what bounds it."""
+
+    index: int
+    predicted_step_ms: float
+    gpu_busy: float
+    bound: str
+    predicted_stall_ms: float
+    timeline: StepTimeline
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "predicted_step_ms": self.predicted_step_ms,
+                "gpu_busy": self.gpu_busy, "bound": self.bound,
+                "predicted_stall_ms": self.predicted_stall_ms}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's answer: sites ranked by payoff, then each step."""
+
+    gpu: GPU
+    host: HostModel
+    sites: tuple[SitePrediction, ...]
+    steps: tuple[StepPrediction, ...]
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu.key, "gpu_name": self.gpu.name,
+                "host_dispatch_us": round(self.host.dispatch_s * 1e6, 3),
+                "sites": [s.to_dict() for s in self.sites],
+                "steps": [s.to_dict() for s in self.steps]}
+
+
+def _step_prediction(step: StepTrace, timeline: StepTimeline) -> StepPrediction:
+    return StepPrediction(index=step.index, predicted_step_ms=_ms(timeline.step_s),
+                          gpu_busy=round(timeline.gpu_busy, 4), bound=timeline.bound,
+                          predicted_stall_ms=_ms(sum(s.stall_s for s in timeline.stalls)),
+                          timeline=timeline)
+
+
+def _site_ops(steps: Iterable[StepTrace]) -> dict[str, str]:
+    """Each site's op (the first read seen there), in order of first appearance."""
+    found: dict[str, str] = {}
+    for step in steps:
+        for sync in step.syncs:
+            found.setdefault(sync.site, sync.op)
+    return found
+
+
+def _site_prediction(site: str, op: str, steps: Sequence[StepTrace],
+                     timelines: Sequence[StepTimeline], gpu: GPU,
+                     host: HostModel) -> SitePrediction:
+    stall = payoff = 0.0
+    reads = 0
+    for step, timeline in zip(steps, timelines, strict=True):
+        mine = [s.stall_s for s in timeline.stalls if s.site == site]
+        if not mine:
+            continue
+        reads += len(mine)
+        stall += sum(mine)
+        without = simulate(step, gpu, host, drop_sites=frozenset({site}))
+        payoff += timeline.step_s - without.step_s
+    n = max(1, len(steps))
+    return SitePrediction(site=site, op=op, reads_per_step=round(reads / n, 4),
+                          predicted_stall_ms=_ms(stall / n), payoff_ms=_ms(payoff / n),
+                          blocks=blocks_for(op))
+
+
+def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
+                  host: HostModel | None = None) -> Prediction:
+    """Predict every step and site; `host` defaults to this machine's cached calibration."""
+    gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    host = host or calibrate_host()
+    timelines = [simulate(step, gpu, host) for step in steps]
+    sites = [_site_prediction(site, op, steps, timelines, gpu, host)
+             for site, op in _site_ops(steps).items()]
+    sites.sort(key=lambda s: (-s.payoff_ms, -s.predicted_stall_ms))
+    per_step = tuple(_step_prediction(st, tl) for st, tl in zip(steps, timelines, strict=True))
+    return Prediction(gpu=gpu, host=host, sites=tuple(sites), steps=per_step)
+
+
+def predict(ops: Sequence[OpRecord], syncs: Sequence[SyncPoint], gpu: GPU | str, *,
+            host: HostModel | None = None, start_s: float | None = None,
+            end_s: float | None = None) -> Prediction:
+    """Predict one step from its ops and reads."""
+    step = StepTrace(ops=tuple(ops), syncs=tuple(syncs), start_s=start_s, end_s=end_s)
+    return predict_steps([step], gpu, host=host)

@@ -1,0 +1,124 @@
+"""What the cost model takes in: one step's queued ops and its host reads, as the scan saw them.
+
+Everything here is plain data (no tensors kept alive), so the scan can record it cheaply on the
+virtual device and the model can run after the user's code has finished.  Host times are
+`time.perf_counter()` seconds on the scanning machine; only differences between them are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Element sizes by dtype name (str(torch.dtype) without the "torch." prefix), so that the model
+# needs no torch import to count bytes.
+_ITEMSIZE = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex128": 16, "complex64": 8,
+    "complex32": 4, "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "uint16": 2,
+    "uint32": 4, "uint64": 8, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1, "float8_e8m0fnu": 1,
+}
+
+
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype named as in `str(torch.float32)` or `"float32"`."""
+    return _ITEMSIZE.get(dtype.removeprefix("torch."), 4)
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """The shape of one tensor argument or result: what the model needs, not the data."""
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    stride: tuple[int, ...] | None = None
+    contiguous: bool = True
+    device: str = "cuda"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One aten op the host queued.
+
+    name: the OpOverload as a string ("aten.mm.default").
+    host_start_s / host_end_s: host clock when the op was called and when the call returned on
+    the scanning machine; the time between them is the scan's own cost, which the model replaces
+    by the calibrated eager cost (HostModel), and the time from one op's end to the next op's
+    start is the user's Python, which the model keeps.
+    flops: from torch.utils.flop_counter's formulas (0 for ops it has none for).
+    math: the math mode the op would run in on CUDA ("tf32", "bf16", "fp32", ...; "none" for ops
+    with no FLOPs counted).
+    kernel: whether it launches device work (views, metadata and allocations do not).
+    """
+
+    name: str
+    inputs: tuple[TensorMeta, ...] = ()
+    outputs: tuple[TensorMeta, ...] = ()
+    host_start_s: float = 0.0
+    host_end_s: float | None = None
+    flops: int = 0
+    math: str = "none"
+    kernel: bool = True
+
+    @property
+    def end_s(self) -> float:
+        return self.host_start_s if self.host_end_s is None else self.host_end_s
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the kernel reads and writes: every input and output once (no cache reuse)."""
+        return sum(t.nbytes for t in self.inputs) + sum(t.nbytes for t in self.outputs)
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """One host read: where the host waits for the device queue to drain.
+
+    site: the site key the scan groups syncs by (file:line or any stable string).
+    op: what synced, as the scan names it ("item", "nonzero", "aten._local_scalar_dense.default",
+    "cuda.synchronize", ...); decides `blocks` and whether a copy to the host is queued.
+    host_s / host_end_s: host clock when the read began and when the scan let the code go on.
+    nbytes: bytes copied device-to-host by the read (8 for a scalar; 0 for a pure wait such as
+    torch.cuda.synchronize).
+    Ops whose host_start_s is <= host_s were queued before the read.
+    """
+
+    site: str
+    host_s: float
+    op: str = "item"
+    host_end_s: float | None = None
+    nbytes: int = 8
+
+    @property
+    def end_s(self) -> float:
+        return self.host_s if self.host_end_s is None else self.host_end_s
+
+
+@dataclass(frozen=True)
+class StepTrace:
+    """One training step: its ops and reads, and optionally when it began and ended (host clock).
+
+    start_s defaults to the first op or read; end_s to the last one's end (no Python after it).
+    """
+
+    ops: tuple[OpRecord, ...] = ()
+    syncs: tuple[SyncPoint, ...] = ()
+    start_s: float | None = None
+    end_s: float | None = None
+    index: int = field(default=0)
+
+    def first_s(self) -> float:
+        if self.start_s is not None:
+            return self.start_s
+        times = [o.host_start_s for o in self.ops] + [s.host_s for s in self.syncs]
+        return min(times, default=0.0)
