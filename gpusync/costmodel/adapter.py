@@ -8,6 +8,7 @@ mode from PyTorch's global flags at the time of the call.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -111,6 +112,9 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
               device_of: Callable[[torch.Tensor], str] | None = None) -> OpRecord:
     """An OpRecord for one dispatched aten call.
 
+    host_start_s: perf_counter() when the call was dispatched.  host_end_s: when the scan's work
+    on it ended; by default now, when recording it is done, so that the scan's own time (this
+    function included) is not taken for the user's Python.
     device_of maps a tensor to the device it stands for ("cuda" or "cpu"); by default its own
     device type (the virtual device's tensors should say "cuda").
     """
@@ -118,6 +122,7 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     inputs = _metas((args, kwargs), device_of)
     outputs = _metas(out, device_of)
     flops = count_flops(func, args, kwargs, out)
+    math, kernel = math_mode(func, inputs, flops), launches_kernel(func)
+    end = time.perf_counter() if host_end_s is None else host_end_s
     return OpRecord(name=str(func), inputs=inputs, outputs=outputs, host_start_s=host_start_s,
-                    host_end_s=host_end_s, flops=flops, math=math_mode(func, inputs, flops),
-                    kernel=launches_kernel(func))
+                    host_end_s=end, flops=flops, math=math, kernel=kernel)

@@ -23,10 +23,20 @@ CUDA_LAUNCH_API_S = 3e-6
 
 @dataclass(frozen=True)
 class HostModel:
-    """Host-side cost of one eager op: the dispatcher's, plus the driver's launch call."""
+    """Host-side cost of one eager op: the dispatcher's, plus the driver's launch call.
+
+    gap_overhead_s: what the recording itself adds to each measured gap between two ops (the
+    way into and out of the scan's dispatch hook, and the eager call's own Python before it,
+    which dispatch_s already counts); taken off every gap, never below zero.
+    """
 
     dispatch_s: float
     launch_api_s: float = CUDA_LAUNCH_API_S
+    gap_overhead_s: float = 0.0
+
+    def python_s(self, measured_gap_s: float) -> float:
+        """The user's own Python in a measured gap between two recorded events."""
+        return max(0.0, measured_gap_s - self.gap_overhead_s)
 
     def op_cost_s(self, op: OpRecord, runs_on_host: bool) -> float:
         """Host time to issue one op; a host-only op costs what it measured on this machine."""

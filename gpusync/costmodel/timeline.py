@@ -84,7 +84,7 @@ class _Lanes:
 
     def python_until(self, measured_s: float, resume_s: float) -> None:
         """The user's Python up to `measured_s` runs as measured; then resume at `resume_s`."""
-        self.host += max(0.0, measured_s - self.cursor)
+        self.host += self.host_model.python_s(measured_s - self.cursor)
         self.cursor = max(self.cursor, resume_s)
 
     def enqueue(self, name: str, device_s: float) -> None:
