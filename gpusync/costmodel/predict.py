@@ -73,6 +73,22 @@ class Prediction:
                 "sites": [s.to_dict() for s in self.sites],
                 "steps": [s.to_dict() for s in self.steps]}
 
+    def trace_events(self, pid: int = 0) -> list[dict]:
+        """The predicted lanes as Chrome trace events (microseconds), steps laid end to end:
+        one complete event per kernel on the device lane, one per stall on the host lane."""
+        events: list[dict] = []
+        offset_us = 0.0
+        for step in self.steps:
+            lanes = (("device (predicted)", step.timeline.device_spans),
+                     ("host stalls (predicted)", step.timeline.stall_spans))
+            for tid, spans in lanes:
+                events += [{"name": span.name, "ph": "X", "pid": pid, "tid": tid,
+                            "ts": offset_us + span.start_s * 1e6,
+                            "dur": (span.end_s - span.start_s) * 1e6,
+                            "args": {"step": step.index}} for span in spans]
+            offset_us += step.timeline.step_s * 1e6
+        return events
+
 
 def _step_prediction(step: StepTrace, timeline: StepTimeline) -> StepPrediction:
     return StepPrediction(index=step.index, predicted_step_ms=_ms(timeline.step_s),

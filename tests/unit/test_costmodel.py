@@ -129,3 +129,17 @@ def test_to_dict_carries_the_fields_the_scan_reports():
     assert site["blocks"] == ["cuda_graphs", "torch.compile"]
     assert data["steps"][0]["index"] == 3
     assert set(data["steps"][0]) >= {"predicted_step_ms", "gpu_busy", "bound"}
+
+
+def test_trace_events_lay_out_the_predicted_lanes():
+    steps = [StepTrace(ops=(big_matmul(0.0),), syncs=(SyncPoint("s", host_s=5 * US),), index=i)
+             for i in range(2)]
+    result = predict_steps(steps, "h100", host=HOST)
+    events = result.trace_events()
+    device = [e for e in events if e["tid"] == "device (predicted)"]
+    stalls = [e for e in events if e["tid"] == "host stalls (predicted)"]
+    assert [e["name"] for e in device] == ["aten.mm.default", "item"] * 2
+    assert [e["name"] for e in stalls] == ["s", "s"]
+    step_us = result.steps[0].timeline.step_s * 1e6
+    assert device[2]["ts"] == pytest.approx(device[0]["ts"] + step_us)  # the second step
+    assert device[0]["dur"] == pytest.approx(MATMUL_S * 1e6)
