@@ -88,8 +88,9 @@ class SyncPoint:
     op: what synced, as the scan names it ("item", "nonzero", "aten._local_scalar_dense.default",
     "cuda.synchronize", ...); decides `blocks` and whether a copy to the host is queued.
     host_s / host_end_s: host clock when the read began and when the scan let the code go on.
-    nbytes: bytes copied device-to-host by the read (8 for a scalar; 0 for a pure wait such as
-    torch.cuda.synchronize).
+    nbytes: bytes copied device-to-host by the read (8 for a scalar); 0 for a wait that reads
+    nothing (torch.cuda.synchronize, Event/Stream.synchronize, a copy from pageable host memory:
+    that copy is itself an OpRecord, queued before the wait).
     Ops whose host_start_s is <= host_s were queued before the read.
     """
 
