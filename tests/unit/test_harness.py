@@ -5,8 +5,8 @@ import itertools
 import torch
 
 from gpusync.bench.harness import BlockTimer, Stepper, Variant, run_technique
-from gpusync.bench.render import technique_table
 from gpusync.bench.techniques import writeback_variants
+from gpusync.reporters.bench import technique_table
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
