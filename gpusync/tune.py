@@ -1,13 +1,14 @@
 """`gpusync tune`: run a profile's candidate settings on its workload with the bench harness,
-keep those whose results match the baseline's (the parity guard), and pick the fastest, written
+keep those whose results match the reference's (the parity guard), and pick the fastest, written
 out as a tuned profile (write, then rename) with what was measured.
 
 - Parity: every candidate's losses over the first steps, from the same seed, against the
-  baseline's (the first candidate). The allowance is --tolerance or, if larger, 4x the largest
-  difference between the baseline and two more runs of itself (non-deterministic GPU kernels,
+  reference's (the first candidate: the profile's own settings, "baseline" in what users
+  read). The allowance is --tolerance or, if larger, 4x the largest
+  difference between the reference and two more runs of itself (non-deterministic GPU kernels,
   BLAS threading on CPUs: such noise is random, hence the headroom). Candidates marked
   `approximate` (e.g. semi_sync) are considered only with --allow-approximate.
-- Speed: a candidate replaces the baseline only if a one-sided Mann-Whitney test says it is
+- Speed: a candidate replaces the reference only if a one-sided Mann-Whitney test says it is
   faster (p < p_max) AND its median is at least min_gain lower: noise must not flip flags.
 """
 from __future__ import annotations
@@ -33,8 +34,8 @@ from .targets import (
 )
 
 DEFAULT_TARGET = "sparsenn_pipeline"
-SELF_CHECKS = 2  # extra runs of the baseline, to see how far it differs from itself
-NOISE_HEADROOM = 4.0  # a candidate may differ this many times the baseline's own difference
+SELF_CHECKS = 2  # extra runs of the reference, to see how far it differs from itself
+NOISE_HEADROOM = 4.0  # a candidate may differ this many times the reference's own difference
 
 
 class Status(enum.Enum):
@@ -93,8 +94,8 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
     """Pure: the measured result in, the choice and a verdict per candidate out. `again_ms`:
     the reference timed again after the candidates; a candidate must beat that run too, so a
     machine that drifted (the first run cold, a neighbour's load) cannot make a win."""
-    reference = next(m for m in result.variants if m.name == result.baseline)
-    noise = result.baseline_noise or 0.0
+    reference = next(m for m in result.variants if m.name == result.reference)
+    noise = result.reference_noise or 0.0
     if not math.isfinite(noise):  # NaN losses, or a shape that changes from run to run
         unjudged = ("the baseline's own results are not finite or not repeatable, "
                     "so no candidate can be shown to keep them")

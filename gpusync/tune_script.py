@@ -363,7 +363,7 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
             parity=parity_text(diff) if unchanged.losses and r.losses else "no losses"))
     result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
                              steps=tune.block, repeats=len(unchanged.samples_ms),
-                             baseline_noise=noise)
+                             reference_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
              for r in measured}
     decision = decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)

@@ -22,7 +22,7 @@ from .timing import BlockTimer, Samples
 @dataclass
 class Stepper:
     """One variant's live state, as the harness drives it: `run()` trains one step;
-    `result()` is what parity compares with the baseline's (a tensor or a list of them; None:
+    `result()` is what parity compares with the reference's (a tensor or a list of them; None:
     nothing to compare); `close()` releases the state (process groups, host threads)."""
 
     run: Callable[[], Any]
@@ -62,7 +62,7 @@ class Measurement:
     peak_reserved_mb: float | None
     parity: str
     note: str = ""
-    max_diff: float | None = None  # largest difference from the baseline's results; None: n/a
+    max_diff: float | None = None  # largest difference from the reference's results; None: n/a
 
     @property
     def p50_ms(self) -> float:
@@ -86,14 +86,14 @@ class Measurement:
 class TechniqueResult:
     technique: str
     hardware: str  # what it ran on: "cpu", or the GPU's name (JSON: "device")
-    baseline: str  # the variant the others are compared with (the first)
+    reference: str  # the variant the others are compared with, the first (JSON: "baseline")
     variants: list[Measurement]
     steps: int
     repeats: int
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
     skipped: dict = field(default_factory=dict)  # variant -> why it could not run here
-    baseline_noise: float | None = None  # the baseline against itself (self_checks)
+    reference_noise: float | None = None  # the reference against itself (self_checks)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TechniqueResult":
@@ -109,10 +109,10 @@ class TechniqueResult:
                    d.get("baseline_noise"))
 
     def to_dict(self) -> dict:
-        return {"technique": self.technique, "device": self.hardware, "baseline": self.baseline,
+        return {"technique": self.technique, "device": self.hardware, "baseline": self.reference,
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
                 "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants],
-                "skipped": self.skipped, "baseline_noise": self.baseline_noise}
+                "skipped": self.skipped, "baseline_noise": self.reference_noise}
 
 
 def max_diff(reference, value) -> float | None:
@@ -209,9 +209,9 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
                   timer: Callable[[Callable[[], Any], int], float] | None = None,
                   scan_mode: str | None = None, self_checks: int = 0,
                   progress: Progress | None = None) -> TechniqueResult:
-    """Measure `variants` (the first is the baseline) on `device` ("cpu" or "cuda").
-    self_checks: run the baseline's parity steps that many more times, from fresh state, and
-    keep the largest difference from its first run (result.baseline_noise: non-deterministic
+    """Measure `variants` (the first is the reference) on `device` ("cpu" or "cuda").
+    self_checks: run the reference's parity steps that many more times, from fresh state, and
+    keep the largest difference from its first run (result.reference_noise: non-deterministic
     kernels, BLAS threading)."""
     cuda = device == "cuda"
     mode = scan_mode or ("cuda" if cuda else "simulate")
@@ -240,7 +240,7 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
             parity=parity_text(diff), note=v.note, max_diff=diff))
     hardware = torch.cuda.get_device_name() if cuda else "cpu"
     return TechniqueResult(technique, hardware, reference, measurements, steps, repeats,
-                           skipped=skipped, baseline_noise=noise)
+                           skipped=skipped, reference_noise=noise)
 
 
 def _parity_results(variants: list[Variant], reference: str, parity_steps: int,

@@ -37,7 +37,7 @@ def command(target, script_args, output, steps, warmup, mode, timing, timing_ste
         if timing:
             samples = runs.step_times(target, report.mode, timing_steps, 3, lead=lead,
                                       script_args=script_args)
-    data = baseline.from_report(report, samples, timing_device=report.device, steps=steps,
+    data = baseline.from_report(report, samples, timing_hardware=report.device, steps=steps,
                                 script_args=script_args)
     outputs.deliver(output, json.dumps(data, indent=2) + "\n", "baseline", say=False)
     click.echo(f"baseline written to {output}: {len(data['sites'])} site(s), "

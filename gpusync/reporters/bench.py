@@ -23,11 +23,11 @@ class BenchRun:
 
 def technique_table(result, fmt: str = "table") -> str:
     """One technique's variants, the reference first: a table (fmt "table") or Markdown."""
-    ref = next(v for v in result.variants if v.name == result.baseline)
+    ref = next(v for v in result.variants if v.name == result.reference)
     rows = []
     for v in result.variants:
         phases = ", ".join(f"{k} {n:g}" for k, n in v.syncs_by_phase.items()) or "-"
-        rows.append([v.name + (" (baseline)" if v.name == result.baseline else ""),
+        rows.append([v.name + (" (baseline)" if v.name == result.reference else ""),
                      f"{v.p50_ms:.3f}", f"{v.p90_ms:.3f}", f"{v.p50_ms / ref.p50_ms:.3f}",
                      f"{v.syncs_per_step:g}", phases,
                      "-" if v.peak_alloc_mb is None else f"{v.peak_alloc_mb:.1f}",

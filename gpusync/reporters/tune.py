@@ -69,10 +69,10 @@ def _text(tuned, fmt: str) -> str:
     lines = [f"- {name}: {verdict}" for name, verdict in decision.verdicts.items()]
     args = ", ".join(f"{k}={v}" for k, v in tuned_args(profile, decision).items())
     summary = f"tuned: {decision.chosen}\nargs: {args}\n"
-    if decision.chosen != result.baseline:
+    if decision.chosen != result.reference:
         summary = (f"tuned: {decision.chosen}: median {faster(decision.p50_gain)} than the "
                    f"baseline, P90 {faster(decision.p90_gain)} than the baseline "
-                   f"({result.baseline})\nargs: {args}\n")
+                   f"({result.reference})\nargs: {args}\n")
     sep = "\n" if fmt == "markdown" else ""
     return technique_table(result, fmt) + "\n" + sep + "\n".join(lines) + "\n\n" + summary
 
@@ -83,7 +83,7 @@ def tuned_profile_text(tuned) -> str:
 
     profile, result, decision = tuned
     by = {m.name: m for m in result.variants}
-    ref, chosen = by[result.baseline], by[decision.chosen]
+    ref, chosen = by[result.reference], by[decision.chosen]
     data = {"name": f"{profile.name}-tuned",
             "description": f"{profile.name} with tuned settings ({decision.chosen})",
             "workload": profile.workload, "args": tuned_args(profile, decision),
@@ -92,7 +92,7 @@ def tuned_profile_text(tuned) -> str:
         data["requires"] = list(profile.requires)
     data["tune"] = profile.tune
     data["tuned"] = {
-        "candidate": decision.chosen, "baseline": result.baseline, "device": result.hardware,
+        "candidate": decision.chosen, "baseline": result.reference, "device": result.hardware,
         "date": result.date, "torch": str(result.torch_version),
         "p50_ms": {ref.name: round(ref.p50_ms, 4), chosen.name: round(chosen.p50_ms, 4)},
         "p90_ms": {ref.name: round(ref.p90_ms, 4), chosen.name: round(chosen.p90_ms, 4)},

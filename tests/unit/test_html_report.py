@@ -3,8 +3,8 @@ the SVG namespace), user strings escaped, and what each page must show: the scan
 fixes, the bench's variants, the tune's chosen candidate."""
 import dataclasses
 import html
-import json
 import itertools
+import json
 import textwrap
 from html.parser import HTMLParser
 
