@@ -47,12 +47,12 @@ def technique_table(result, fmt: str = "table") -> str:
 
 
 @renders("bench", "table")
-def table(run: BenchRun) -> str:
-    return _tables(run, "table")
+def bench_table(run: BenchRun) -> str:
+    return _bench_tables(run, "table")
 
 
 @renders("bench", "json")
-def as_json(run: BenchRun) -> str:
+def bench_json(run: BenchRun) -> str:
     from ..schemas import document
 
     payload = [r.to_dict() for r in run.results]
@@ -63,18 +63,18 @@ def as_json(run: BenchRun) -> str:
 
 
 @renders("bench", "markdown")
-def markdown(run: BenchRun) -> str:
-    return _tables(run, "markdown")
+def bench_markdown(run: BenchRun) -> str:
+    return _bench_tables(run, "markdown")
 
 
 @renders("bench", "html")
-def html(run: BenchRun) -> str:
+def bench_html(run: BenchRun) -> str:
     from .html import render_bench
 
     return render_bench(run.results, run.not_run)
 
 
-def _tables(run: BenchRun, fmt: str) -> str:
+def _bench_tables(run: BenchRun, fmt: str) -> str:
     text = "\n".join(technique_table(r, fmt) for r in run.results)
     return text + "".join(f"\nnot run: {name}: {why}\n" for name, why in run.not_run.items())
 

@@ -26,7 +26,7 @@ def _annotation(level: str, message: str, title: str = "gpusync", file: str = ""
 
 
 @renders("gate", "text")
-def text(verdict) -> str:
+def gate_text(verdict) -> str:
     out = []
     for p in verdict.problems:
         where = f" ({p.file}:{p.line})" if p.file else ""
@@ -40,7 +40,7 @@ def text(verdict) -> str:
 
 
 @renders("gate", "json")
-def as_json(verdict) -> str:
+def gate_json(verdict) -> str:
     from ..schemas import document
 
     return json.dumps(document("gpusync-gate", {
@@ -50,7 +50,7 @@ def as_json(verdict) -> str:
 
 
 @renders("gate", "github")
-def github(verdict) -> str:
+def gate_github(verdict) -> str:
     out = []
     for p in verdict.problems:
         level = "warning" if p.improvement else "error"

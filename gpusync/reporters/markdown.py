@@ -14,7 +14,7 @@ from .common import (
 )
 
 
-def render(report) -> str:
+def scan_markdown(report) -> str:
     out = [f"## {md_cell(summary(report))}", ""]
     if report.error:
         error = md_line(report.error)

@@ -5,9 +5,9 @@ from . import json as json_format
 from .common import library_view
 from .registry import renderer, renders
 
-renders("scan", "table")(table.render)
-renders("scan", "json")(json_format.render)
-renders("scan", "markdown")(markdown.render)
+renders("scan", "table")(table.scan_table)
+renders("scan", "json")(json_format.scan_json)
+renders("scan", "markdown")(markdown.scan_markdown)
 renders("scan", "html")(html.render_scan)
 
 VIEWS = ("user", "library")

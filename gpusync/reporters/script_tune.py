@@ -59,7 +59,7 @@ def versions() -> dict:
     return out
 
 
-def document(tune) -> dict:
+def script_document(tune) -> dict:
     """The gpusync-tune JSON document of a ScriptTune."""
     from ..schemas import document as schema_document
 
@@ -90,32 +90,32 @@ def document(tune) -> dict:
 
 
 @renders("tune-script", "table")
-def table(tune) -> str:
-    return _text(tune, "table")
+def script_table(tune) -> str:
+    return _script_text(tune, "table")
 
 
 @renders("tune-script", "json")
-def as_json(tune) -> str:
-    return json.dumps(document(tune), indent=2) + "\n"
+def script_json(tune) -> str:
+    return json.dumps(script_document(tune), indent=2) + "\n"
 
 
 @renders("tune-script", "markdown")
-def markdown(tune) -> str:
-    return _text(tune, "markdown")
+def script_markdown(tune) -> str:
+    return _script_text(tune, "markdown")
 
 
 @renders("tune-script", "html")
-def html(tune) -> str:
+def script_html(tune) -> str:
     from .html import render_tune
 
     samples = {m.name: m.samples_ms for m in tune.result.variants} if tune.result else {}
-    return render_tune(document(tune), samples)
+    return render_tune(script_document(tune), samples)
 
 
-def _text(tune, fmt: str) -> str:
+def _script_text(tune, fmt: str) -> str:
     from ..tune import faster
 
-    data = document(tune)
+    data = script_document(tune)
     md = fmt == "markdown"
     out = [f"## gpusync tune of {md_cell(tune.target)}" if md else f"gpusync tune of {tune.target}"]
     if tune.result is not None:
@@ -142,14 +142,14 @@ def _text(tune, fmt: str) -> str:
 
 @renders("tune-emit", "env")
 def emit_env(tune) -> str:
-    emit = document(tune)["emit"]
+    emit = script_document(tune)["emit"]
     return "".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
         "# no environment variable carries these settings in the installed libraries\n")
 
 
 @renders("tune-emit", "python")
 def emit_python(tune) -> str:
-    emit = document(tune)["emit"]
+    emit = script_document(tune)["emit"]
     if emit["python"]:
         return emit["python"] + "\n"
     if emit["env"]:
@@ -160,12 +160,12 @@ def emit_python(tune) -> str:
 
 @renders("tune-emit", "yaml")
 def emit_yaml(tune) -> str:
-    return yaml.safe_dump({"settings": document(tune)["settings"]}, sort_keys=False)
+    return yaml.safe_dump({"settings": script_document(tune)["settings"]}, sort_keys=False)
 
 
 def tuned_text(tune) -> str:
     """The file `gpusync tune -o` writes: the document without what the script built."""
-    data = document(tune)
+    data = script_document(tune)
     data.pop("builds")
     head = ("# written by gpusync tune; run the script with these settings:\n"
             f"#   gpusync run <this file> -- python {tune.target} ...\n")

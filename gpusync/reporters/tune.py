@@ -11,7 +11,7 @@ from .bench import technique_table
 from .registry import renders
 
 
-def document(tuned) -> dict:
+def profile_document(tuned) -> dict:
     """The gpusync-tune-profile JSON document of a ProfileTune."""
     from ..schemas import document as schema_document
     from ..tune import tuned_args
@@ -25,30 +25,30 @@ def document(tuned) -> dict:
 
 
 @renders("tune", "table")
-def table(tuned) -> str:
-    return _text(tuned, "table")
+def profile_table(tuned) -> str:
+    return _profile_text(tuned, "table")
 
 
 @renders("tune", "json")
-def as_json(tuned) -> str:
-    return json.dumps(document(tuned), indent=2) + "\n"
+def profile_json(tuned) -> str:
+    return json.dumps(profile_document(tuned), indent=2) + "\n"
 
 
 @renders("tune", "markdown")
-def markdown(tuned) -> str:
-    return _text(tuned, "markdown")
+def profile_markdown(tuned) -> str:
+    return _profile_text(tuned, "markdown")
 
 
 @renders("tune", "html")
-def html(tuned) -> str:
+def profile_html(tuned) -> str:
     from .html import render_tune
 
-    data = document(tuned)
-    data["candidates"] = candidates(tuned)
+    data = profile_document(tuned)
+    data["candidates"] = profile_candidates(tuned)
     return render_tune(data)
 
 
-def candidates(tuned) -> list[dict]:
+def profile_candidates(tuned) -> list[dict]:
     """The profile's candidates in the script form's spelling (status, reason), raw samples
     kept: each status read from the decision's typed verdict."""
     _, result, decision = tuned
@@ -62,7 +62,7 @@ def candidates(tuned) -> list[dict]:
                   for n, why in result.skipped.items()]
 
 
-def _text(tuned, fmt: str) -> str:
+def _profile_text(tuned, fmt: str) -> str:
     from ..tune import faster, tuned_args
 
     profile, result, decision = tuned
