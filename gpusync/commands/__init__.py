@@ -4,5 +4,5 @@ them to the `gpusync` group. Shared option helpers: options.py; what commands do
 (torchrun, the scanned code's failure): common.py."""
 from . import baseline, bench, gate, profiles, run, scan, tune
 
-COMMANDS = (scan.command, baseline.command, gate.command, tune.command, run.command,
-            profiles.command, bench.group)
+COMMANDS = (scan.scan_command, baseline.baseline_command, gate.gate_command, tune.tune_command,
+            run.run_command, profiles.profiles_command, bench.bench_group)

@@ -24,7 +24,7 @@ from .options import Finite, verbosity_options
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
 @under_torchrun
-def command(target, script_args, output, steps, warmup, mode, timing, timing_steps,
+def baseline_command(target, script_args, output, steps, warmup, mode, timing, timing_steps,
             rank_timeout, torchrun):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`.
     A script's arguments go after --; the gate runs it with them again."""

@@ -14,7 +14,7 @@ from .options import format_option, resolve_device, technique_options, verbosity
 
 @click.group("bench")
 @verbosity_options
-def group():
+def bench_group():
     """Time the built-in techniques' naive and optimized forms, or the scanner's overhead."""
 
 
@@ -49,11 +49,11 @@ def run_techniques(names, device, steps, repeats, fmt, every=False) -> str | Non
 
 def _technique_command(name: str) -> None:
     @technique_options("bench")
-    def command(device, steps, repeats, fmt):
+    def technique_command(device, steps, repeats, fmt):
         echo(run_techniques([name], device, steps, repeats, fmt))
 
-    command.__doc__ = f"Measure the {name} technique's variants (naive first)."
-    group.command(name)(verbosity_options(command))
+    technique_command.__doc__ = f"Measure the {name} technique's variants (naive first)."
+    bench_group.command(name)(verbosity_options(technique_command))
 
 
 def _register_techniques() -> None:
@@ -63,7 +63,7 @@ def _register_techniques() -> None:
         _technique_command(name)
 
 
-@group.command("all")
+@bench_group.command("all")
 @verbosity_options
 @technique_options("bench")
 def bench_all(device, steps, repeats, fmt):
@@ -73,7 +73,7 @@ def bench_all(device, steps, repeats, fmt):
     echo(run_techniques(list(TECHNIQUES), device, steps, repeats, fmt, every=True))
 
 
-@group.command("overhead")
+@bench_group.command("overhead")
 @verbosity_options
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)

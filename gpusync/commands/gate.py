@@ -29,7 +29,7 @@ from .options import AfterDashes, Finite, format_option, split_dashes, verbosity
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
 @under_torchrun
-def command(target, script_args, baseline_path, time_factor, p_max, max_noise, timing, fmt,
+def gate_command(target, script_args, baseline_path, time_factor, p_max, max_noise, timing, fmt,
             steps, warmup, mode, rank_timeout, torchrun):
     """Compare TARGET (default: the baseline's target, with its arguments) with a baseline.
     Exit 0 pass, 1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""

@@ -8,7 +8,7 @@ from .options import verbosity_options
 
 @click.command("profiles")
 @verbosity_options
-def command():
+def profiles_command():
     """List the built-in profiles."""
     from ..profiles import builtin_names, find_builtin, load_profile
 

@@ -11,7 +11,7 @@ from .options import verbosity_options
 @verbosity_options
 @click.argument("tuned")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-def command(tuned, command):
+def run_command(tuned, command):
     """Run a script with the settings `gpusync tune -o TUNED` chose, without editing it.
 
     COMMAND: `python train.py ARGS` (or `train.py ARGS`).

@@ -36,7 +36,7 @@ from .options import Finite, format_option, verbosity_options
               help="simulate mode, scripts: run on a virtual CUDA device so the script takes "
                    "the branch a GPU run takes (--no-virtual-cuda: judge its CPU branch).")
 @under_torchrun
-def command(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
+def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
             trace, rank_timeout, virtual_cuda, torchrun):
     """Report every host<-device sync of TARGET's training steps.
 

@@ -35,7 +35,7 @@ from .options import Finite, resolve_device, technique_options, verbosity_option
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
               help="Write the tuned settings (YAML) here.")
 @under_torchrun
-def command(target, script_args, device, steps, repeats, fmt, warmup, allow_approximate,
+def tune_command(target, script_args, device, steps, repeats, fmt, warmup, allow_approximate,
             tolerance, p_max, min_gain, timeout, emit, knob_specs, output, torchrun):
     """Measure settings of TARGET and keep the fastest that keeps its results.
 

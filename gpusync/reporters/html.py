@@ -187,7 +187,7 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def timing_cells(c: dict, base_p50: float | None) -> list[str]:
-    """The columns bench and tune share, spelled as bench.render.technique_table does."""
+    """The columns bench and tune share, spelled as reporters.bench.technique_table does."""
     ratio = c["p50_ms"] / base_p50 if c.get("p50_ms") is not None and base_p50 else None
     by_phase = ", ".join(f"{k} {v:g}" for k, v in (c.get("syncs_by_phase") or {}).items())
     return [fmt(c.get("p50_ms")), fmt(c.get("p90_ms")), fmt(ratio),
