@@ -179,7 +179,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     report = scan(target, steps, warmup, mode, script_args)
     timing = None
     if rule.timing or (rule.timing is None and "timing" in data):
-        timing = _timing(data, baseline_path, target, script_args, rule, lead)
+        timing = _judge_step_times(data, baseline_path, target, script_args, rule, lead)
     verdict = combine(compare_counts(data, report), timing)
     if verdict.only_improvements:
         try:
@@ -190,7 +190,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     return verdict
 
 
-def _timing(data: dict, baseline_path: str, target, script_args: tuple, rule: Rule,
+def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple, rule: Rule,
             lead) -> tuple[str, str]:
     """The step times of an unscanned run against the baseline's (a GPU's only)."""
     import torch
