@@ -190,8 +190,8 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     return verdict
 
 
-def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple, rule: Rule,
-            lead) -> tuple[str, str]:
+def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple,
+                      rule: Rule, lead) -> tuple[str, str]:
     """The step times of an unscanned run against the baseline's (a GPU's only)."""
     import torch
 
