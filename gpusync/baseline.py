@@ -85,7 +85,7 @@ def keyed_sites(report) -> dict[str, tuple[float, list]]:
     return {key: (round(sums[key], 4), sites[key]) for key in sums}
 
 
-def from_report(report, timing_ms: list[float] | None = None, timing_device: str = "",
+def from_report(report, timing_ms: list[float] | None = None, timing_hardware: str = "",
                 steps: int | None = None, script_args=()) -> dict:
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
@@ -112,7 +112,7 @@ def from_report(report, timing_ms: list[float] | None = None, timing_device: str
     if script_args:
         data["script_args"] = list(script_args)
     if timing_ms is not None:
-        data["timing"] = {"device": timing_device, "samples_ms": [round(x, 4) for x in timing_ms]}
+        data["timing"] = {"device": timing_hardware, "samples_ms": [round(x, 4) for x in timing_ms]}
     return data
 
 

@@ -9,13 +9,15 @@ to judge (exit 4).
 """
 from __future__ import annotations
 
-import math
+import os
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Callable
 
 from . import errors
 from .baseline import keyed_sites, stable_file
+from .stats import mann_whitney_greater, relative_iqr
 
 PASS, REGRESSION, CANNOT_JUDGE = "pass", "regression", "cannot-judge"
 
@@ -102,38 +104,6 @@ def _where(lines: dict[int, tuple[str, float, str]], entry: dict | None) -> tupl
 
 
 # -- timing ------------------------------------------------------------------------------------
-def mann_whitney_greater(new: list[float], base: list[float]) -> float:
-    """One-sided p-value that `new` tends to be larger than `base` (normal approximation with
-    tie correction; fine for the >= 10 samples per side the gate requires)."""
-    n1, n2 = len(new), len(base)
-    pooled = sorted([(x, 0) for x in new] + [(x, 1) for x in base])
-    ranks = [0.0] * len(pooled)
-    i, ties = 0, 0.0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        avg = (i + j) / 2 + 1
-        for k in range(i, j + 1):
-            ranks[k] = avg
-        t = j - i + 1
-        ties += t ** 3 - t
-        i = j + 1
-    r1 = sum(r for r, (_, g) in zip(ranks, pooled, strict=True) if g == 0)
-    u1 = r1 - n1 * (n1 + 1) / 2
-    n = n1 + n2
-    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
-    if var <= 0:
-        return 1.0
-    z = (u1 - n1 * n2 / 2 - 0.5) / math.sqrt(var)  # continuity correction
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def relative_iqr(samples: list[float]) -> float:
-    q = statistics.quantiles(samples, n=4)
-    return (q[2] - q[0]) / statistics.median(samples)
-
-
 def judge_timing(base: list[float], new: list[float], factor: float, p_max: float,
                  max_noise: float, min_samples: int = 10) -> tuple[str, str]:
     if len(base) < min_samples or len(new) < min_samples:
@@ -167,51 +137,84 @@ def combine(problems: list[Problem], timing: tuple[str, str] | None) -> Verdict:
     return verdict
 
 
-def _escape_data(text: str) -> str:
-    """GitHub workflow command data: %, CR and LF are encoded."""
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+# -- the policy: what `gpusync gate` decides, given a scanner ------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """When step times regress (--time-factor, --p, --max-noise) and whether they are gated
+    (--timing/--no-timing; None: when the baseline has timings)."""
+
+    time_factor: float = 1.1
+    p_max: float = 0.002
+    max_noise: float = 0.10
+    timing: bool | None = None
 
 
-def _escape_property(text: str) -> str:
-    """GitHub workflow command property values: also : and , are encoded."""
-    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: Rule,
+             steps: int | None, warmup: int | None, mode: str | None, scan: Callable,
+             world: int = 1, lead=None) -> Verdict:
+    """Scan `target` again (with `scan(target, steps, warmup, mode, script_args)`, which
+    returns its report or raises for a failure) and judge it against the baseline file: its
+    counts, then (on a GPU) its step times; a verdict of wins only comes with the suggested
+    new baseline written beside the old one."""
+    import torch
+
+    from . import baseline
+
+    data = baseline.load(baseline_path)
+    if data.get("ranks", 1) != world:
+        raise errors.BadInput(f"baseline {baseline_path} was recorded on "
+                              f"{data.get('ranks', 1)} rank(s), this run has {world}: record "
+                              "it again with as many")
+    mode = mode or data.get("mode", "auto")
+    if mode == "cuda" and not torch.cuda.is_available():
+        return Verdict(status=CANNOT_JUDGE,
+                       notes=["the baseline was measured on a GPU; this machine has none"])
+    recorded = data.get("target") or None
+    if target is None or (recorded is not None and _same_target(target, recorded)):
+        target = recorded  # one target however it is spelled: the baseline's run, again
+        script_args = script_args or tuple(data.get("script_args") or ())
+    steps = steps or data.get("steps")
+    warmup = warmup if warmup is not None else data.get("warmup")
+    report = scan(target, steps, warmup, mode, script_args)
+    timing = None
+    if rule.timing or (rule.timing is None and "timing" in data):
+        timing = _judge_step_times(data, baseline_path, target, script_args, rule, lead)
+    verdict = combine(compare_counts(data, report), timing)
+    if verdict.only_improvements:
+        try:
+            verdict.suggested_baseline = baseline.suggest(data, report, baseline_path,
+                                                          script_args)
+        except errors.BadInput as e:  # the verdict still stands, and is printed
+            verdict.notes.append(f"the suggested baseline was not written: {e}")
+    return verdict
 
 
-def _annotation(level: str, message: str, title: str = "gpusync", file: str = "",
-                line: int = 0) -> str:
-    props = [f"title={_escape_property(title)}"]
-    if file:
-        props = [f"file={_escape_property(file)}", *([f"line={line}"] if line else []), *props]
-    return f"::{level} {','.join(props)}::{_escape_data(message)}"
+def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple,
+                      rule: Rule, lead) -> tuple[str, str]:
+    """The step times of an unscanned run against the baseline's (a GPU's only)."""
+    import torch
+
+    from . import runs
+
+    if "timing" not in data:
+        raise errors.BadInput(f"baseline {baseline_path} has no timing samples "
+                              "(record them with `gpusync baseline --timing`)")
+    if not torch.cuda.is_available():
+        return CANNOT_JUDGE, "no GPU: step times are not gated on a CPU"
+    base = data["timing"]["samples_ms"]
+    now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead,
+                          script_args=script_args)
+    return judge_timing(base, now, rule.time_factor, rule.p_max, rule.max_noise)
 
 
-def render(verdict: Verdict, fmt: str) -> str:
-    if fmt == "json":
-        import json
-        from dataclasses import asdict
+def _same_target(a: str, b: str) -> bool:
+    """`./x.py` and `x.py`, `dir/../f.py:make` and `f.py:make`: one file, one target."""
+    from .fileio import same_file
 
-        from .schemas import document
-
-        return json.dumps(document("gpusync-gate", {
-            "status": verdict.status, "exit_code": verdict.exit_code,
-            "problems": [asdict(p) for p in verdict.problems], "notes": verdict.notes,
-            "suggested_baseline": verdict.suggested_baseline}), indent=2) + "\n"
-    out = []
-    for p in verdict.problems:
-        if fmt == "github":
-            level = "warning" if p.improvement else "error"
-            # the fix travels with every annotation: for a site gone, the baseline's
-            message = p.message + (f"\nfix: {p.fix}" if p.fix else "")
-            out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
-        else:
-            where = f" ({p.file}:{p.line})" if p.file else ""
-            fix = f"\n  fix: {p.fix}" if p.fix and not p.improvement else ""
-            out.append(f"FAIL {p.message}{where}{fix}")
-    for note in verdict.notes:
-        out.append(_annotation("notice", note) if fmt == "github" else f"note: {note}")
-    if verdict.suggested_baseline:
-        msg = f"suggested new baseline written to {verdict.suggested_baseline}"
-        out.append(_annotation("notice", msg) if fmt == "github" else msg)
-    if fmt != "github":
-        out.append(f"gate: {verdict.status}")
-    return "\n".join(out) + "\n"
+    if a == b:
+        return True
+    (file_a, _, fn_a), (file_b, _, fn_b) = a.rpartition(":"), b.rpartition(":")
+    if not (file_a and file_b and fn_a.isidentifier()):
+        file_a, fn_a, file_b, fn_b = a, "", b, ""
+    return fn_a == fn_b and os.path.isfile(file_a) and same_file(file_a, file_b)

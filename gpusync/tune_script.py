@@ -345,33 +345,35 @@ def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
 
 def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     from .profiles import Candidate
-    from .tune import decide
+    from .tune import CandidateVerdict, Status, decide
 
     measured = [r for r in tune.runs if r.status == "run"]
     if not measured or measured[0] is not tune.runs[0]:
         return None, None
-    base = measured[0]
+    unchanged = measured[0]  # the script as it is
     variants = []
     for r in measured:
-        diff = _loss_diff(base.losses, r.losses)
+        diff = _loss_diff(unchanged.losses, r.losses)
         report = r.report or {}
         variants.append(Measurement(
             name=r.candidate.name, samples_ms=r.samples_ms,
             syncs_per_step=report.get("syncs_per_step", math.nan),
             syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=r.peak_alloc_mb,
             peak_reserved_mb=r.peak_reserved_mb, max_diff=diff,
-            parity=parity_text(diff) if base.losses and r.losses else "no losses"))
-    result = TechniqueResult("tune", tune.device, base.candidate.name, variants,
-                             steps=tune.block, repeats=len(base.samples_ms), baseline_noise=noise)
+            parity=parity_text(diff) if unchanged.losses and r.losses else "no losses"))
+    result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
+                             steps=tune.block, repeats=len(unchanged.samples_ms),
+                             reference_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
              for r in measured}
     decision = decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)
-    if not base.losses:  # say so, rather than "results differ from the baseline (n/a)"
+    if not unchanged.losses:  # say so, rather than "results differ from the baseline (n/a)"
         if NO_LOSSES not in tune.notes:
             tune.notes.append(NO_LOSSES)
-        for name, verdict in decision.verdicts.items():
-            if verdict.startswith("rejected: results differ"):
-                decision.verdicts[name] = "rejected: no losses to compare with the baseline's"
+        for name, verdict in decision.outcomes.items():
+            if verdict.status is Status.DIFFERS:
+                decision.outcomes[name] = CandidateVerdict(
+                    Status.REJECTED, "no losses to compare with the baseline's")
     return result, decision
 
 
@@ -390,143 +392,8 @@ def _loss_diff(base: list[float], other: list[float]) -> float | None:
     return max(abs(a - b) for a, b in zip(base, other, strict=True))
 
 
-# -- what the user reads and pastes ------------------------------------------------------------
+# -- the tuned-settings file, read back by `gpusync run` -----------------------------------------
 KIND = "gpusync-tune"
-
-
-def _status(tune: ScriptTune, run: Run) -> str:
-    if run.status != "run":
-        return run.status
-    if tune.decision is not None and run.candidate.name == tune.decision.chosen:
-        return "chosen"
-    verdict = tune.decision.verdicts.get(run.candidate.name, "") if tune.decision else ""
-    return "rejected" if verdict.startswith(("rejected", "not considered")) else "run"
-
-
-def chosen_settings(tune: ScriptTune) -> dict:
-    name = tune.decision.chosen if tune.decision else "baseline"
-    run = next(r for r in tune.runs if r.candidate.name == name)
-    settings = run.candidate.settings
-    return {k: v for k, v in settings.items() if knobs._active(k, settings)}
-
-
-def versions() -> dict:
-    import importlib.metadata as md
-
-    out = {}
-    for dist in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "gpusync"):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            continue
-    return out
-
-
-def to_dict(tune: ScriptTune) -> dict:
-    measured = {m.name: m for m in tune.result.variants} if tune.result else {}
-    settings = chosen_settings(tune)
-    base = {k: v for k, v in tune.runs[0].candidate.settings.items() if k in settings}
-    changes = {k: v for k, v in settings.items() if base.get(k) != v}
-    candidates = []
-    for run in tune.runs:
-        m = measured.get(run.candidate.name)
-        reason = run.reason or (tune.decision.verdicts.get(run.candidate.name, "")
-                                if tune.decision else "")
-        status = _status(tune, run)
-        reason = reason.removeprefix("chosen: ").removeprefix(f"{status}: ")
-        if run.candidate.name == "baseline":
-            reason = "the script as it is"
-        candidates.append({
-            "name": run.candidate.name, "settings": run.candidate.settings,
-            "status": status, "reason": reason,
-            "p50_ms": round(m.p50_ms, 4) if m else None,
-            "p90_ms": round(m.p90_ms, 4) if m else None,
-            "syncs_per_step": (run.report or {}).get("syncs_per_step"),
-            "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
-            "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
-            "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
-    from .schemas import document
-
-    return document(KIND, {"device": tune.device,
-            "target": tune.target, "command": tune.command, "baseline": "baseline",
-            "chosen": tune.decision.chosen if tune.decision else "baseline",
-            "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
-            "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
-            "settings": settings, "changes": changes,
-            "emit": knobs.emit(changes, tune.builds),
-            "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
-            "versions": versions(), "date": time.strftime("%Y-%m-%d")})
-
-
-def render(tune: ScriptTune, fmt: str) -> str:
-    import json
-
-    from .bench.render import technique_table
-    from .reporters.common import md_cell
-
-    data = to_dict(tune)
-    if fmt == "json":
-        return json.dumps(data, indent=2) + "\n"
-    if fmt == "html":
-        from .reporters.html import render_tune
-
-        samples = {m.name: m.samples_ms for m in tune.result.variants} if tune.result else {}
-        return render_tune(data, samples)
-    md = fmt == "markdown"
-    out = [f"## gpusync tune of {md_cell(tune.target)}" if md else f"gpusync tune of {tune.target}"]
-    if tune.result is not None:
-        out.append(technique_table(tune.result, fmt))
-    for c in data["candidates"]:
-        line = f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else "")
-        out.append(" ".join(line.splitlines()) if md else line)
-    for note in tune.notes:
-        out.append(f"note: {note}")
-    gain = ""
-    if data["chosen"] != "baseline":
-        from .tune import faster
-
-        gain = (f" (median {faster(data['p50_gain'])}, P90 {faster(data['p90_gain'])} "
-                "than the script as it is)")
-    out.append(f"\nchosen: {data['chosen']}{gain}")
-    out.append("change: " + (", ".join(f"{k}={knobs._text(v)}" for k, v in
-                                       data["changes"].items()) or "nothing (keep the script's "
-                             "own settings)"))
-    if data["emit"]["python"]:
-        from .reporters.common import md_fence
-
-        fence = md_fence(data["emit"]["python"])
-        out += ["\nin your code:", *([fence + "python"] if md else []), data["emit"]["python"],
-                *([fence] if md else [])]
-    out += user.export_lines(data["emit"]["env"])
-    return "\n".join(out) + "\n"
-
-
-def emit_text(tune: ScriptTune, form: str) -> str:
-    import yaml
-
-    data = to_dict(tune)
-    emit = data["emit"]
-    if form == "env":
-        return "".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
-            "# no environment variable carries these settings in the installed libraries\n")
-    if form == "python":
-        if emit["python"]:
-            return emit["python"] + "\n"
-        if emit["env"]:
-            return ("# nothing to change in the code: the chosen settings are environment "
-                    "variables (gpusync tune --emit env)\n")
-        return "# nothing to change: the script's own settings were kept\n"
-    return yaml.safe_dump({"settings": data["settings"]}, sort_keys=False)
-
-
-def tuned_text(tune: ScriptTune) -> str:
-    import yaml
-
-    data = to_dict(tune)
-    data.pop("builds")
-    head = ("# written by gpusync tune; run the script with these settings:\n"
-            f"#   gpusync run <this file> -- python {tune.target} ...\n")
-    return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def load_tuned(path: str) -> dict:

@@ -22,7 +22,7 @@ from .timing import BlockTimer, Samples
 @dataclass
 class Stepper:
     """One variant's live state, as the harness drives it: `run()` trains one step;
-    `result()` is what parity compares with the baseline's (a tensor or a list of them; None:
+    `result()` is what parity compares with the reference's (a tensor or a list of them; None:
     nothing to compare); `close()` releases the state (process groups, host threads)."""
 
     run: Callable[[], Any]
@@ -62,7 +62,7 @@ class Measurement:
     peak_reserved_mb: float | None
     parity: str
     note: str = ""
-    max_diff: float | None = None  # largest difference from the baseline's results; None: n/a
+    max_diff: float | None = None  # largest difference from the reference's results; None: n/a
 
     @property
     def p50_ms(self) -> float:
@@ -85,15 +85,15 @@ class Measurement:
 @dataclass
 class TechniqueResult:
     technique: str
-    device: str
-    baseline: str
+    hardware: str  # what it ran on: "cpu", or the GPU's name (JSON: "device")
+    reference: str  # the variant the others are compared with, the first (JSON: "baseline")
     variants: list[Measurement]
     steps: int
     repeats: int
     date: str = field(default_factory=lambda: _dt.date.today().isoformat())
     torch_version: str = torch.__version__
     skipped: dict = field(default_factory=dict)  # variant -> why it could not run here
-    baseline_noise: float | None = None  # the baseline against itself (self_checks)
+    reference_noise: float | None = None  # the reference against itself (self_checks)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TechniqueResult":
@@ -109,10 +109,10 @@ class TechniqueResult:
                    d.get("baseline_noise"))
 
     def to_dict(self) -> dict:
-        return {"technique": self.technique, "device": self.device, "baseline": self.baseline,
+        return {"technique": self.technique, "device": self.hardware, "baseline": self.reference,
                 "steps": self.steps, "repeats": self.repeats, "date": self.date,
                 "torch": self.torch_version, "variants": [v.to_dict() for v in self.variants],
-                "skipped": self.skipped, "baseline_noise": self.baseline_noise}
+                "skipped": self.skipped, "baseline_noise": self.reference_noise}
 
 
 def max_diff(reference, value) -> float | None:
@@ -209,40 +209,61 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
                   timer: Callable[[Callable[[], Any], int], float] | None = None,
                   scan_mode: str | None = None, self_checks: int = 0,
                   progress: Progress | None = None) -> TechniqueResult:
-    """Measure `variants` (the first is the baseline). self_checks: run the baseline's parity
-    steps that many more times, from fresh state, and keep the largest difference from its
-    first run (result.baseline_noise: non-deterministic kernels, BLAS threading)."""
+    """Measure `variants` (the first is the reference) on `device` ("cpu" or "cuda").
+    self_checks: run the reference's parity steps that many more times, from fresh state, and
+    keep the largest difference from its first run (result.reference_noise: non-deterministic
+    kernels, BLAS threading)."""
     cuda = device == "cuda"
-    timer = timer or BlockTimer(cuda)
     mode = scan_mode or ("cuda" if cuda else "simulate")
     skipped = {v.name: v.unavailable for v in variants if v.unavailable}
     variants = [v for v in variants if not v.unavailable]
-    baseline = variants[0].name
-
-    # parity: fresh state, same inputs, compare what each variant produced
+    reference = variants[0].name
     if progress is not None:
         progress.stage(f"{technique}: parity and syncs of {len(variants)} variants")
+    results = _parity_results(variants, reference, parity_steps, skipped)
+    variants = [v for v in variants if v.name in results]
+    noise = None
+    for _ in range(self_checks):
+        diff = max_diff(results[reference], _results(variants[0].build(), parity_steps))
+        noise = diff if noise is None or diff is None else max(noise, diff)
+    # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
+    alone = {v.name: _scan_alone(v, mode, cuda) for v in variants}
+    samples = _interleaved(technique, variants, timer or BlockTimer(cuda), steps, repeats,
+                           warmup, progress)
+    measurements = []
+    for v in variants:
+        syncs, by_phase, alloc, reserved = alone[v.name]
+        diff = max_diff(results[reference], results[v.name])
+        measurements.append(Measurement(
+            name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs,
+            syncs_by_phase=by_phase, peak_alloc_mb=alloc, peak_reserved_mb=reserved,
+            parity=parity_text(diff), note=v.note, max_diff=diff))
+    hardware = torch.cuda.get_device_name() if cuda else "cpu"
+    return TechniqueResult(technique, hardware, reference, measurements, steps, repeats,
+                           skipped=skipped, reference_noise=noise)
+
+
+def _parity_results(variants: list[Variant], reference: str, parity_steps: int,
+                    skipped: dict) -> dict:
+    """Each variant from fresh state, same inputs: what it produced (for parity). A variant
+    that turns out Unavailable is added to `skipped`; the reference must run."""
     results = {}
     for v in variants:
         try:
             step = v.build()
         except Unavailable as e:
-            if v.name == baseline:
+            if v.name == reference:
                 raise
             skipped[v.name] = str(e)
             continue
         results[v.name] = _results(step, parity_steps)
         del step  # its state must not count towards the next variant's memory
-    variants = [v for v in variants if v.name in results]
-    noise = None
-    for _ in range(self_checks):
-        diff = max_diff(results[baseline], _results(variants[0].build(), parity_steps))
-        noise = diff if noise is None or diff is None else max(noise, diff)
+    return results
 
-    # syncs per step (scanner) and memory, each variant alone, fresh state after a warm-up step
-    alone = {v.name: _scan_alone(v, mode, cuda) for v in variants}
 
-    # timing: interleaved blocks, rotating the order so drift hits all variants alike
+def _interleaved(technique: str, variants: list[Variant], timer, steps: int, repeats: int,
+                 warmup: int, progress: Progress | None) -> dict[str, list[float]]:
+    """Timing: interleaved blocks, rotating the order so drift hits all variants alike."""
     steppers = {v.name: v.build() for v in variants}
     for step in steppers.values():
         for _ in range(warmup):
@@ -258,15 +279,4 @@ def run_technique(technique: str, variants: list[Variant], device: str, steps: i
                 progress.update(sum(len(s) for s in samples.values()))
     for step in steppers.values():
         step.close()
-
-    measurements = []
-    for v in variants:
-        syncs, by_phase, alloc, reserved = alone[v.name]
-        diff = max_diff(results[baseline], results[v.name])
-        measurements.append(Measurement(
-            name=v.name, samples_ms=samples[v.name], syncs_per_step=syncs,
-            syncs_by_phase=by_phase, peak_alloc_mb=alloc, peak_reserved_mb=reserved,
-            parity=parity_text(diff), note=v.note, max_diff=diff))
-    device_name = torch.cuda.get_device_name() if cuda else "cpu"
-    return TechniqueResult(technique, device_name, baseline, measurements, steps, repeats,
-                           skipped=skipped, baseline_noise=noise)
+    return samples

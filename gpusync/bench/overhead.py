@@ -7,7 +7,6 @@ import datetime as _dt
 import platform
 
 import torch
-from tabulate import tabulate
 
 from ..detect.session import Session, resolve_mode
 from .timing import BlockTimer, Samples
@@ -56,13 +55,3 @@ def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str =
         "samples_ms": {"plain": plain.ms, "scanned": scanned.ms, "profiled": profiled.ms},
     }
 
-
-def format_table(result: dict) -> str:
-    rows = [["plain", result["plain_median_ms"], result["plain_p90_ms"], 1.0],
-            ["gpusync scan", result["scanned_median_ms"], result["scanned_p90_ms"],
-             result["ratio"]],
-            ["torch.profiler(with_stack=True)", result["profiled_median_ms"],
-             result["profiled_p90_ms"], result["profiler_ratio"]]]
-    head = (f"overhead of gpusync scan ({result['mode']}) on {result['profile']}, "
-            f"{result['device']}, {result['steps']} steps each, interleaved")
-    return head + "\n" + tabulate(rows, headers=["", "median ms", "p90 ms", "ratio"]) + "\n"

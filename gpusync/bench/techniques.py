@@ -1,4 +1,5 @@
-"""The built-in technique benchmarks: each returns its variants, baseline first."""
+"""The built-in technique benchmarks: each returns its variants, the reference
+(the naive form) first."""
 from __future__ import annotations
 
 import itertools

@@ -1,20 +1,11 @@
-"""Timers and statistics. Raw samples are always kept; statistics derive from them."""
+"""Timers and samples. Raw samples are always kept; statistics (gpusync/stats.py) derive from
+them."""
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 
-
-def percentile(samples: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in 0..100) of the samples."""
-    if not samples:
-        raise ValueError("no samples")
-    xs = sorted(samples)
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+from ..stats import median, percentile
 
 
 @dataclass
@@ -24,7 +15,7 @@ class Samples:
 
     @property
     def median(self) -> float:
-        return statistics.median(self.ms)
+        return median(self.ms)
 
     @property
     def p90(self) -> float:

@@ -1,18 +1,9 @@
-"""Renderers: each is `render(report) -> str`."""
-from . import html as html_reporter
-from . import json as json_reporter
-from . import markdown, table
-from .common import library_view
+"""The output layer: every command's result is rendered here, by (kind, format) (registry.py).
+Importing the package registers every renderer; a command's --format choices are
+`formats(kind)`: scan, gate, bench, overhead, tune (a profile's), tune-script, tune-emit."""
+from . import bench, gate, scan, script_tune, tune
+from .registry import formats, render_as, renderer
+from .scan import VIEWS, render
 
-RENDERERS = {"table": table.render, "json": json_reporter.render, "markdown": markdown.render,
-             "html": html_reporter.render_scan}
-FORMATS = tuple(RENDERERS)
-VIEWS = ("user", "library")
-
-
-def render(report, fmt: str, show: str = "user") -> str:
-    """show="library" places sites at the library line that synced (tables only: JSON always
-    carries both, the user's line in file/line and the library's in `library`)."""
-    if show == "library" and fmt != "json":
-        report = library_view(report)
-    return RENDERERS[fmt](report)
+__all__ = ["bench", "gate", "scan", "script_tune", "tune", "formats", "render_as", "renderer",
+           "render", "VIEWS"]

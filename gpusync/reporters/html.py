@@ -10,7 +10,7 @@ import html
 import math
 from collections.abc import Callable, Sequence
 
-from ..bench.timing import percentile
+from ..stats import percentile
 from . import common
 from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, short_path, summary
 
@@ -187,7 +187,7 @@ def fmt(value: float | None, spec: str = ".3f") -> str:
 
 
 def timing_cells(c: dict, base_p50: float | None) -> list[str]:
-    """The columns bench and tune share, spelled as bench.render.technique_table does."""
+    """The columns bench and tune share, spelled as reporters.bench.technique_table does."""
     ratio = c["p50_ms"] / base_p50 if c.get("p50_ms") is not None and base_p50 else None
     by_phase = ", ".join(f"{k} {v:g}" for k, v in (c.get("syncs_by_phase") or {}).items())
     return [fmt(c.get("p50_ms")), fmt(c.get("p90_ms")), fmt(ratio),
@@ -267,24 +267,12 @@ def render_bench(results, not_run: dict | None = None) -> str:
     return page("gpusync bench", body)
 
 
-def profile_candidates(data: dict) -> list[dict]:
-    """`tune PROFILE --format json` holds a bench result and verdicts: its candidates in the
-    script form's spelling, raw samples kept."""
-    result, verdicts, out = data["result"], data.get("verdicts", {}), []
-    for v in result["variants"]:
-        verdict = verdicts.get(v["name"], "")
-        status = ("chosen" if v["name"] == data["chosen"] else "rejected"
-                  if verdict.startswith(("rejected", "not considered")) else "run")
-        out.append({**v, "status": status, "reason": verdict})
-    return out + [{"name": n, "status": "not_run", "reason": why, "p50_ms": None}
-                  for n, why in result.get("skipped", {}).items()]
-
-
 def render_tune(data: dict, samples: dict | None = None) -> str:
-    """A `gpusync tune --format json` document (a script's, or a profile's). `samples`
-    (candidate -> raw step times) draws boxes where the document holds only P50 and P90."""
+    """A `gpusync tune --format json` document (a script's, or a profile's with its
+    `candidates` added: reporters/tune.py). `samples` (candidate -> raw step times) draws
+    boxes where the document holds only P50 and P90."""
     profile = data.get("kind") == "gpusync-tune-profile"
-    cands = profile_candidates(data) if profile else data["candidates"]
+    cands = data["candidates"]
     baseline = data["result"]["baseline"] if profile else data.get("baseline", "baseline")
     chosen = data.get("chosen", baseline)
     target = data.get("target") or data.get("result", {}).get("technique", "")

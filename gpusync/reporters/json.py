@@ -1,5 +1,5 @@
 import json
 
 
-def render(report) -> str:
+def scan_json(report) -> str:
     return json.dumps(report.to_dict(), indent=2, sort_keys=False) + "\n"

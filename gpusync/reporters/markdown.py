@@ -14,7 +14,7 @@ from .common import (
 )
 
 
-def render(report) -> str:
+def scan_markdown(report) -> str:
     out = [f"## {md_cell(summary(report))}", ""]
     if report.error:
         error = md_line(report.error)
@@ -26,13 +26,13 @@ def render(report) -> str:
     steady = [(i, s) for i, s in sites if not s.setup]
     setup = [(i, s) for i, s in sites if s.setup]
     if steady:
-        out += [_table(steady, report), ""]
+        out += [_sites_table(steady, report), ""]
     if setup:
-        out += [f"### Setup: {SETUP_TITLE}", "", _table(setup, report), ""]
+        out += [f"### Setup: {SETUP_TITLE}", "", _sites_table(setup, report), ""]
     out += ["### Fixes", ""]
     out += [f"{i}. {md_line(fix_line(s))}" for i, s in sites]
     return "\n".join(out) + "\n"
 
 
-def _table(sites, report) -> str:
+def _sites_table(sites, report) -> str:
     return tabulate(md_rows(rows(sites)), headers=headers(report), tablefmt="github")

@@ -3,7 +3,7 @@ from tabulate import tabulate
 from .common import SETUP_TITLE, fix_line, headers, numbered, rows, summary
 
 
-def render(report) -> str:
+def scan_table(report) -> str:
     out = [summary(report)]
     if report.error:
         out.append(f"the scanned code raised: {report.error} (report covers what ran before)")

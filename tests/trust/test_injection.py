@@ -10,11 +10,11 @@ import yaml
 
 from gpusync import knobs, tune_script
 from gpusync.bench.harness import Measurement, TechniqueResult
-from gpusync.bench.render import technique_table
 from gpusync.detect.events import Frame, SyncEvent
 from gpusync.knobs import user
 from gpusync.report import build_report
-from gpusync.reporters import render
+from gpusync.reporters import render, render_as
+from gpusync.reporters.bench import technique_table
 from gpusync.tune import Decision
 from tests.conftest import run_main, stderr_lines
 
@@ -31,6 +31,11 @@ def tuned(base: dict, chosen: dict) -> tune_script.ScriptTune:
                                   decision=Decision("the chosen one"))
 
 
+def emit(tune: tune_script.ScriptTune, form: str) -> str:
+    """What `gpusync tune --emit FORM` prints for this tune."""
+    return render_as("tune-emit", tune, form)
+
+
 def bash(text: str, cwd, then: str = "") -> str:
     proc = subprocess.run(["bash", "-c", f"eval \"$EMITTED\"\n{then}"], cwd=cwd, text=True,
                           capture_output=True, env={"EMITTED": text, "PATH": "/usr/bin:/bin"},
@@ -41,17 +46,17 @@ def bash(text: str, cwd, then: str = "") -> str:
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_emitted_exports_set_the_value_and_run_nothing(tmp_path, value):
-    text = tune_script.emit_text(tuned({"env:FAST": ""}, {"env:FAST": value}), "env")
+    text = emit(tuned({"env:FAST": ""}, {"env:FAST": value}), "env")
     assert bash(text, tmp_path, then='printf %s "$FAST"') == value
     assert list(tmp_path.iterdir()) == []  # no PWNED
-    table = tune_script.render(tuned({"env:FAST": ""}, {"env:FAST": value}), "table")
+    table = render_as("tune-script", tuned({"env:FAST": ""}, {"env:FAST": value}), "table")
     export = table[table.index("export FAST="):]
     assert bash(export, tmp_path, then='printf %s "$FAST"') == value
     assert list(tmp_path.iterdir()) == []
 
 
 def test_an_emitted_unset_variable_is_unset_not_empty(tmp_path):
-    text = tune_script.emit_text(tuned({"env:FAST": "1"}, {"env:FAST": ""}), "env")
+    text = emit(tuned({"env:FAST": "1"}, {"env:FAST": ""}), "env")
     assert text == "unset FAST\n"
     assert bash(text, tmp_path, then='echo "${FAST-unset}"') == "unset\n"
 
@@ -59,7 +64,7 @@ def test_an_emitted_unset_variable_is_unset_not_empty(tmp_path):
 @pytest.mark.parametrize("value", HOSTILE + ["4\nimport os; os.system('touch PWNED')"])
 def test_emitted_python_is_comments_that_stay_comments(tmp_path, monkeypatch, value):
     monkeypatch.chdir(tmp_path)
-    text = tune_script.emit_text(tuned({"arg:--prefetch": "2"}, {"arg:--prefetch": value}),
+    text = emit(tuned({"arg:--prefetch": "2"}, {"arg:--prefetch": value}),
                                  "python")
     assert all(line.startswith("# ") for line in text.splitlines())
     exec(compile(text, "<emitted>", "exec"), {})
@@ -67,7 +72,7 @@ def test_emitted_python_is_comments_that_stay_comments(tmp_path, monkeypatch, va
 
 
 def test_emitted_python_spells_the_flags_as_a_shell_reads_them(tmp_path):
-    text = tune_script.emit_text(tuned({"arg:--data": "a"}, {"arg:--data": "my file"}), "python")
+    text = emit(tuned({"arg:--data": "a"}, {"arg:--data": "my file"}), "python")
     assert text == "# run the script with: --data 'my file'\n"
 
 
@@ -77,13 +82,13 @@ def test_emitted_python_spells_the_flags_as_a_shell_reads_them(tmp_path):
                                             "settings are environment variables"),
 ])
 def test_emitted_python_with_nothing_for_the_code_says_so(base, chosen, says):
-    text = tune_script.emit_text(tuned(base, chosen), "python")
+    text = emit(tuned(base, chosen), "python")
     assert text.startswith(says) and text.count("\n") == 1
 
 
 @pytest.mark.parametrize("value", HOSTILE + ["yes", "1", "- a", "{x: 1}", "*alias"])
 def test_emitted_yaml_reads_back_as_the_very_settings(value):
-    text = tune_script.emit_text(tuned({"env:FAST": ""}, {"env:FAST": value}), "yaml")
+    text = emit(tuned({"env:FAST": ""}, {"env:FAST": value}), "yaml")
     assert yaml.safe_load(text) == {"settings": {"env:FAST": value}}
 
 
@@ -153,6 +158,6 @@ def test_bench_and_tune_markdown_tables_keep_their_columns():
     assert_one_width(technique_table(result, "markdown"))
     tune = tuned({"env:X": ""}, {"env:X": "a|b"})
     tune.result = result
-    text = tune_script.render(tune, "markdown")
+    text = render_as("tune-script", tune, "markdown")
     assert_one_width(text)
     assert text.startswith("## gpusync tune of x.py")

@@ -1,7 +1,13 @@
 """The count gate and its GitHub annotations on fabricated baselines and reports."""
 from types import SimpleNamespace
 
-from gpusync.gate import Problem, Verdict, combine, compare_counts, render
+from gpusync.gate import Problem, Verdict, combine, compare_counts
+from gpusync.reporters import render_as
+
+
+def render(verdict: Verdict, fmt: str) -> str:
+    return render_as("gate", verdict, fmt)
+
 
 KEY = "item | other | - | train.py | <module>"
 

@@ -5,8 +5,8 @@ import itertools
 import torch
 
 from gpusync.bench.harness import BlockTimer, Stepper, Variant, run_technique
-from gpusync.bench.render import technique_table
 from gpusync.bench.techniques import writeback_variants
+from gpusync.reporters.bench import technique_table
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -44,7 +44,7 @@ def test_samples_statistics_parity_and_syncs():
     assert lines[0].startswith("gpusync bench: demo: parity and syncs of 3 variants")
     assert lines[-1].startswith("gpusync bench: demo: timing: 15/15")  # blocks done/planned
     by = {m.name: m for m in result.variants}
-    assert result.baseline == "naive" and len(by["naive"].samples_ms) == 5
+    assert result.reference == "naive" and len(by["naive"].samples_ms) == 5
     assert by["naive"].syncs_per_step == 1 and by["naive"].syncs_by_phase == {"other": 1.0}
     assert by["fast"].syncs_per_step == 0
     assert by["fast"].parity == "identical" and by["wrong"].parity.startswith("max abs diff")
@@ -125,9 +125,9 @@ def test_self_check_measures_the_baseline_against_itself():
 
     result = run_technique("demo", [Variant("base", noisy)], "cpu", steps=1, repeats=2,
                            timer=fake_timer([1.0]), self_checks=2, parity_steps=2)
-    assert result.baseline_noise == pytest.approx(2 * 2e-3, rel=1e-4)  # 3rd build: 2 steps
+    assert result.reference_noise == pytest.approx(2 * 2e-3, rel=1e-4)  # 3rd build: 2 steps
     assert run_technique("demo", [counter_variant("b", 1.0)], "cpu", steps=1, repeats=2,
-                         timer=fake_timer([1.0]), self_checks=1).baseline_noise == 0.0
+                         timer=fake_timer([1.0]), self_checks=1).reference_noise == 0.0
 
 
 def test_workload_step_cycles_batches_keeps_losses_and_closes():

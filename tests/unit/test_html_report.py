@@ -2,7 +2,9 @@
 the SVG namespace), user strings escaped, and what each page must show: the scan's sites and
 fixes, the bench's variants, the tune's chosen candidate."""
 import dataclasses
+import html
 import itertools
+import json
 import textwrap
 from html.parser import HTMLParser
 
@@ -217,17 +219,25 @@ def test_tune_page_highlights_the_chosen_candidate():
 
 
 def test_tune_profile_document_is_drawn_from_its_samples(bench_result):
-    data = {"schema_version": 1, "kind": "gpusync-tune-profile",
-            "result": bench_result.to_dict(), "chosen": "fast", "args": {"pipeline": "fast"},
-            "p50_gain": 0.1, "p90_gain": 0.05, "parity_allowance": 0.0,
-            "verdicts": {"naive": "baseline", "fast": "chosen: median 10% faster",
-                         EVIL: "rejected: results differ"}}
-    validator("gpusync-tune-profile").validate(data)
-    page = render_tune(data)
+    from gpusync.profiles import Candidate, Profile
+    from gpusync.reporters import render_as
+    from gpusync.tune import CandidateVerdict, Decision, ProfileTune, Status
+
+    profile = Profile("demo", "demo.py:make", candidates=[
+        Candidate("naive", {}), Candidate("fast", {"pipeline": "fast"}), Candidate(EVIL, {})])
+    decision = Decision("fast", {
+        "naive": CandidateVerdict(Status.REFERENCE),
+        "fast": CandidateVerdict(Status.CHOSEN, "median 10% faster"),
+        EVIL: CandidateVerdict(Status.DIFFERS, "results differ from the baseline (n/a)")})
+    tuned = ProfileTune(profile, bench_result, decision)
+    validator("gpusync-tune-profile").validate(json.loads(render_as("tune", tuned, "json")))
+    page = render_as("tune", tuned, "html")
     text = check_page(page).joined
     assert "fast (chosen)" in text and "naive (baseline)" in text
     assert page.split("<svg")[1].count("<rect") == 3  # a box per variant
     assert "rejected" in text and "pipeline" in text
+    # the status column is the typed verdict's: rejected, drawn red
+    assert f"<td>{html.escape(EVIL)}</td><td>rejected</td>" in page
 
 
 def test_every_command_with_format_html_writes_a_page(tmp_path, monkeypatch):

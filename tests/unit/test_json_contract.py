@@ -70,3 +70,33 @@ def test_overhead(tmp_path):
                     "--warmup", "1", "--format", "json")
     assert proc.returncode == 0, proc.stderr
     assert check_contract(json.loads(proc.stdout))["kind"] == "gpusync-overhead"
+
+
+def test_a_script_tunes_statuses_come_from_the_typed_verdicts():
+    """A candidate's status and reason in gpusync-tune are read from tune.decide's typed
+    verdict, never from its text: results that differ and an approximate candidate left out
+    are both `rejected`, a candidate not clearly faster only `run`, and the choice `chosen`."""
+    from gpusync import knobs, tune_script
+    from gpusync.reporters import render_as
+    from gpusync.tune import CandidateVerdict, Decision, Status
+
+    names = ["baseline", "fast", "differs", "approximate", "slow"]
+    runs = [tune_script.Run(knobs.Candidate(name, {"env:X": name}), status="run")
+            for name in names]
+    decision = Decision("fast", {
+        "baseline": CandidateVerdict(Status.REFERENCE),
+        "fast": CandidateVerdict(Status.CHOSEN, "median 20.0% faster than the baseline"),
+        "differs": CandidateVerdict(Status.DIFFERS, "results differ from the baseline (x)"),
+        "approximate": CandidateVerdict(Status.NOT_CONSIDERED, "approximate (x)"),
+        "slow": CandidateVerdict(Status.NOT_FASTER, "median 1.0% faster")})
+    tune = tune_script.ScriptTune("x.py", "gpusync tune x.py", "cpu", {}, runs,
+                                  decision=decision)
+    data = json.loads(render_as("tune-script", tune, "json"))
+    schemas.validator("gpusync-tune").validate(data)
+    got = {c["name"]: (c["status"], c["reason"]) for c in data["candidates"]}
+    assert got == {
+        "baseline": ("run", "the script as it is"),
+        "fast": ("chosen", "median 20.0% faster than the baseline"),
+        "differs": ("rejected", "results differ from the baseline (x)"),
+        "approximate": ("rejected", "not considered: approximate (x)"),
+        "slow": ("run", "not clearly faster: median 1.0% faster")}

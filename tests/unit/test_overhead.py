@@ -4,7 +4,8 @@ import textwrap
 
 import torch
 
-from gpusync.bench.overhead import format_table, measure_overhead
+from gpusync.bench.overhead import measure_overhead
+from gpusync.reporters.bench import overhead_table
 
 FACTORY = textwrap.dedent('''
     import torch
@@ -44,5 +45,5 @@ def test_three_arms_rotate_and_both_ratios_are_reported(tmp_path):
     assert seen.count(True) == 6  # the profiler was on for exactly its own steps
     assert not torch.autograd.profiler._is_profiler_enabled
     assert result["profiler_ratio"] > 1.0 and "ratio" in result
-    table = format_table(result)
+    table = overhead_table(result)
     assert "gpusync scan" in table and "torch.profiler(with_stack=True)" in table

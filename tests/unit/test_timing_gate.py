@@ -3,8 +3,9 @@ import random
 
 import pytest
 
-from gpusync.bench.timing import BlockTimer, Samples, percentile
-from gpusync.gate import CANNOT_JUDGE, PASS, REGRESSION, judge_timing, mann_whitney_greater
+from gpusync.bench.timing import BlockTimer, Samples
+from gpusync.gate import CANNOT_JUDGE, PASS, REGRESSION, judge_timing
+from gpusync.stats import mann_whitney_greater, percentile
 
 
 def noisy(center, spread, n=30, seed=0):
@@ -57,11 +58,12 @@ def test_timer_uses_the_injected_clock():
 
 
 def test_github_annotations_escape_what_workflow_commands_require():
-    from gpusync.gate import Problem, Verdict, render
+    from gpusync.gate import Problem, Verdict
+    from gpusync.reporters import render_as
 
     verdict = Verdict(status="regression", problems=[Problem(
         "new site", "new sync site: 100% of steps\nsecond line", "dir,a/b:c.py", 7,
         fix="keep it on the device")])
-    line = render(verdict, "github").splitlines()[0]
+    line = render_as("gate", verdict, "github").splitlines()[0]
     assert line == ("::error file=dir%2Ca/b%3Ac.py,line=7,title=gpusync%3A new site::"
                     "new sync site: 100%25 of steps%0Asecond line%0Afix: keep it on the device")

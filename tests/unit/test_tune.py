@@ -23,7 +23,7 @@ def scaled(factor):
 
 def result(*variants, noise=0.0):
     return TechniqueResult("demo", "cpu", "base", [measured("base", BASE), *variants], 1,
-                           len(BASE), baseline_noise=noise)
+                           len(BASE), reference_noise=noise)
 
 
 def cands(**approximate):

@@ -1,0 +1,64 @@
+"""The gate's verdict: text for a terminal, GitHub workflow annotations, or JSON."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from .registry import renders
+
+
+def _escape_data(text: str) -> str:
+    """GitHub workflow command data: %, CR and LF are encoded."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    """GitHub workflow command property values: also : and , are encoded."""
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def _annotation(level: str, message: str, title: str = "gpusync", file: str = "",
+                line: int = 0) -> str:
+    props = [f"title={_escape_property(title)}"]
+    if file:
+        props = [f"file={_escape_property(file)}", *([f"line={line}"] if line else []), *props]
+    return f"::{level} {','.join(props)}::{_escape_data(message)}"
+
+
+@renders("gate", "text")
+def gate_text(verdict) -> str:
+    out = []
+    for p in verdict.problems:
+        where = f" ({p.file}:{p.line})" if p.file else ""
+        fix = f"\n  fix: {p.fix}" if p.fix and not p.improvement else ""
+        out.append(f"FAIL {p.message}{where}{fix}")
+    out += [f"note: {note}" for note in verdict.notes]
+    if verdict.suggested_baseline:
+        out.append(f"suggested new baseline written to {verdict.suggested_baseline}")
+    out.append(f"gate: {verdict.status}")
+    return "\n".join(out) + "\n"
+
+
+@renders("gate", "json")
+def gate_json(verdict) -> str:
+    from ..schemas import document
+
+    return json.dumps(document("gpusync-gate", {
+        "status": verdict.status, "exit_code": verdict.exit_code,
+        "problems": [asdict(p) for p in verdict.problems], "notes": verdict.notes,
+        "suggested_baseline": verdict.suggested_baseline}), indent=2) + "\n"
+
+
+@renders("gate", "github")
+def gate_github(verdict) -> str:
+    out = []
+    for p in verdict.problems:
+        level = "warning" if p.improvement else "error"
+        # the fix travels with every annotation: for a site gone, the baseline's
+        message = p.message + (f"\nfix: {p.fix}" if p.fix else "")
+        out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
+    out += [_annotation("notice", note) for note in verdict.notes]
+    if verdict.suggested_baseline:
+        out.append(_annotation("notice", "suggested new baseline written to "
+                               f"{verdict.suggested_baseline}"))
+    return "\n".join(out) + "\n"

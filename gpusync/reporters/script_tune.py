@@ -1,0 +1,172 @@
+"""`gpusync tune SCRIPT`: its candidates as measured and judged, the settings chosen (in every
+form --emit prints), and the tuned-settings file `-o` writes (`gpusync run` reads it)."""
+from __future__ import annotations
+
+import json
+import time
+
+import yaml
+
+from .. import knobs
+from ..knobs import user
+from .bench import technique_table
+from .common import md_cell, md_fence
+from .registry import renders
+
+UNCHANGED = "baseline"  # the candidate that is the script as it is (JSON: "baseline")
+
+
+def _status(tune, run) -> str:
+    """The candidate's JSON status, read from its typed verdict."""
+    if run.status != "run":
+        return run.status
+    if tune.decision is not None and run.candidate.name == tune.decision.chosen:
+        return "chosen"
+    verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
+    return "rejected" if verdict is not None and verdict.status.rejected else "run"
+
+
+def _reason(tune, run) -> str:
+    """Why: the run's failure, or its verdict (its status already says chosen or rejected)."""
+    from ..tune import Status
+
+    if run.candidate.name == UNCHANGED:
+        return "the script as it is"
+    verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
+    if run.reason or verdict is None:
+        return run.reason
+    if verdict.status in (Status.CHOSEN, Status.REJECTED, Status.DIFFERS):
+        return verdict.reason
+    return verdict.text
+
+
+def chosen_settings(tune) -> dict:
+    name = tune.decision.chosen if tune.decision else UNCHANGED
+    run = next(r for r in tune.runs if r.candidate.name == name)
+    settings = run.candidate.settings
+    return {k: v for k, v in settings.items() if knobs._active(k, settings)}
+
+
+def versions() -> dict:
+    import importlib.metadata as md
+
+    out = {}
+    for dist in ("torch", "torchrec", "fbgemm-gpu", "fbgemm-gpu-cpu", "gpusync"):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def script_document(tune) -> dict:
+    """The gpusync-tune JSON document of a ScriptTune."""
+    from ..schemas import document as schema_document
+
+    measured = {m.name: m for m in tune.result.variants} if tune.result else {}
+    settings = chosen_settings(tune)
+    unchanged = {k: v for k, v in tune.runs[0].candidate.settings.items() if k in settings}
+    changes = {k: v for k, v in settings.items() if unchanged.get(k) != v}
+    candidates = []
+    for run in tune.runs:
+        m = measured.get(run.candidate.name)
+        candidates.append({
+            "name": run.candidate.name, "settings": run.candidate.settings,
+            "status": _status(tune, run), "reason": _reason(tune, run),
+            "p50_ms": round(m.p50_ms, 4) if m else None,
+            "p90_ms": round(m.p90_ms, 4) if m else None,
+            "syncs_per_step": (run.report or {}).get("syncs_per_step"),
+            "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
+            "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
+            "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
+    return schema_document("gpusync-tune", {
+        "device": tune.device, "target": tune.target, "command": tune.command,
+        "baseline": UNCHANGED, "chosen": tune.decision.chosen if tune.decision else UNCHANGED,
+        "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
+        "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
+        "settings": settings, "changes": changes, "emit": knobs.emit(changes, tune.builds),
+        "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
+        "versions": versions(), "date": time.strftime("%Y-%m-%d")})
+
+
+@renders("tune-script", "table")
+def script_table(tune) -> str:
+    return _script_text(tune, "table")
+
+
+@renders("tune-script", "json")
+def script_json(tune) -> str:
+    return json.dumps(script_document(tune), indent=2) + "\n"
+
+
+@renders("tune-script", "markdown")
+def script_markdown(tune) -> str:
+    return _script_text(tune, "markdown")
+
+
+@renders("tune-script", "html")
+def script_html(tune) -> str:
+    from .html import render_tune
+
+    samples = {m.name: m.samples_ms for m in tune.result.variants} if tune.result else {}
+    return render_tune(script_document(tune), samples)
+
+
+def _script_text(tune, fmt: str) -> str:
+    from ..tune import faster
+
+    data = script_document(tune)
+    md = fmt == "markdown"
+    out = [f"## gpusync tune of {md_cell(tune.target)}" if md else f"gpusync tune of {tune.target}"]
+    if tune.result is not None:
+        out.append(technique_table(tune.result, fmt))
+    for c in data["candidates"]:
+        line = f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else "")
+        out.append(" ".join(line.splitlines()) if md else line)
+    out += [f"note: {note}" for note in tune.notes]
+    gain = ""
+    if data["chosen"] != UNCHANGED:
+        gain = (f" (median {faster(data['p50_gain'])}, P90 {faster(data['p90_gain'])} "
+                "than the script as it is)")
+    out.append(f"\nchosen: {data['chosen']}{gain}")
+    out.append("change: " + (", ".join(f"{k}={knobs._text(v)}" for k, v in
+                                       data["changes"].items()) or "nothing (keep the script's "
+                             "own settings)"))
+    if data["emit"]["python"]:
+        fence = md_fence(data["emit"]["python"])
+        out += ["\nin your code:", *([fence + "python"] if md else []), data["emit"]["python"],
+                *([fence] if md else [])]
+    out += user.export_lines(data["emit"]["env"])
+    return "\n".join(out) + "\n"
+
+
+@renders("tune-emit", "env")
+def emit_env(tune) -> str:
+    emit = script_document(tune)["emit"]
+    return "".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
+        "# no environment variable carries these settings in the installed libraries\n")
+
+
+@renders("tune-emit", "python")
+def emit_python(tune) -> str:
+    emit = script_document(tune)["emit"]
+    if emit["python"]:
+        return emit["python"] + "\n"
+    if emit["env"]:
+        return ("# nothing to change in the code: the chosen settings are environment "
+                "variables (gpusync tune --emit env)\n")
+    return "# nothing to change: the script's own settings were kept\n"
+
+
+@renders("tune-emit", "yaml")
+def emit_yaml(tune) -> str:
+    return yaml.safe_dump({"settings": script_document(tune)["settings"]}, sort_keys=False)
+
+
+def tuned_text(tune) -> str:
+    """The file `gpusync tune -o` writes: the document without what the script built."""
+    data = script_document(tune)
+    data.pop("builds")
+    head = ("# written by gpusync tune; run the script with these settings:\n"
+            f"#   gpusync run <this file> -- python {tune.target} ...\n")
+    return head + yaml.safe_dump(data, sort_keys=False)
