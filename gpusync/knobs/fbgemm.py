@@ -16,7 +16,7 @@ import dataclasses
 import os
 from typing import Iterator
 
-from . import Builds, Knob, Settings
+from .knob import Builds, Knob, Settings
 
 PRECOMPUTE = "fbgemm.precompute_writeback"
 WRITEBACK = "gpusync.writeback"

@@ -11,7 +11,7 @@ import contextlib
 import inspect
 from typing import Any, Iterator
 
-from . import Builds, Knob, Settings
+from .knob import Builds, Knob, Settings
 
 PIPELINE = "torchrec.pipeline"
 STREAM = "torchrec.emb_lookup_stream"
