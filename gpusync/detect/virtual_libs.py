@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import patches, virtual_cuda
+from . import patches, virtual_device
 from .library import SERIALIZATION_FIX
-from .virtual_cuda import current_device, is_cuda_device
+from .virtual_device import current_device, is_cuda_device
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -244,7 +244,7 @@ class VirtualLibraries:
         async_op = kwargs.get("async_op", args[1] if len(args) > 1 else False)
         group = kwargs.get("group", args[0] if args else None)
         on_host = any(group is g for g in self._host_groups)
-        if virtual_cuda.nccl_requested() and not async_op and not on_host:
+        if virtual_device.nccl_requested() and not async_op and not on_host:
             self.det.record("Stream.synchronize", predicted=_BARRIER)
         with self.det.rec.suppress():
             return call(*args, **kwargs)
