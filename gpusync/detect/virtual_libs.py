@@ -39,7 +39,8 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from . import patches, virtual_device
-from .libraries import ddp, fbgemm
+from .libraries import fbgemm
+from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
 from .libraries.pytorch import SERIALIZATION_FIX
 from .virtual_device import current_device, is_cuda_device
 
@@ -234,7 +235,7 @@ class VirtualLibraries:
         group = kwargs.get("group", args[0] if args else None)
         on_host = any(group is g for g in self._host_groups)
         if virtual_device.nccl_requested() and not async_op and not on_host:
-            self.det.record("Stream.synchronize", predicted=ddp.BARRIER)
+            self.det.record("Stream.synchronize", predicted=BARRIER)
         with self.det.rec.suppress():
             return call(*args, **kwargs)
 
@@ -272,7 +273,7 @@ class VirtualLibraries:
         det = self.det
         if any(det.host.on_device(t) for t in tensors):
             for label in ("H2D copy", "item", "D2H copy"):
-                det.record(label, predicted=ddp.VERIFY)
+                det.record(label, predicted=VERIFY)
         with det.rec.suppress():
             return call(process_group, tensors, *args, **kwargs)
 
@@ -285,14 +286,14 @@ class VirtualLibraries:
                 and not getattr(ddp, "_delay_all_reduce_all_params", False)):
             done = self._forwards.get(ddp, 0)  # forwards the reducer has counted so far
             self._forwards[ddp] = done + 1
-            if done > 0 and (done <= 10 or done % ddp.LOG_EVERY == 0):
-                det.record("Event.synchronize", predicted=ddp.LOGGER)
+            if done > 0 and (done <= 10 or done % LOG_EVERY == 0):
+                det.record("Event.synchronize", predicted=LOGGER)
         with det.device_factories():
             out = call(ddp, *args, **kwargs)
         if on_device and not rebuilt_before and getattr(ddp, "_has_rebuilt_buckets", False):
             for _ in ("bucket indices", "bucket sizes"):  # each broadcast from rank 0
-                det.record("pageable non_blocking copy", predicted=ddp.REBUILD)
-                det.record("D2H copy", predicted=ddp.REBUILD)
+                det.record("pageable non_blocking copy", predicted=REBUILD)
+                det.record("D2H copy", predicted=REBUILD)
         return out
 
     def _save(self, call, obj, f, *args, **kwargs):
