@@ -47,8 +47,10 @@ def _builtin(target: str | None) -> bool:
 
 
 def _report(session) -> dict | None:
+    from .report import report_of
+
     try:
-        return session.report().to_dict() if session is not None else None
+        return report_of(session).to_dict() if session is not None else None
     except Exception:  # a snapshot must never break the run it describes
         return None
 
@@ -111,8 +113,9 @@ def _is_script(job: dict) -> bool:
 def _write_trace(job: dict, session) -> None:
     if job.get("trace") and session is not None:
         from .fileio import write_atomic
+        from .trace import trace_of
 
-        write_atomic(job["trace"], json.dumps(session.trace()))
+        write_atomic(job["trace"], json.dumps(trace_of(session)))
 
 
 def _scan(job: dict, results: _Results) -> None:

@@ -64,9 +64,11 @@ def main(folder: str, **kwargs: Any) -> None:
 
 
 def _save(folder: str, session) -> None:
+    from .report import report_of
+
     try:
         _write(folder, {"pid": os.getpid(), "name": multiprocessing.current_process().name,
-                        "report": session.report().to_dict()})
+                        "report": report_of(session).to_dict()})
     except Exception:  # the child's own exit status must not depend on gpusync's note
         pass
 

@@ -5,9 +5,17 @@ import contextlib
 
 from .detect.session import Session
 from .errors import SyncsFound
+from .report import Report, report_of
 
 
-def watch(model=None, mode: str = "auto", warmup: int = 0) -> Session:
+class Watch(Session):
+    """A session as the API hands it out: `w.report()` is its report so far."""
+
+    def report(self) -> Report:
+        return report_of(self)
+
+
+def watch(model=None, mode: str = "auto", warmup: int = 0) -> Watch:
     """`with gpusync.watch() as w: ...train steps...` then `w.report()`.
 
     A step is a round of optimizer steps with what follows it (the logging after
@@ -17,7 +25,7 @@ def watch(model=None, mode: str = "auto", warmup: int = 0) -> Session:
     end in any order, or run in several threads (each counts its own thread's steps); nested
     on one thread, the outermost judges each call for all. A block is entered once.
     """
-    return Session(model=model, mode=mode, warmup=warmup, target="watch")
+    return Watch(model=model, mode=mode, warmup=warmup, target="watch")
 
 
 def format_sites(report, limit: int = 20) -> str:

@@ -18,6 +18,7 @@ import pytest
 
 from .api import format_sites
 from .detect.session import Session
+from .report import report_of
 
 _SESSION = pytest.StashKey[Session]()
 
@@ -30,7 +31,7 @@ class GpusyncHandle:
         session = self._item.stash.get(_SESSION, None)
         if session is None:
             raise RuntimeError("the gpusync scan runs during the test body only")
-        return session.report()
+        return report_of(session)
 
 
 def pytest_configure(config):
@@ -97,7 +98,7 @@ def pytest_runtest_call(item):
         outcome = yield
     if limit is None or outcome.excinfo is not None:
         return
-    report = session.report()
+    report = report_of(session)
     if report.max_syncs_per_step > limit:
         # pytrace=False: gpusync's message, not pluggy's and pytest's frames
         outcome.force_exception(pytest.fail.Exception(

@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from ._version import __version__
 from .detect.events import PHASES, Frame, SyncEvent
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
+
+if TYPE_CHECKING:  # a report is read without the detection core loaded (gate, html)
+    from .detect.session import Session
 
 KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
@@ -102,6 +106,16 @@ def _measured_range(steps: int, warmup: int) -> tuple[int, int, int, str | None]
         return 0, steps, steps, (f"only {steps} step(s) ran, no more than the {warmup} warm-up "
                                  "step(s): per-step figures include the warm-up")
     return warmup, steps, steps - warmup, None
+
+
+def report_of(session: Session, error: str | None = None,
+              notes: list[str] | None = None) -> Report:
+    """The report of a session (gpusync/detect/session.py), so far or once it ended; `notes`
+    go after those of the steps and the session's own."""
+    o = session.outcome()
+    return build_report(o.events, steps=o.steps.count, warmup=o.warmup, mode=o.mode,
+                        target=o.target, error=error, step_unit=o.steps.unit,
+                        notes=[*(notes or []), *o.notes], virtual_cuda=o.virtual_cuda)
 
 
 def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 from . import _spawned
 from .detect.session import NOTHING_ON_GPU, Session, resolve_mode
 from .errors import BadInput
+from .report import report_of
 from .targets import (
     FactoryTarget,
     ScriptTarget,
@@ -76,7 +77,7 @@ def _result(session: Session, error: BaseException | None,
         summary = f"{type(error).__name__}: {error}"
         if isinstance(error, SystemExit):
             summary = f"the scanned code called sys.exit({error.code!r}) before the scan ended"
-    report = session.report(error=summary, **({"notes": notes} if notes else {}))
+    report = report_of(session, error=summary, notes=notes)
     return ScanResult(report=report, error=error, traceback=text)
 
 

@@ -9,9 +9,13 @@ is the Trace Event Format's JSON object form ({"traceEvents": [...], ...}).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
+from .report import report_of
+
+if TYPE_CHECKING:
+    from .detect.session import Session
 
 PID = 1
 STEPS, PHASES, SYNCS, STALLS = 1, 2, 3, 4
@@ -61,9 +65,16 @@ def _sync(event) -> dict[str, Any]:
             "ts": _us(event.ts), "args": args}
 
 
+def trace_of(session: Session) -> dict[str, Any]:
+    """The session's scan as a Chrome / Perfetto trace."""
+    report = report_of(session)  # sets each event's step
+    o = session.outcome()
+    return trace_document(o.events, o.step_starts, o.spans, o.end, report)
+
+
 def trace_document(events, step_starts: list[float], spans: list[tuple[str, float, float]],
                    end: float, report) -> dict[str, Any]:
-    """events: SyncEvents with `ts` and `step` set (Session.report() sets steps);
+    """events: SyncEvents with `ts` and `step` set (Session.outcome() sets steps);
     step_starts: when each step after the first began (seconds since the scan began);
     spans: (phase, start, end) of the top-level phases; end: when the scan ended."""
     out = _metadata(report.target)

@@ -15,6 +15,7 @@ import torch
 from ..detect.session import Session
 from ..errors import Unavailable
 from ..progress import Progress
+from ..report import report_of
 from ..workload import Workload
 from .timing import BlockTimer, Samples
 
@@ -195,7 +196,7 @@ def _scan_alone(variant: Variant, mode: str, cuda: bool,
             step()
             session.end_step()
     step.close()
-    report = session.report()
+    report = report_of(session)
     alloc = reserved = None
     if cuda:
         torch.cuda.synchronize()

@@ -26,15 +26,12 @@ import sys
 import threading
 import warnings
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
 from . import patches
 from .phases import remember_forward
-
-if TYPE_CHECKING:
-    from .ops import OpDetector
 
 Tensor = torch.Tensor
 _has_torch_function = torch._C._has_torch_function
@@ -47,13 +44,6 @@ _EXTRA_FACTORIES = ((torch, "asarray"), (torch.fft, "fftfreq"), (torch.fft, "rff
                     (torch.nested, "nested_tensor"), (torch.nested, "as_nested_tensor"))
 # The argument holding the data a factory copies from the host: torch.tensor(data).
 _DATA_AT = {"tensor": 0, "as_tensor": 0, "asarray": 0, "new_tensor": 1}
-# Installed layers by the thread they watch, outermost first: nested sessions share the layers
-# on an attribute, and the outermost one, which has seen where every tensor was made, judges
-# the call for all (_share).
-_ACTIVE: dict[int, list["CallLayers"]] = {}
-# The layers of sessions on the virtual device, newest last: the newest places other threads'
-# tensors (README "Without a GPU": their syncs are not the step's, and are not recorded).
-_VIRTUAL: list["CallLayers"] = []
 
 
 @functools.lru_cache(1)
@@ -91,16 +81,47 @@ def _user_line(call, msg):
     return call(msg)
 
 
-def _restack(owner: int) -> None:
-    """Each session on the thread `owner` learns the others open there (a scanned script's own
-    `gpusync.watch()` inside the scan), to which it hands what it judges; kept in place, as
-    the layers hold the list."""
-    stack = _ACTIVE.get(owner, [])
-    for layers in stack:
-        layers._others[:] = [c for c in stack if c is not layers]
+class _Open:
+    """The layers installed in this process (one owner: OPEN, as the attributes they patch are
+    the process's), so that sessions that nest or overlap know of each other."""
+
+    def __init__(self):
+        # by the thread they watch, outermost first: nested sessions share the layers on an
+        # attribute, and the outermost one, which has seen where every tensor was made, judges
+        # the call for all (_share)
+        self.by_thread: dict[int, list[CallLayers]] = {}
+        # of sessions on the virtual device, newest last: the newest places other threads'
+        # tensors (README "Without a GPU": their syncs are not the step's, not recorded)
+        self.virtual: list[CallLayers] = []
+
+    def add(self, layers: CallLayers, virtual: bool) -> None:
+        self.by_thread.setdefault(layers.det._owner, []).append(layers)
+        self._restack(layers.det._owner)
+        if virtual:
+            self.virtual.append(layers)
+
+    def remove(self, layers: CallLayers) -> None:
+        owner = layers.det._owner
+        stack = self.by_thread.get(owner, [])
+        if layers in stack:
+            stack.remove(layers)
+        layers._others[:] = []
+        self._restack(owner)
+        if not stack:
+            self.by_thread.pop(owner, None)
+        if layers in self.virtual:
+            self.virtual.remove(layers)
+
+    def _restack(self, owner: int) -> None:
+        """Each session on the thread `owner` learns the others open there (a scanned
+        script's own `gpusync.watch()` inside the scan), to which it hands what it judges;
+        kept in place, as the layers hold the list."""
+        stack = self.by_thread.get(owner, [])
+        for layers in stack:
+            layers._others[:] = [c for c in stack if c is not layers]
 
 
-def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: Any) -> None:
+def _share(det, others: list["CallLayers"], recorded: list, out: Any) -> None:
     """What the outermost session judged at a Python-level call is also the others': its syncs
     (each report sets its own events' steps, hence copies), and where its outputs live (each
     session's observer follows ops from there). The nested block takes nothing away from the
@@ -121,7 +142,7 @@ def _share(det: "OpDetector", others: list["CallLayers"], recorded: list, out: A
 class CallLayers:
     """One detector's layers; `install` / `uninstall` as a pair (uninstall is idempotent)."""
 
-    def __init__(self, det: OpDetector):
+    def __init__(self, det):  # detect/ops.py OpDetector, which makes its layers
         self.det = det
         self._handles: list[patches.Handle] = []
         self._others: list[CallLayers] = []  # the other sessions open on this thread
@@ -137,7 +158,7 @@ class CallLayers:
             return False
         ident = threading.get_ident()
         if ident == det._owner:
-            return _ACTIVE[ident][0] is self
+            return OPEN.by_thread[ident][0] is self
         return det.real and torch._C._current_graph_task_id() != -1
 
     def placing(self) -> bool:
@@ -146,7 +167,8 @@ class CallLayers:
         torch has no other), its tensors are resident there; what it syncs is not recorded
         (OpDetector.record), as it stalls that thread and not the step."""
         det = self.det
-        return (det.virtual and not det.closed and bool(_VIRTUAL) and _VIRTUAL[-1] is self
+        virtual = OPEN.virtual
+        return (det.virtual and not det.closed and bool(virtual) and virtual[-1] is self
                 and threading.get_ident() != det._owner)
 
     def _handled(self, name: str, handler: Callable[..., Any], method: bool = False):
@@ -239,10 +261,7 @@ class CallLayers:
 
         det = self.det
         _device._device_constructors()  # cache torch's own functions before ours replace them
-        _ACTIVE.setdefault(det._owner, []).append(self)
-        _restack(det._owner)
-        if det.virtual:
-            _VIRTUAL.append(self)
+        OPEN.add(self, det.virtual)
         add = self._add
         try:
             for kind in ("to", "cpu", "cuda"):
@@ -341,12 +360,7 @@ class CallLayers:
         handles, self._handles = self._handles, []
         for h in reversed(handles):
             h.remove()
-        stack = _ACTIVE.get(self.det._owner, [])
-        if self in stack:
-            stack.remove(self)
-        self._others[:] = []
-        _restack(self.det._owner)
-        if not stack:
-            _ACTIVE.pop(self.det._owner, None)
-        if self in _VIRTUAL:
-            _VIRTUAL.remove(self)
+        OPEN.remove(self)
+
+
+OPEN = _Open()

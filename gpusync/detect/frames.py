@@ -13,6 +13,7 @@ from types import CodeType, FrameType
 import torch
 
 from .events import Frame
+from .libraries import pytorch
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -22,13 +23,8 @@ _STDLIB_DIRS = tuple(
     p + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
 _TOOLS = tuple(os.sep + name + os.sep for name in ("click", "_pytest", "pluggy"))
-# torch's thin Python wrappers of ops and modules (torch.unique, F.embedding_bag, Tensor
-# methods, Module.__call__, torch.library's autograd glue of custom ops such as fbgemm's):
-# the op is what the user called, so they are no library path
-_TORCH_PLUMBING = tuple(_TORCH_DIR + p.replace("/", os.sep) for p in (
-    "functional.py", "_tensor.py", "nn/functional.py", "overrides.py", "_jit_internal.py",
-    "utils/_device.py", "nn/modules/module.py", "_ops.py", "_compile.py", "_dynamo/",
-    "_library/"))
+# torch's thin Python wrappers of ops and modules: the op is what the user called
+_TORCH_PLUMBING = tuple(_TORCH_DIR + p.replace("/", os.sep) for p in pytorch.PLUMBING)
 _MACHINERY, _LIBRARY, _USER = 0, 1, 2
 _kind_cache: dict[str, int] = {}
 

@@ -5,7 +5,6 @@ Everything is installed through torch's removable global hooks; `uninstall` remo
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Callable
@@ -17,31 +16,20 @@ from torch.optim import optimizer as optim_module
 from . import patches
 from .events import (
     BACKWARD,
-    BATCH_COPY,
-    EMB_LOOKUP,
     FORWARD,
     HOOK,
-    INPUT_DIST,
     OPTIMIZER,
     OTHER,
     Frame,
 )
 from .frames import is_internal
+from .libraries import pytorch, torchrec
 from .steps import StepCounter
 
 _ENGINE_FRAME = ("graph.py", "_engine_run_backward")
 _CUSTOM_FN_FRAME = ("function.py", "BackwardCFunction.apply")
 # Key under which forward frames are stored on autograd nodes (node.metadata).
 NODE_KEY = "gpusync_forward"
-# torchrec's train pipeline stages (torchrec 1.9.2, train_pipeline/train_pipelines.py and
-# utils.py), by the last part of the function's name: found in the stack of each sync, so
-# nothing is patched into torchrec (which the script imports after the scan starts).
-_PIPELINE_DIR = "torchrec/distributed/train_pipeline/".replace("/", os.sep)
-_STAGES = {"start_sparse_data_dist": INPUT_DIST, "wait_sparse_data_dist": INPUT_DIST,
-           "_start_sparse_data_dist": INPUT_DIST, "_wait_sparse_data_dist": INPUT_DIST,
-           "_start_data_dist": INPUT_DIST, "start_embedding_lookup": EMB_LOOKUP,
-           "wait_embedding_lookup": EMB_LOOKUP, "_start_embedding_lookup": EMB_LOOKUP,
-           "copy_batch_to_gpu": BATCH_COPY, "_copy_batch_to_gpu": BATCH_COPY}
 
 
 _MAX_SPANS = 200_000  # a trace keeps the first ones of a very long run
@@ -219,7 +207,6 @@ class PhaseTracker:
         return BACKWARD, node.name() if node is not None else None, None, None
 
 
-_SCALER_FILE = os.path.join("torch", "amp", "grad_scaler.py")
 # What a stack says, by the identity of capture()'s cached list: (list, facts); the list is
 # held, so its id is not reused while the entry is kept.
 _stack_facts: dict[int, tuple[list, tuple]] = {}
@@ -258,14 +245,14 @@ def _backward_code(raw: list[tuple[str, int, str]]) -> str | bool | None:
 def _in_scaler_step(raw: list[tuple[str, int, str]]) -> bool:
     """GradScaler.step reads found_inf just before it steps the optimizer: the user wrote
     `scaler.step(optimizer)`, so that is the optimizer phase."""
-    return any(fn == "GradScaler.step" and f.endswith(_SCALER_FILE) for f, _, fn in raw)
+    return any(fn == "GradScaler.step" and f.endswith(pytorch.SCALER_FILE) for f, _, fn in raw)
 
 
 def _pipeline_stage(raw: list[tuple[str, int, str]]) -> str | None:
     """The innermost torchrec train pipeline stage the stack is in, if any."""
     for file, _, function in raw:
-        if _PIPELINE_DIR in file:
-            stage = _STAGES.get(function.rpartition(".")[2])
+        if torchrec.PIPELINE_DIR in file:
+            stage = torchrec.STAGES.get(function.rpartition(".")[2])
             if stage is not None:
                 return stage
     return None

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .events import BACKWARD, HOOK, SyncEvent
 from .frames import capture
-from .library import library_fix
+from .libraries import library_fix
 from .phases import PhaseTracker
 from .rules import fix_for
 

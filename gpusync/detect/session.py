@@ -3,10 +3,14 @@ torch state (modes, hooks, patches, sync-debug mode), on exceptions and Ctrl-C t
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
 from .cuda import CudaExtras, StallTimer
+from .events import SyncEvent
+from .modes import mode_of
 from .ops import OpDetector
 from .phases import PhaseTracker
 from .recorder import Recorder
@@ -29,8 +33,30 @@ def resolve_mode(mode: str) -> str:
     return mode
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """A session's events (each with its step set) and what frames them: `steps` as they were
+    counted (frozen where the scan stopped the run), the top-level phase `spans` and the `end`
+    (seconds since the session began), `notes` the session adds to its report."""
+
+    events: list[SyncEvent]
+    steps: Steps
+    warmup: int
+    mode: str
+    target: str
+    virtual_cuda: bool
+    notes: list[str]
+    step_starts: list[float]  # as counted to now, past a stop too (the trace draws them)
+    spans: list[tuple[str, float, float]]
+    end: float
+
+
+_S = TypeVar("_S", bound="Session")
+
+
 class Session:
-    """Use as `with Session(...) as s:`; `s.report()` afterwards (or inside)."""
+    """Use as `with Session(...) as s:`; `s.outcome()` afterwards (or inside), which
+    gpusync.report.report_of and gpusync.trace.trace_of turn into a report and a trace."""
 
     def __init__(self, model: torch.nn.Module | None = None, mode: str = "auto",
                  auto_steps: bool = True, warmup: int = 0, target: str = "",
@@ -54,9 +80,8 @@ class Session:
         self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
         self.virtual_cuda = virtual_cuda and self.mode == "simulate"
-        self.detector = OpDetector(self.recorder, real=real,
-                                   stall_timer=StallTimer() if real else None,
-                                   virtual=self.virtual_cuda) if (
+        self.detector = OpDetector(self.recorder, mode_of(real, self.virtual_cuda),
+                                   stall_timer=StallTimer() if real else None) if (
             detect or self.virtual_cuda) else None
         self.extras = CudaExtras(self.recorder, self.detector) if real and detect else None
         self.model = model
@@ -66,7 +91,7 @@ class Session:
         self._frozen_steps: Steps | None = None  # as they were when the scan stopped the run
         self._entered = False
 
-    def __enter__(self) -> "Session":
+    def __enter__(self: _S) -> _S:
         if self._entered:
             from ..errors import GpusyncError
 
@@ -123,14 +148,6 @@ class Session:
             self.detector.mark_model(model)
 
     # -- results ---------------------------------------------------------------------------
-    def trace(self) -> dict:
-        """The scan as a Chrome / Perfetto trace (gpusync/trace.py)."""
-        from ..trace import trace_document
-
-        report = self.report()  # sets each event's step
-        return trace_document(list(self.events), self.tracker.steps.result().times,
-                              list(self.tracker.spans), self.tracker.now(), report)
-
     @property
     def events(self):
         return self.recorder.events
@@ -158,15 +175,16 @@ class Session:
         """The scan stopped the run (stopped()): what runs after is not counted."""
         return self._frozen_steps is not None
 
-    def report(self, **kwargs):
-        from ..report import build_report
-
+    def outcome(self) -> Outcome:
+        """What the session saw so far, each event given its step: what gpusync/report.py and
+        gpusync/trace.py build the report and the trace from."""
         steps = self._frozen_steps or self.tracker.steps.result()
         events = list(self.events)
         for i, e in enumerate(events):
             e.step = steps.step_of(i)
-        kwargs.setdefault("virtual_cuda", self.virtual_cuda)
-        if self.virtual_cuda and self.detector is not None and not self.detector.placed:
-            kwargs["notes"] = [*(kwargs.get("notes") or []), NOTHING_ON_GPU]
-        return build_report(events, steps=steps.count, warmup=self.warmup, mode=self.mode,
-                            target=self.target, step_unit=steps.unit, **kwargs)
+        notes = [NOTHING_ON_GPU] if (self.virtual_cuda and self.detector is not None
+                                     and not self.detector.placed) else []
+        return Outcome(events=events, steps=steps, warmup=self.warmup, mode=self.mode,
+                       target=self.target, virtual_cuda=self.virtual_cuda, notes=notes,
+                       step_starts=self.tracker.steps.result().times,
+                       spans=list(self.tracker.spans), end=self.tracker.now())

@@ -23,165 +23,24 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
-import time
 import types
-import weakref
 from typing import Any, Callable
 
 import torch
 
 from . import patches, virtual_torch
-
-
-def current_device() -> torch.device:
-    """The virtual GPU of this process: cuda:LOCAL_RANK under torchrun (one GPU per rank), or
-    the one torch.cuda.set_device chose."""
-    return torch.device("cuda", _ACTIVE.index)
-_CPU = torch.device("cpu")
-
-
-def is_cuda_device(device: Any) -> bool:
-    """A device argument that names the (virtual) GPU: "cuda", "cuda:0", torch.device("cuda"),
-    or a bare index, which torch reads as the current accelerator."""
-    if isinstance(device, bool):
-        return False
-    if isinstance(device, int):
-        return True
-    if isinstance(device, str):
-        return device.split(":")[0] == "cuda"
-    return isinstance(device, torch.device) and device.type == "cuda"
-
-
-class Pinned:
-    """Host tensors in (virtually) page-locked memory. Keyed by id() with a weakref that drops
-    the entry when the tensor dies; shared by every thread (a DataLoader pins in its own)."""
-
-    def __init__(self):
-        self._ids: dict[int, weakref.ref] = {}
-        self._lock = threading.Lock()
-
-    def add(self, t: torch.Tensor) -> torch.Tensor:
-        key = id(t)
-
-        def forget(ref, key=key, ids=self._ids):
-            if ids.get(key) is ref:
-                del ids[key]
-
-        with self._lock:
-            self._ids[key] = weakref.ref(t, forget)
-        return t
-
-    def __contains__(self, t: object) -> bool:
-        return id(t) in self._ids
-
-
-class VirtualEvent:
-    """torch.cuda.Event on the virtual device: work has already run when it is recorded."""
-
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, external: bool = False):
-        self._at: float | None = None
-
-    def record(self, stream=None) -> None:
-        self._at = time.perf_counter()
-
-    def wait(self, stream=None) -> None:
-        pass
-
-    def query(self) -> bool:
-        return True
-
-    def synchronize(self) -> None:
-        _ACTIVE.sync("Event.synchronize")
-
-    def elapsed_time(self, end: "VirtualEvent") -> float:
-        if self._at is None or end._at is None:
-            raise RuntimeError("elapsed_time: both events must be recorded first")
-        return (end._at - self._at) * 1e3
-
-
-class VirtualStream:
-    """torch.cuda.Stream on the virtual device: waits between streams order nothing on a CPU,
-    but the host waiting on a stream is a sync."""
-
-    cuda_stream = 0
-    device_index = 0
-    device_type = 1  # c10 DeviceType::CUDA
-
-    def __init__(self, device=None, priority: int = 0, **kwargs):
-        self.priority = priority
-
-    @property
-    def device(self) -> torch.device:
-        return current_device()
-
-    def synchronize(self) -> None:
-        _ACTIVE.sync("Stream.synchronize")
-
-    def wait_stream(self, stream) -> None:
-        pass
-
-    def wait_event(self, event) -> None:
-        pass
-
-    def record_event(self, event=None):
-        event = event if event is not None else VirtualEvent()
-        event.record(self)
-        return event
-
-    def query(self) -> bool:
-        return True
-
-    def is_capturing(self) -> bool:
-        return False
-
-    def __repr__(self) -> str:
-        return f"<virtual torch.cuda.Stream priority={self.priority}>"
-
-
-class _Active:
-    """The live virtual device: its current stream, its pinned memory, and the sessions using
-    it, each told of a host wait (its op detector's record, which keeps its own thread's)."""
-
-    def __init__(self):
-        self.pinned = Pinned()
-        self.default = VirtualStream()
-        self.current = self.default
-        self.users: list[VirtualCuda] = []  # in the order they started; any may end first
-        self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
-        self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
-
-    def sync(self, label: str) -> None:
-        for user in list(self.users):
-            user._record(label)
-
-
-_ACTIVE = _Active()
-
-
-def nccl_requested() -> bool:
-    """The script asked init_process_group for NCCL (the virtual device runs gloo)."""
-    return _ACTIVE.nccl
-
-
-def pin_host(t: torch.Tensor) -> torch.Tensor:
-    return _ACTIVE.pinned.add(t)
-
-
-class _StreamContext:
-    def __init__(self, stream):
-        self.stream = stream
-        self.saved: VirtualStream = _ACTIVE.current
-
-    def __enter__(self):
-        self.saved = _ACTIVE.current
-        if self.stream is not None:
-            _ACTIVE.current = self.stream
-        return self.stream
-
-    def __exit__(self, *exc):
-        _ACTIVE.current = self.saved
+from .virtual_device import (
+    DEVICE,
+    StreamContext,
+    VirtualEvent,
+    VirtualStream,
+    device_count,
+    is_cuda_device,
+    pin_host,
+    set_device,
+    set_stream,
+    sync,
+)
 
 
 def _properties() -> types.SimpleNamespace:
@@ -191,19 +50,7 @@ def _properties() -> types.SimpleNamespace:
         is_multi_gpu_board=False, L2_cache_size=50 * 2**20, warp_size=32)
 
 
-def _set_stream(stream) -> None:
-    _ACTIVE.current = stream
 
-
-def _set_device(dev) -> None:
-    if isinstance(dev, int):
-        _ACTIVE.index = dev
-    elif dev is not None and torch.device(dev).index is not None:
-        _ACTIVE.index = torch.device(dev).index
-
-
-def _device_count() -> int:
-    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), _ACTIVE.index + 1)
 
 
 def _cuda_api() -> dict[str, Any]:
@@ -211,18 +58,18 @@ def _cuda_api() -> dict[str, Any]:
     const = lambda value: (lambda *a, **k: value)  # noqa: E731
     return {
         "is_available": const(True),
-        "device_count": lambda *a, **k: _device_count(),
-        "current_device": lambda *a, **k: _ACTIVE.index,
-        "set_device": lambda dev, *a, **k: _set_device(dev),
+        "device_count": lambda *a, **k: device_count(),
+        "current_device": lambda *a, **k: DEVICE.index,
+        "set_device": lambda dev, *a, **k: set_device(dev),
         "get_device_name": const(_properties().name),
         "get_device_capability": const((9, 0)),
         "get_device_properties": lambda *a, **k: _properties(),
         "is_bf16_supported": const(True),
-        "synchronize": lambda *a, **k: _ACTIVE.sync("cuda.synchronize"),
-        "current_stream": lambda *a, **k: _ACTIVE.current,
-        "default_stream": lambda *a, **k: _ACTIVE.default,
-        "stream": lambda s=None: _StreamContext(s),
-        "set_stream": _set_stream,
+        "synchronize": lambda *a, **k: DEVICE.sync("cuda.synchronize"),
+        "current_stream": lambda *a, **k: DEVICE.current,
+        "default_stream": lambda *a, **k: DEVICE.default,
+        "stream": lambda s=None: StreamContext(s),
+        "set_stream": set_stream,
         "memory_allocated": const(0),
         "max_memory_allocated": const(0),
         "memory_reserved": const(0),
@@ -245,7 +92,7 @@ def _cuda_api() -> dict[str, Any]:
         "memory_summary": const(""),
         "set_per_process_memory_fraction": const(None),
         "utilization": const(0),
-        **virtual_torch.cuda_api_extras(lambda label: _ACTIVE.sync(label)),
+        **virtual_torch.cuda_api_extras(sync),
     }
 
 
@@ -253,20 +100,20 @@ def _accelerator_api() -> dict[str, Any]:
     const = lambda value: (lambda *a, **k: value)  # noqa: E731
     return {
         "is_available": const(True),
-        "device_count": lambda *a, **k: _device_count(),
+        "device_count": lambda *a, **k: device_count(),
         "current_accelerator": const(torch.device("cuda")),
-        "current_device_index": lambda *a, **k: _ACTIVE.index,
-        "set_device_index": lambda dev, *a, **k: _set_device(dev),
-        "current_stream": lambda *a, **k: _ACTIVE.current,
-        "set_stream": _set_stream,
-        "synchronize": lambda *a, **k: _ACTIVE.sync("cuda.synchronize"),
+        "current_device_index": lambda *a, **k: DEVICE.index,
+        "set_device_index": lambda dev, *a, **k: set_device(dev),
+        "current_stream": lambda *a, **k: DEVICE.current,
+        "set_stream": set_stream,
+        "synchronize": lambda *a, **k: DEVICE.sync("cuda.synchronize"),
     }
 
 
 def _nccl_to_gloo(call, *args, **kwargs):
     backend = kwargs.get("backend", args[0] if args else None)
     if isinstance(backend, str) and "nccl" in backend:
-        _ACTIVE.nccl = True
+        DEVICE.nccl = True
         if "backend" in kwargs:
             kwargs["backend"] = "gloo"
         else:
@@ -280,7 +127,7 @@ def _pin_memory(call, self, *args, **kwargs):
 
 
 def _is_pinned(call, self, *args, **kwargs):
-    return self in _ACTIVE.pinned
+    return self in DEVICE.pinned
 
 
 def _record_stream(call, self, stream):
@@ -388,7 +235,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
-        handles += virtual_torch.install(lambda label: _ACTIVE.sync(label))
+        handles += virtual_torch.install(sync)
         handles.append(_BareIndex())
         if dist.is_available():
             handles.append(patches.add_layer(dist, "init_process_group", _nccl_to_gloo))
@@ -404,9 +251,9 @@ def _install() -> list:
 def _uninstall(handles: list) -> None:
     for h in reversed(handles):
         h.remove()
-    _ACTIVE.current = _ACTIVE.default
-    virtual_torch.reset()
-    _ACTIVE.nccl = False
+    DEVICE.current = DEVICE.default
+    DEVICE.sync_debug = 0
+    DEVICE.nccl = False
 
 
 _SHARED = patches.Shared(_install, _uninstall)
@@ -423,20 +270,20 @@ class VirtualCuda:
 
     def install(self) -> None:
         with patches._lock:
-            if not _ACTIVE.users:  # the first user sets the device; a nested one shares it
-                _ACTIVE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+            if not DEVICE.users:  # the first user sets the device; a nested one shares it
+                DEVICE.index = int(os.environ.get("LOCAL_RANK", "0") or 0)
             _SHARED.acquire()
-            _ACTIVE.users.append(self)
+            DEVICE.users.append(self)
             self._on = True
 
     def uninstall(self) -> None:
         with patches._lock:
             if self._on:
                 self._on = False
-                _ACTIVE.users.remove(self)
+                DEVICE.users.remove(self)
                 _SHARED.release()
 
 
 def active() -> bool:
     """A session is running on the virtual device (torch.cuda answers for it)."""
-    return bool(_ACTIVE.users)
+    return bool(DEVICE.users)

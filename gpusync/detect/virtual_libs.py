@@ -38,9 +38,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from . import patches, virtual_cuda
-from .library import SERIALIZATION_FIX
-from .virtual_cuda import current_device, is_cuda_device
+from . import patches, virtual_device
+from .libraries import fbgemm
+from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
+from .libraries.pytorch import SERIALIZATION_FIX
+from .virtual_device import current_device, is_cuda_device
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -80,11 +82,8 @@ def _map_to_cpu(map_location: Any) -> tuple[Any, bool]:
     return map_location, False
 
 
-_TBE_MODULE = "fbgemm_gpu.split_table_batched_embeddings_ops_training"
-
-
 def _tbe_on_host(call, tbe, *args, **kwargs):
-    module = sys.modules[_TBE_MODULE]
+    module = sys.modules[fbgemm.TBE_MODULE]
     device = kwargs.get("device")
     specs = kwargs.get("embedding_specs", args[0] if args else None)
     if (device is None or is_cuda_device(device)) and specs is not None:
@@ -135,16 +134,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-_VERIFY = ("made in C++ by DDP's verify_params_across_processes (reducer.cpp) on CUDA "
-           "parameters; a virtual CUDA run takes its CPU path")
-_LOGGER = ("made in C++ by DDP's runtime logger on CUDA (reducer_cuda.cpp CudaTimer "
-           "measureDifference: cudaEventSynchronize, forwards 2-11 and every 100th)")
-_REBUILD = ("made in C++ by DDP's bucket rebuild on CUDA (reducer.cpp sync_bucket_indices), "
-            "in the forward that rebuilds the buckets")
-_BARRIER = ("made in C++ by NCCL's barrier (ProcessGroupNCCL.cpp WorkNCCL::synchronize: "
-            "currentStream.synchronize() for a barrier's work); the group runs gloo here")
 _GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_LOG_EVERY = 100  # kDDPRuntimeLoggingSampleRate, torch/csrc/distributed/c10d/logger.cpp
 
 
 class VirtualLibraries:
@@ -165,7 +155,7 @@ class VirtualLibraries:
             patches.add_layer(torch._VF, "_pad_packed_sequence", self._second_on_host),
             patches.add_layer(torch.jit, "load", self._jit_load),
         ]
-        self._fbgemm = _AfterImport(_TBE_MODULE, self._patch_tbe)
+        self._fbgemm = _AfterImport(fbgemm.TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
         self._forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._saved_from_device: set[str] = set()
@@ -244,8 +234,8 @@ class VirtualLibraries:
         async_op = kwargs.get("async_op", args[1] if len(args) > 1 else False)
         group = kwargs.get("group", args[0] if args else None)
         on_host = any(group is g for g in self._host_groups)
-        if virtual_cuda.nccl_requested() and not async_op and not on_host:
-            self.det.record("Stream.synchronize", predicted=_BARRIER)
+        if virtual_device.nccl_requested() and not async_op and not on_host:
+            self.det.record("Stream.synchronize", predicted=BARRIER)
         with self.det.rec.suppress():
             return call(*args, **kwargs)
 
@@ -283,7 +273,7 @@ class VirtualLibraries:
         det = self.det
         if any(det.host.on_device(t) for t in tensors):
             for label in ("H2D copy", "item", "D2H copy"):
-                det.record(label, predicted=_VERIFY)
+                det.record(label, predicted=VERIFY)
         with det.rec.suppress():
             return call(process_group, tensors, *args, **kwargs)
 
@@ -296,14 +286,14 @@ class VirtualLibraries:
                 and not getattr(ddp, "_delay_all_reduce_all_params", False)):
             done = self._forwards.get(ddp, 0)  # forwards the reducer has counted so far
             self._forwards[ddp] = done + 1
-            if done > 0 and (done <= 10 or done % _LOG_EVERY == 0):
-                det.record("Event.synchronize", predicted=_LOGGER)
+            if done > 0 and (done <= 10 or done % LOG_EVERY == 0):
+                det.record("Event.synchronize", predicted=LOGGER)
         with det.device_factories():
             out = call(ddp, *args, **kwargs)
         if on_device and not rebuilt_before and getattr(ddp, "_has_rebuilt_buckets", False):
             for _ in ("bucket indices", "bucket sizes"):  # each broadcast from rank 0
-                det.record("pageable non_blocking copy", predicted=_REBUILD)
-                det.record("D2H copy", predicted=_REBUILD)
+                det.record("pageable non_blocking copy", predicted=REBUILD)
+                det.record("D2H copy", predicted=REBUILD)
         return out
 
     def _save(self, call, obj, f, *args, **kwargs):

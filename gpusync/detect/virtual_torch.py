@@ -32,36 +32,29 @@ from typing import Any
 import torch
 
 from . import patches
+from .virtual_device import DEVICE, pin_host
 
 CUDA_VERSION = "12.8"  # the CUDA of torch 2.13's default wheels
 CUDNN_VERSION = 91002  # the cuDNN those wheels ship (9.10.2)
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 
-class _SyncDebug:
-    """torch.cuda's sync-debug mode as the script set it (0 default, 1 warn, 2 error)."""
-
-    mode = 0
-
-    @classmethod
-    def set(cls, debug_mode) -> None:
-        if isinstance(debug_mode, str):
-            if debug_mode not in _SYNC_DEBUG_MODES:
-                raise RuntimeError(
-                    "invalid value of debug_mode, expected one of `default`, `warn`, `error`")
-            debug_mode = _SYNC_DEBUG_MODES[debug_mode]
-        cls.mode = int(debug_mode)
-
-    @classmethod
-    def get(cls) -> int:
-        return cls.mode
+def _set_sync_debug_mode(debug_mode) -> None:
+    """torch.cuda's sync-debug mode as the script set it (0 default, 1 warn, 2 error): the
+    device's (reset when the last session on it ends)."""
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError(
+                "invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    DEVICE.sync_debug = int(debug_mode)
 
 
 def cuda_api_extras(sync) -> dict[str, Any]:
     """torch.cuda functions a CUDA build answers; `sync(label)` reports a host wait."""
     return {
-        "set_sync_debug_mode": lambda mode, *a, **k: _SyncDebug.set(mode),
-        "get_sync_debug_mode": lambda *a, **k: _SyncDebug.get(),
+        "set_sync_debug_mode": lambda mode, *a, **k: _set_sync_debug_mode(mode),
+        "get_sync_debug_mode": lambda *a, **k: DEVICE.sync_debug,
         "empty_cache": lambda *a, **k: sync("empty_cache"),
         "get_arch_list": lambda *a, **k: ["sm_80", "sm_90"],
     }
@@ -134,8 +127,6 @@ def _scatter(tensor, devices, chunk_sizes=None, dim=0, streams=None):
         starts = [sum(chunk_sizes[:i]) for i in range(len(chunk_sizes))]
         chunks = tuple(tensor.narrow(dim, s, n) for s, n in zip(starts, chunk_sizes, strict=True))
     if tensor.is_pinned():  # chunks of page-locked memory are page-locked
-        from .virtual_cuda import pin_host
-
         chunks = tuple(pin_host(c) for c in chunks)
     # tensor.chunk may make fewer chunks than devices: the last devices get none
     return [c.to(torch.device("cuda", d), non_blocking=True)
@@ -186,7 +177,3 @@ def install(sync) -> list:
             h.remove()
         raise
     return handles
-
-
-def reset() -> None:
-    _SyncDebug.mode = 0

@@ -5,57 +5,35 @@ A knob knows what it acts on (the script must build it: a torchrec train pipelin
 TBE with the writeback hook), the value the script uses itself (the baseline), which values
 cannot serve what the script built (with fbgemm's or torchrec's own reason), which need a GPU,
 and how to install a value in a process before the script runs. Knobs of one group (e.g. the
-pipeline class and its stream) are tuned together; the registry is KNOBS, one module per
-library.
+pipeline class and its stream) are tuned together. Each family of knobs (one module per
+library, and the user's own) is a knob.Family; FAMILIES is all of them.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
-Builds = dict  # what the script built, recorded by the knob modules: {"pipelines": [...], ...}
-Settings = dict  # knob name -> value
+from . import fbgemm, torchrec, user
+from .knob import Builds, Candidate, Family, Knob, Settings
 
-
-@dataclass(frozen=True)
-class Knob:
-    name: str
-    values: tuple
-    group: str
-    doc: str
-    script_value: Callable[[Builds], Any]  # None: the script builds nothing this acts on
-    not_applicable: Callable[[Builds, Any, Settings], str | None] = lambda b, v, s: None
-    needs_cuda: Callable[[Any, Settings], str | None] = lambda v, s: None
-    approximate: Callable[[Any], bool] = lambda v: False
-
-
-@dataclass
-class Candidate:
-    name: str
-    settings: Settings  # the full setting of every discovered knob
-    changed: dict = field(default_factory=dict)  # what differs from the script's own
-    approximate: bool = False
-    unavailable: str | None = None  # why it cannot run here (listed, not run)
-    not_applicable: str | None = None  # why it cannot serve what the script built
+# The order settings are installed and spelled in.
+FAMILIES: tuple[Family, ...] = (torchrec, fbgemm, user)
+__all__ = ["FAMILIES", "Builds", "Candidate", "Knob", "Settings", "active", "applied",
+           "candidates", "combined", "discovered", "emit", "registry", "text"]
 
 
 def registry(extra: tuple = ()) -> list[Knob]:
     """The built-in knobs, and a user's own (`extra`, from knobs.user)."""
-    from . import fbgemm, torchrec
-
-    return [*torchrec.KNOBS, *fbgemm.KNOBS, *extra]
+    return [*(k for family in FAMILIES for k in family.KNOBS), *extra]
 
 
 @contextlib.contextmanager
 def applied(settings: Settings, builds: Builds) -> Iterator[Builds]:
     """Install `settings` (knob name -> value) for the code run inside, recording what it
     builds into `builds`; everything is undone on exit."""
-    from . import fbgemm, torchrec, user
-
     with contextlib.ExitStack() as stack:
-        for module in (torchrec, fbgemm, user):
-            stack.enter_context(module.install(settings, builds))
+        for family in FAMILIES:
+            stack.enter_context(family.install(settings, builds))
         yield builds
 
 
@@ -106,14 +84,14 @@ def combined(chosen: list[Candidate], builds: Builds, cuda: bool,
 
 
 def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
-    changed = {k: v for k, v in settings.items() if base.get(k) != v and _active(k, settings)}
-    name = ", ".join(f"{k}={_text(v)}" for k, v in changed.items())
+    changed = {k: v for k, v in settings.items() if base.get(k) != v and active(k, settings)}
+    name = ", ".join(f"{k}={text(v)}" for k, v in changed.items())
     cand = Candidate(name, settings, changed,
                      approximate=any(knobs[k].approximate(v) for k, v in changed.items()))
     for k in settings:
         reason = knobs[k].not_applicable(builds, settings[k], settings)
         if reason:
-            cand.not_applicable = f"{k}={_text(settings[k])}: {reason}"
+            cand.not_applicable = f"{k}={text(settings[k])}: {reason}"
             break
         if not cuda:
             reason = knobs[k].needs_cuda(settings[k], settings)
@@ -122,16 +100,14 @@ def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
     return cand
 
 
-def _active(name: str, settings: Settings) -> bool:
+def active(name: str, settings: Settings) -> bool:
     """Knobs that only mean something under another one's value (the fused pipeline's stream,
     fbgemm's precompute when gpusync dedups instead)."""
-    from . import fbgemm, torchrec
-
-    return torchrec.active(name, settings) and fbgemm.active(name, settings)
+    return all(family.active(name, settings) for family in FAMILIES)
 
 
 def _key(settings: Settings, knobs) -> tuple:
-    return tuple(sorted((k, repr(v)) for k, v in settings.items() if _active(k, settings)))
+    return tuple(sorted((k, repr(v)) for k, v in settings.items() if active(k, settings)))
 
 
 def _product(lists):
@@ -143,18 +119,17 @@ def _product(lists):
             yield (head, *tail)
 
 
-def _text(value) -> str:
+def text(value) -> str:
+    """A value as the user writes it on the command line (true, not True)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def emit(settings: Settings, builds: Builds) -> dict[str, Any]:
     """The chosen settings in the libraries' own spelling: {"env": {...}, "python": str}."""
-    from . import fbgemm, torchrec, user
-
     env: dict[str, str] = {}
     python = []
-    for module in (torchrec, fbgemm, user):
-        part = module.spell(settings, builds)
+    for family in FAMILIES:
+        part = family.spell(settings, builds)
         env.update(part.get("env", {}))
         if part.get("python"):
             python.append(part["python"])

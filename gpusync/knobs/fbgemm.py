@@ -16,11 +16,11 @@ import dataclasses
 import os
 from typing import Iterator
 
-from . import Builds, Knob, Settings
+from ..detect.libraries.fbgemm import PRECOMPUTE_ENV_VAR
+from .knob import Builds, Knob, Settings
 
 PRECOMPUTE = "fbgemm.precompute_writeback"
 WRITEBACK = "gpusync.writeback"
-ENV_VAR = "FBGEMM_PRECOMPUTE_WRITEBACK"
 
 
 def _writeback_tbes(builds: Builds) -> list[dict]:
@@ -148,7 +148,7 @@ def reads_env_var() -> bool:
             if name.endswith(".py"):
                 try:
                     with open(os.path.join(folder, name), errors="ignore") as f:
-                        if ENV_VAR in f.read():
+                        if PRECOMPUTE_ENV_VAR in f.read():
                             return True
                 except OSError:
                     continue
@@ -165,7 +165,7 @@ def spell(settings: Settings, builds: Builds) -> dict:
     if PRECOMPUTE not in settings:
         return {}
     value = bool(settings[PRECOMPUTE])
-    env = {ENV_VAR: "1" if value else "0"} if reads_env_var() else {}
+    env = {PRECOMPUTE_ENV_VAR: "1" if value else "0"} if reads_env_var() else {}
     ff = any(t["first_feature_only"] for t in _writeback_tbes(builds))
     config = ("UserEnabledConfigDefinition(use_writeback_bwd_prehook=True, "
               + ("writeback_first_feature_only=True, " if ff else "")

@@ -11,17 +11,13 @@ import contextlib
 import inspect
 from typing import Any, Iterator
 
-from . import Builds, Knob, Settings
+from ..detect.libraries.torchrec import FUSED_DEFAULTS, PIPELINE_MODULES, PIPELINES
+from .knob import Builds, Knob, Settings
 
 PIPELINE = "torchrec.pipeline"
 STREAM = "torchrec.emb_lookup_stream"
 AFTER = "torchrec.embedding_lookup_after_data_dist"
-CLASSES = {"sparse_dist": "TrainPipelineSparseDist", "fused": "TrainPipelineFusedSparseDist",
-           "semi_sync": "TrainPipelineSemiSync"}
-_KIND = {v: k for k, v in CLASSES.items()}
-_MODULES = ("torchrec.distributed.train_pipeline",
-            "torchrec.distributed.train_pipeline.train_pipelines")
-_FUSED_DEFAULTS = {"emb_lookup_stream": "data_dist", "embedding_lookup_after_data_dist": False}
+_KIND = {v: k for k, v in PIPELINES.items()}
 
 
 def _pipeline(builds: Builds) -> dict | None:
@@ -37,9 +33,9 @@ def _script_kind(builds: Builds):
 def _script_fused_arg(name: str):
     def value(builds: Builds):
         p = _pipeline(builds)
-        if p is None or p["class"] not in CLASSES.values():
+        if p is None or p["class"] not in PIPELINES.values():
             return None
-        return p["kwargs"].get(name, _FUSED_DEFAULTS[name])
+        return p["kwargs"].get(name, FUSED_DEFAULTS[name])
 
     return value
 
@@ -82,15 +78,15 @@ def install(settings: Settings, builds: Builds) -> Iterator[None]:
     try:
         import importlib
 
-        modules = [importlib.import_module(m) for m in _MODULES]
+        modules = [importlib.import_module(m) for m in PIPELINE_MODULES]
     except Exception:  # torchrec missing or broken: nothing to act on
         yield
         return
-    originals = {name: getattr(modules[1], name) for name in CLASSES.values()}
+    originals = {name: getattr(modules[1], name) for name in PIPELINES.values()}
     kind = settings.get(PIPELINE)
     replaced = []
     for name, original in originals.items():
-        target = originals[CLASSES[kind]] if kind else original
+        target = originals[PIPELINES[kind]] if kind else original
         extra = _fused_kwargs(settings) if kind == "fused" else {}
         if kind == "semi_sync":
             extra = {"start_batch": 0}  # torchrec's default waits 900 batches, syncing each
@@ -128,13 +124,13 @@ def spell(settings: Settings, builds: Builds) -> dict:
     kind = settings.get(PIPELINE)
     if kind is None:
         return {}
-    cls = CLASSES[kind]
+    cls = PIPELINES[kind]
     args = ["model", "optimizer", "device"]
     if kind == "fused":
         args += [f"{k}={v!r}" for k, v in _fused_kwargs(settings).items()]
     if kind == "semi_sync":
         args.append("start_batch=0")
-        module = "torchrec.distributed.train_pipeline.train_pipelines"
+        module = PIPELINE_MODULES[1]  # not exported by the package
     else:
-        module = "torchrec.distributed.train_pipeline"
+        module = PIPELINE_MODULES[0]
     return {"python": f"from {module} import {cls}\n\npipeline = {cls}({', '.join(args)})"}

@@ -14,9 +14,10 @@ import shlex
 from typing import Iterator
 
 from ..errors import BadInput
-from . import Builds, Knob, Settings
+from .knob import Builds, Knob, Settings
 
 ENV, ARG = "env:", "arg:"
+KNOBS: list[Knob] = []  # a user's knobs are named on the command line (parse)
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -78,6 +79,10 @@ def script_args(settings: Settings, args: tuple) -> tuple:
         else:
             out += [flag, value]
     return tuple(out)
+
+
+def active(name: str, settings: Settings) -> bool:
+    return True  # a user's knob means something under any setting
 
 
 @contextlib.contextmanager

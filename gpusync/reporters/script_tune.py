@@ -44,7 +44,7 @@ def chosen_settings(tune) -> dict:
     name = tune.decision.chosen if tune.decision else UNCHANGED
     run = next(r for r in tune.runs if r.candidate.name == name)
     settings = run.candidate.settings
-    return {k: v for k, v in settings.items() if knobs._active(k, settings)}
+    return {k: v for k, v in settings.items() if knobs.active(k, settings)}
 
 
 def versions() -> dict:
@@ -129,7 +129,7 @@ def _script_text(tune, fmt: str) -> str:
         gain = (f" (median {faster(data['p50_gain'])}, P90 {faster(data['p90_gain'])} "
                 "than the script as it is)")
     out.append(f"\nchosen: {data['chosen']}{gain}")
-    out.append("change: " + (", ".join(f"{k}={knobs._text(v)}" for k, v in
+    out.append("change: " + (", ".join(f"{k}={knobs.text(v)}" for k, v in
                                        data["changes"].items()) or "nothing (keep the script's "
                              "own settings)"))
     if data["emit"]["python"]:

@@ -8,7 +8,7 @@ import torch
 from gpusync import baseline
 from gpusync.detect.events import Frame, SyncEvent
 from gpusync.detect.frames import user_frames
-from gpusync.detect.library import library_fix
+from gpusync.detect.libraries import library_fix
 from gpusync.report import build_report
 from gpusync.reporters import render
 

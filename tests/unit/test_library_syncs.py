@@ -10,8 +10,7 @@ import torch
 
 import gpusync
 from gpusync.detect.events import Frame
-from gpusync.detect.libraries import ENTRIES
-from gpusync.detect.library import library_fix
+from gpusync.detect.libraries import ENTRIES, library_fix
 from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 

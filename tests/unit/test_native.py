@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gpusync.detect import native
-from gpusync.detect.ops import HostSet, NativeHost
+from gpusync.detect.residency import HostSet, NativeHost
 from gpusync.detect.session import Session
 
 needs_compiler = pytest.mark.skipif(

@@ -3,7 +3,8 @@ registered as "on CUDA" play the device's part, and a fake stall timer plays the
 import pytest
 import torch
 
-from gpusync.detect import ops
+from gpusync.detect import ops, residency
+from gpusync.detect.modes import Real
 from gpusync.detect.phases import PhaseTracker
 from gpusync.detect.recorder import Recorder
 
@@ -11,11 +12,11 @@ from gpusync.detect.recorder import Recorder
 @pytest.fixture
 def real(monkeypatch):
     on_cuda = set()
-    monkeypatch.setattr(ops.RealDevice, "on_device",
+    monkeypatch.setattr(residency.RealDevice, "on_device",
                         lambda self, t: isinstance(t, torch.Tensor) and id(t) in on_cuda)
     tracker = PhaseTracker()
     rec = Recorder(tracker)
-    det = ops.OpDetector(rec, real=True, stall_timer=lambda: 1.5)
+    det = ops.OpDetector(rec, Real(), stall_timer=lambda: 1.5)
     tracker.install()
     det.install()
     try:

@@ -248,3 +248,27 @@ def test_every_sparse_matmul_form_coalesces_in_backward_at_its_forward_line(obse
         assert [(e.op, e.phase) for e in s.events] == [("coalesce", "other"),
                                                         ("coalesce", "backward")]
         assert {f.line for e in s.events for f in e.frames if f.file == __file__} == {line}
+
+
+def test_nested_and_reused_watch_blocks_on_the_virtual_device_each_hear_their_waits():
+    """A scanned script's own `gpusync.watch()` inside a scan on the virtual device runs on it
+    too; its block ending first leaves the scan on the device, still told of each host wait
+    and of the sync-debug mode the script set; a new block after both works the same."""
+    import gpusync
+
+    with scan() as outer:
+        torch.cuda.set_sync_debug_mode("warn")
+        with gpusync.watch() as inner:
+            torch.cuda.synchronize()
+            assert inner.outcome().virtual_cuda
+        assert torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() == 1
+        torch.ones(2, device="cuda").tolist()
+        torch.cuda.synchronize()
+    assert ops(inner) == ["cuda.synchronize"]
+    assert ops(outer) == ["cuda.synchronize", "tolist", "cuda.synchronize"]
+    assert not torch.cuda.is_available()
+    for _ in range(2):  # reused: each new block starts on a fresh virtual device
+        with scan() as again:
+            assert torch.cuda.get_sync_debug_mode() == 0
+            torch.cuda.synchronize()
+        assert ops(again) == ["cuda.synchronize"] and not torch.cuda.is_available()

@@ -1,7 +1,12 @@
-"""Known syncs inside libraries, one module per library, and the one lookup the rest of the
-code reads (through detect/library.py's library_fix).
+"""What gpusync knows of each library, one module per library (pytorch, ddp, torchrec, fbgemm):
+its known syncs and their remedies, the files and functions that mark its phases, the facts its
+virtual stand-ins and gpusync's knobs (gpusync/knobs/) rely on. The scan (library_fix), the
+phases, the frames, virtual_libs.py and the knobs all read them here; how to patch and how to
+virtualize stay with them.
 
-Each entry names the library file and functions where the host waits, the remedy at the
+A sync inside torchrec, fbgemm or torch is shown at the user's own line; the generic advice
+for its op ("keep the value on the device") is no use there, since the user cannot edit the
+library. Each entry names the library file and functions where the host waits, the remedy at the
 user's level (the user cannot edit the library), the source it was read in (`source`:
 file:function) and the version (`checked`). An entry with `outside` does not apply when a
 frame of the library path beneath the user's line lies in one of those paths: the same KJT
@@ -9,10 +14,10 @@ method reached from torchrec's input distribution has the input distribution's r
 """
 from __future__ import annotations
 
+import linecache
 from dataclasses import dataclass
 
 from ..events import Frame
-from ..frames import source_line
 
 
 @dataclass(frozen=True)
@@ -32,16 +37,20 @@ class Entry:
             return False
         if any(o in f.file.replace("\\", "/") for o in self.outside for f in path):
             return False
-        return not self.text or any(t in source_line(frame.file, frame.line) for t in self.text)
+        return not self.text or any(t in linecache.getline(frame.file, frame.line)
+                                     for t in self.text)
 
 
-def _entries() -> tuple[Entry, ...]:
-    from . import fbgemm, pytorch, torchrec
+def _entries() -> tuple[tuple[Entry, ...], tuple[Entry, ...]]:
+    from . import ddp, fbgemm, pytorch, torchrec
 
-    return pytorch.ENTRIES + torchrec.ENTRIES + fbgemm.ENTRIES
+    return (pytorch.ENTRIES + torchrec.ENTRIES + fbgemm.ENTRIES + ddp.ENTRIES,
+            fbgemm.REMEDIES + torchrec.REMEDIES + pytorch.REMEDIES + ddp.REMEDIES)
 
 
-ENTRIES: tuple[Entry, ...] = _entries()
+# ENTRIES: a sync at one place; REMEDIES: broader, for any sync under a library path, asked
+# after the entries of each frame.
+ENTRIES, REMEDIES = _entries()
 
 
 def match(frame: Frame, path: tuple[Frame, ...]) -> Entry | None:
@@ -50,3 +59,24 @@ def match(frame: Frame, path: tuple[Frame, ...]) -> Entry | None:
         if entry.matches(frame, path):
             return entry
     return None
+
+
+def library_fix(frames: tuple[Frame, ...]) -> str | None:
+    """The user-level remedy for a sync whose stack goes through a known library path."""
+    path = _library_path(frames)
+    for frame in path:
+        entry = match(frame, path)
+        if entry is not None:
+            return entry.fix
+        for remedy in REMEDIES:
+            if remedy.matches(frame, path):
+                return remedy.fix
+    return None
+
+
+def _library_path(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """The library frames beneath the user's line, innermost first."""
+    n = 0
+    while n < len(frames) and frames[n].library:
+        n += 1
+    return frames[:n]

@@ -1,12 +1,17 @@
-"""fbgemm_gpu's Python host code that reads device values (fbgemm-gpu 1.8.0). fbgemm's C++
-ops with output sizes read on the host are argument-aware rules (detect/rules.py
-NAMED_RULES)."""
+"""fbgemm_gpu (1.8.0): its Python host code that reads device values, the TBE module the
+virtual device places on the host (detect/virtual_libs.py) and the variable its writeback knob
+sets (gpusync/knobs/fbgemm.py). fbgemm's C++ ops with output sizes read on the host are
+argument-aware rules (detect/rules.py NAMED_RULES)."""
 from __future__ import annotations
 
 from . import Entry
 
 V = "fbgemm-gpu 1.8.0"
-TBE = "fbgemm_gpu/split_table_batched_embeddings_ops_training.py"
+TBE_MODULE = "fbgemm_gpu.split_table_batched_embeddings_ops_training"
+TBE = TBE_MODULE.replace(".", "/") + ".py"
+# fbgemm's own switch for precompute_writeback, read where a release reads it (knobs/fbgemm.py
+# reads_env_var)
+PRECOMPUTE_ENV_VAR = "FBGEMM_PRECOMPUTE_WRITEBACK"
 
 ENTRIES = (
     Entry(TBE, ("_generate_vbe_metadata",),
@@ -33,4 +38,14 @@ ENTRIES = (
           "the previous batch's compute, or run without the enrichment policy",
           "fbgemm_gpu/tbe/ssd/training.py SSDTableBatchedEmbeddingBags._prefetch "
           "(actions_count_gpu.item())", V),
+)
+
+REMEDIES = (
+    Entry("fbgemm_gpu/", ("writeback",),
+          "fbgemm's EXACT_SGD writeback dedup (unique, nonzero) runs on the host in its "
+          "backward hook: set UserEnabledConfigDefinition(use_writeback_bwd_prehook=True, "
+          "precompute_writeback=True) as the TBE's extra_optimizer_config (moves it to forward, "
+          "where it overlaps), or use gpusync's sync-free dedup "
+          "(gpusync.knobs.fbgemm.use_syncfree_writeback); `gpusync tune` measures both",
+          "fbgemm_gpu/ the writeback backward hook", V),
 )

@@ -1,9 +1,24 @@
-"""torch's own Python code that reads device values on the host (torch 2.13)."""
+"""torch's own Python code that reads device values on the host (torch 2.13), where its
+GradScaler steps (detect/phases.py), and which of its files are plumbing (detect/frames.py)."""
 from __future__ import annotations
+
+import os
 
 from . import Entry
 
 V = "torch 2.13"
+# GradScaler.step in this file: the optimizer step it runs is the optimizer phase's
+SCALER_FILE = os.path.join("torch", "amp", "grad_scaler.py")
+# torch's thin Python wrappers of ops and modules (torch.unique, F.embedding_bag, Tensor
+# methods, Module.__call__, torch.library's autograd glue of custom ops such as fbgemm's),
+# under torch's directory: the op is what the user called, so they are no library path
+# (detect/frames.py)
+PLUMBING = ("functional.py", "_tensor.py", "nn/functional.py", "overrides.py",
+            "_jit_internal.py", "utils/_device.py", "nn/modules/module.py", "_ops.py",
+            "_compile.py", "_dynamo/", "_library/")
+SERIALIZATION_FIX = ("torch.save / torch.load copy CUDA tensors to and from the host, one "
+                     "blocking copy per storage: checkpoint less often, or copy the state to "
+                     "pinned host memory with non_blocking=True and save it from there")
 
 ENTRIES = (
     Entry("torch/distributions/", ("Distribution.__init__", "_validate_sample"),
@@ -33,4 +48,18 @@ ENTRIES = (
           "you compute anyway when you log (e.g. every N steps or once per epoch: "
           "sched.step(val_loss_float)), not with a device tensor every step",
           "torch/optim/lr_scheduler.py ReduceLROnPlateau.step", V),
+)
+
+REMEDIES = (
+    Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
+          "GradScaler reads found_inf on the host before stepping a non-fused optimizer: use "
+          "an optimizer with fused=True (e.g. torch.optim.AdamW(..., fused=True)), whose step "
+          "GradScaler hands found_inf to on the device",
+          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step", V),
+    Entry("torch/nn/utils/clip_grad.py", (),
+          "clip_grad_norm_(error_if_nonfinite=True) reads the norm on the host: drop "
+          "error_if_nonfinite, or check with torch._assert_async(torch.isfinite(norm))",
+          "torch/nn/utils/clip_grad.py clip_grad_norm_", V),
+    Entry("torch/serialization.py", (), SERIALIZATION_FIX, "torch/serialization.py save, load",
+          V),
 )

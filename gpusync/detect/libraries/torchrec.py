@@ -1,13 +1,33 @@
-"""torchrec: KeyedJaggedTensor's per-key metadata and the all-to-alls that read their splits
-on the host outside the sparse-feature input distribution (torchrec 1.9.2)."""
+"""torchrec (1.9.2): KeyedJaggedTensor's per-key metadata and the all-to-alls that read their
+splits on the host; its train pipelines: their stages (detect/phases.py) and the classes
+gpusync's knobs substitute (gpusync/knobs/torchrec.py)."""
 from __future__ import annotations
 
+import os
+
+from ..events import BATCH_COPY, EMB_LOOKUP, INPUT_DIST
 from . import Entry
 
 V = "torchrec 1.9.2"
+# The train pipeline stages (train_pipeline/train_pipelines.py and utils.py), by the last part
+# of the function's name: found in the stack of each sync, so nothing is patched into torchrec
+# (which the script imports after the scan starts).
+PIPELINE_DIR = "torchrec/distributed/train_pipeline/".replace("/", os.sep)
+STAGES = {"start_sparse_data_dist": INPUT_DIST, "wait_sparse_data_dist": INPUT_DIST,
+          "_start_sparse_data_dist": INPUT_DIST, "_wait_sparse_data_dist": INPUT_DIST,
+          "_start_data_dist": INPUT_DIST, "start_embedding_lookup": EMB_LOOKUP,
+          "wait_embedding_lookup": EMB_LOOKUP, "_start_embedding_lookup": EMB_LOOKUP,
+          "copy_batch_to_gpu": BATCH_COPY, "_copy_batch_to_gpu": BATCH_COPY}
+# The pipeline classes by the name the knobs give them, the modules that export them (the
+# package, then the module that defines them), and the fused pipeline's own defaults.
+PIPELINES = {"sparse_dist": "TrainPipelineSparseDist", "fused": "TrainPipelineFusedSparseDist",
+             "semi_sync": "TrainPipelineSemiSync"}
+PIPELINE_MODULES = ("torchrec.distributed.train_pipeline",
+                    "torchrec.distributed.train_pipeline.train_pipelines")
+FUSED_DEFAULTS = {"emb_lookup_stream": "data_dist", "embedding_lookup_after_data_dist": False}
 KJT = "torchrec/sparse/jagged_tensor.py"
 # The same KJT methods inside a sharded module's input distribution (or its first-batch
-# validator) get that entry's remedy (detect/library.py KNOWN).
+# validator) get that entry's remedy (REMEDIES).
 _SHARDED = ("torchrec/distributed/", "torchrec/sparse/jagged_tensor_validator.py")
 
 ENTRIES = (
@@ -53,4 +73,18 @@ ENTRIES = (
           "inverse_indices) so this context is not built",
           "torchrec/distributed/embedding.py ShardedEmbeddingCollection."
           "_compute_sequence_vbe_context", V),
+)
+
+REMEDIES = (
+    Entry("torchrec/sparse/jagged_tensor_validator.py", (),
+          "torchrec validates the first KJT a sharded module sees (ids in range, lengths) on "
+          "the host, once, while it builds its input distribution: setup, not per step",
+          "torchrec/sparse/jagged_tensor_validator.py validate_keyed_jagged_tensor", V),
+    Entry("torchrec/distributed/", ("input_dist", "data_dist", "SplitsAllToAll", "KJTAllToAll",
+                                    "_get_recat", "_safe_tolist"),
+          "torchrec's input distribution reads the KJT's per-rank splits and lengths on the "
+          "host for its all-to-all: run it for the next batch ahead of compute with a train "
+          "pipeline (TrainPipelineSparseDist; on a GPU TrainPipelineFusedSparseDist or "
+          "TrainPipelineSemiSync; `gpusync tune` measures them)",
+          "torchrec/distributed/ input_dist and its all-to-alls", V),
 )

@@ -1,0 +1,212 @@
+"""The three ways a scan knows where tensors live, one strategy each, chosen once by the session
+(detect/session.py) instead of flags asked on every op:
+
+- Real: a GPU run; residency is `t.is_cuda`, a copy is judged as CUDA makes it, stalls are
+  timed (detect/cuda.py StallTimer).
+- Simulated: a CPU run judged as if its tensors lived on the device (a host table, see
+  residency.py). `.to(device)` cannot tell "to the device" from "to the host" (both say cpu),
+  so the call decides: `.cpu()` and a literal "cpu" on the calling line mean host, any other
+  target (a `device` variable, `x.device`) means the device.
+- Virtual: the code runs on a virtual CUDA device (detect/virtual_cuda.py) and takes the path
+  a GPU run takes; residency is what the code asked for.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import torch
+
+from . import patches
+from .residency import (
+    Table,
+    bus_copies,
+    call_site_line,
+    copy_of,
+    non_blocking,
+    on_cpu,
+    says_cpu,
+)
+from .virtual_cuda import VirtualCuda
+from .virtual_device import is_cuda_device, pin_host
+from .virtual_libs import VirtualLibraries
+
+Tensor = torch.Tensor
+_CPU = torch.device("cpu")
+
+
+class Judge(Protocol):
+    """What a mode asks of the op detector (detect/ops.py OpDetector)."""
+
+    host: Table
+    placed: bool
+
+    def run(self, recorded: bool, func, args, kwargs) -> Any: ...
+
+    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool: ...
+
+    def record_times(self, label: str, times: int, detail: str = "") -> bool: ...
+
+    def bus_copy(self, src_on_device, to_host, non_blocking, src, dst,
+                 copies: int = 1) -> bool: ...
+
+    def copies_host_data(self, args, kwargs, data_at: int | None) -> bool: ...
+
+
+class Real:
+    """On a GPU: where a tensor lives is a fact, each copy is judged as CUDA makes it."""
+
+    real, virtual = True, False
+
+    def to_host(self, device: torch.device) -> bool | None:
+        """Whether `.to(device)` goes to the host; None: not a move across the bus."""
+        return device.type == "cpu"
+
+    def move(self, det: Judge, func, args, kwargs, to_host: bool, kind: str):
+        """Tensor.to / .cpu() / .cuda() (`kind`) once its direction is known."""
+        src = args[0]
+        recorded = det.bus_copy(det.host.on_device(src), to_host, non_blocking(args, kwargs),
+                                src, None, bus_copies(src))
+        return det.run(recorded, func, args, kwargs)
+
+    def copy(self, det: Judge, src_dev: bool, dst_dev: bool, nb: bool, src, dst) -> bool:
+        """copy_(dst, src, non_blocking=nb): recorded when it crosses the bus and the host
+        waits for it."""
+        return det.bus_copy(src_dev, not dst_dev, nb, src, dst)
+
+    def factory(self, det: Judge, func, args, kwargs, data_at: int | None):
+        """A factory given device= (or pin_memory=); `data_at`: where the data argument of a
+        factory that copies it (torch.tensor) sits."""
+        to_device = self.factory_to_device(torch.device(kwargs["device"]))
+        recorded = to_device and det.copies_host_data(args, kwargs, data_at)
+        out = det.run(recorded, func, args, kwargs)
+        if isinstance(out, Tensor):
+            if to_device:
+                det.host.mark_device(out)
+            else:
+                det.host.mark_host(out)
+        return out
+
+    def factory_to_device(self, device: torch.device) -> bool:
+        return device.type == "cuda"
+
+    def install(self, det) -> list[Callable[[], None]]:
+        """The mode's own layers and parts; what it returns undoes each."""
+        return []
+
+
+class Simulated(Real):
+    """A CPU run judged as if its tensors lived on the device: the call site names the host."""
+
+    real, virtual = False, False
+
+    def to_host(self, device: torch.device) -> bool | None:
+        return device.type == "cpu" and says_cpu(call_site_line())
+
+    def move(self, det: Judge, func, args, kwargs, to_host: bool, kind: str):
+        src = args[0]
+        src_on_device = det.host.on_device(src)
+        if to_host and src_on_device:
+            out = det.run(det.record_times("D2H copy", bus_copies(src)), func, args, kwargs)
+            out = out.clone() if out is src else out  # a CUDA run makes a new host tensor
+            det.host.mark_host(out)
+            return out
+        if not to_host and not src_on_device:
+            recorded = not non_blocking(args, kwargs) and det.record_times(
+                "H2D copy", bus_copies(src))
+            out = det.run(recorded, func, args, kwargs)
+            if out is src and not isinstance(src, torch.nn.Parameter):
+                out = out.clone()  # keep the host original on the host
+            det.host.mark_device(out)
+            return out
+        return func(*args, **kwargs)
+
+    def copy(self, det: Judge, src_dev: bool, dst_dev: bool, nb: bool, src, dst) -> bool:
+        if dst_dev != src_dev and not nb:
+            return det.record("D2H copy" if src_dev else "H2D copy")
+        return False
+
+    def factory_to_device(self, device: torch.device) -> bool:
+        return device.type != "cpu" or not says_cpu(call_site_line())
+
+    def install(self, det) -> list[Callable[[], None]]:
+        from torch.optim import optimizer as optim_module
+
+        # a parameter is what a CUDA run puts on the device; step counters stay on the host
+        undo = [optim_module.register_optimizer_step_pre_hook(det.opt_pre).remove]
+        undo.append(patches.add_layer(torch.nn.Parameter, "__new__", det.new_parameter).remove)
+        return undo
+
+
+class Virtual(Real):
+    """The code runs on the virtual CUDA device: residency is what it asked for."""
+
+    real, virtual = False, True
+
+    def to_host(self, device: torch.device) -> bool | None:
+        if device.type not in ("cpu", "cuda"):
+            return None  # meta and kin: no copy across the bus
+        return device.type == "cpu"
+
+    def move(self, det: Judge, func, args, kwargs, to_host: bool, kind: str):
+        src = args[0]
+        src_on_device = det.host.on_device(src)
+        crossing = src_on_device == to_host
+        recorded = crossing and det.bus_copy(
+            src_on_device, to_host, non_blocking(args, kwargs), src, None, bus_copies(src))
+        if kind == "cuda":
+            out = src  # already on the CPU that stands for the device
+        else:
+            args, kwargs = on_cpu(args, kwargs)
+            out = det.run(recorded, func, args, kwargs)
+        if not crossing:
+            return out
+        if to_host:
+            out = copy_of(out) if out is src else out  # a CUDA run makes a new host tensor
+            det.host.mark_host(out)
+        else:
+            if out is src and not isinstance(src, torch.nn.Parameter):
+                out = copy_of(out)  # keep the host original on the host
+            det.host.mark_device(out)
+            det.placed = True
+        return out
+
+    def factory(self, det: Judge, func, args, kwargs, data_at: int | None):
+        to_device = is_cuda_device(kwargs.get("device"))
+        pin = bool(kwargs.get("pin_memory"))
+        if pin:
+            kwargs = {**kwargs, "pin_memory": False}
+        recorded = False
+        if to_device:
+            det.placed = True
+            kwargs = {**kwargs, "device": _CPU}
+            recorded = det.copies_host_data(args, kwargs, data_at)
+        out = det.run(recorded, func, args, kwargs)
+        if isinstance(out, Tensor):
+            if to_device:
+                if args and out is args[0] and not det.host.on_device(out):
+                    out = copy_of(out)  # as_tensor(host tensor, device=cuda) is a new tensor
+                det.host.mark_device(out)
+            else:
+                det.host.mark_host(out)
+                if pin:
+                    pin_host(out)
+        return out
+
+    def install(self, det) -> list[Callable[[], None]]:
+        """The virtual device, then the libraries' stand-ins on it (virtual_libs.py); the
+        device knows where step counters were made."""
+        device = VirtualCuda(det.host_wait)
+        device.install()
+        undo = [device.uninstall]
+        det.libraries = libraries = VirtualLibraries(det)
+        libraries.install()
+        undo.append(libraries.uninstall)
+        return undo
+
+
+Mode = Real | Simulated | Virtual
+
+
+def mode_of(real: bool, virtual: bool) -> Mode:
+    return Real() if real else Virtual() if virtual else Simulated()
+

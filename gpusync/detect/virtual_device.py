@@ -1,0 +1,187 @@
+"""The virtual CUDA device's own state, one per process as torch.cuda is (DEVICE): its current
+stream and device index, its pinned host memory, the sessions using it; and the stand-ins of
+its streams and events. virtual_cuda.py makes torch.cuda answer from it; virtual_torch.py and
+the op detector read it."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+
+
+def current_device() -> torch.device:
+    """The virtual GPU of this process: cuda:LOCAL_RANK under torchrun (one GPU per rank), or
+    the one torch.cuda.set_device chose."""
+    return torch.device("cuda", DEVICE.index)
+_CPU = torch.device("cpu")
+
+
+def is_cuda_device(device: Any) -> bool:
+    """A device argument that names the (virtual) GPU: "cuda", "cuda:0", torch.device("cuda"),
+    or a bare index, which torch reads as the current accelerator."""
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True
+    if isinstance(device, str):
+        return device.split(":")[0] == "cuda"
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class Pinned:
+    """Host tensors in (virtually) page-locked memory. Keyed by id() with a weakref that drops
+    the entry when the tensor dies; shared by every thread (a DataLoader pins in its own)."""
+
+    def __init__(self):
+        self._ids: dict[int, weakref.ref] = {}
+        self._lock = threading.Lock()
+
+    def add(self, t: torch.Tensor) -> torch.Tensor:
+        key = id(t)
+
+        def forget(ref, key=key, ids=self._ids):
+            if ids.get(key) is ref:
+                del ids[key]
+
+        with self._lock:
+            self._ids[key] = weakref.ref(t, forget)
+        return t
+
+    def __contains__(self, t: object) -> bool:
+        return id(t) in self._ids
+
+
+class VirtualEvent:
+    """torch.cuda.Event on the virtual device: work has already run when it is recorded."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False,
+                 interprocess: bool = False, external: bool = False):
+        self._at: float | None = None
+
+    def record(self, stream=None) -> None:
+        self._at = time.perf_counter()
+
+    def wait(self, stream=None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        DEVICE.sync("Event.synchronize")
+
+    def elapsed_time(self, end: "VirtualEvent") -> float:
+        if self._at is None or end._at is None:
+            raise RuntimeError("elapsed_time: both events must be recorded first")
+        return (end._at - self._at) * 1e3
+
+
+class VirtualStream:
+    """torch.cuda.Stream on the virtual device: waits between streams order nothing on a CPU,
+    but the host waiting on a stream is a sync."""
+
+    cuda_stream = 0
+    device_index = 0
+    device_type = 1  # c10 DeviceType::CUDA
+
+    def __init__(self, device=None, priority: int = 0, **kwargs):
+        self.priority = priority
+
+    @property
+    def device(self) -> torch.device:
+        return current_device()
+
+    def synchronize(self) -> None:
+        DEVICE.sync("Stream.synchronize")
+
+    def wait_stream(self, stream) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        event = event if event is not None else VirtualEvent()
+        event.record(self)
+        return event
+
+    def query(self) -> bool:
+        return True
+
+    def is_capturing(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return f"<virtual torch.cuda.Stream priority={self.priority}>"
+
+
+class VirtualDevice:
+    """The live virtual device: its current stream, its pinned memory, and the sessions using
+    it, each told of a host wait (its op detector's record, which keeps its own thread's).
+    One per process, as torch.cuda is: DEVICE, whose `users` are the sessions on it."""
+
+    def __init__(self):
+        self.pinned = Pinned()
+        self.default = VirtualStream()
+        self.current = self.default
+        # the sessions on it (virtual_cuda.VirtualCuda), in the order they started; any may
+        # end first
+        self.users: list[Any] = []
+        self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
+        self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
+        self.sync_debug = 0  # torch.cuda.set_sync_debug_mode's, as the script set it
+
+    def sync(self, label: str) -> None:
+        for user in list(self.users):
+            user._record(label)
+
+
+DEVICE = VirtualDevice()
+
+
+def nccl_requested() -> bool:
+    """The script asked init_process_group for NCCL (the virtual device runs gloo)."""
+    return DEVICE.nccl
+
+
+def pin_host(t: torch.Tensor) -> torch.Tensor:
+    return DEVICE.pinned.add(t)
+
+
+class StreamContext:
+    def __init__(self, stream):
+        self.stream = stream
+        self.saved: VirtualStream = DEVICE.current
+
+    def __enter__(self):
+        self.saved = DEVICE.current
+        if self.stream is not None:
+            DEVICE.current = self.stream
+        return self.stream
+
+    def __exit__(self, *exc):
+        DEVICE.current = self.saved
+
+
+def set_stream(stream) -> None:
+    DEVICE.current = stream
+
+
+def set_device(dev) -> None:
+    if isinstance(dev, int):
+        DEVICE.index = dev
+    elif dev is not None and torch.device(dev).index is not None:
+        DEVICE.index = torch.device(dev).index
+
+
+def device_count() -> int:
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), DEVICE.index + 1)
+
+
+def sync(label: str) -> None:
+    """The host waits for the device: each session on it records `label`."""
+    DEVICE.sync(label)
