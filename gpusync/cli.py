@@ -85,7 +85,8 @@ def scan(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mo
     pkg.module:factory, a profile .yaml, or a built-in profile name. Default: the built-in
     example (sparsenn).
     """
-    from . import outputs, ranks, runs
+    from . import outputs, runs
+    from .runs import torchrun as ranks
 
     env = ranks.torchrun_env()
     if runs.follow(env):
@@ -151,7 +152,8 @@ def baseline_cmd(target, script_args, output, steps, warmup, mode, timing, timin
     A script's arguments go after --; the gate runs it with them again."""
     import json
 
-    from . import baseline, outputs, ranks, runs
+    from . import baseline, outputs, runs
+    from .runs import torchrun as ranks
 
     env = ranks.torchrun_env()
     if runs.follow(env):
@@ -212,7 +214,8 @@ def gate_cmd(target, script_args, baseline_path, time_factor, p_max, max_noise, 
              steps, warmup, mode, rank_timeout):
     """Compare TARGET (default: the baseline's target, with its arguments) with a baseline.
     Exit 0 pass, 1 regression (or an unrecorded improvement), 2 bad input, 4 cannot judge."""
-    from . import gate, ranks, runs
+    from . import gate, runs
+    from .runs import torchrun as ranks
 
     env = ranks.torchrun_env()
     if runs.follow(env):
@@ -348,10 +351,10 @@ def _run_techniques(names, device, steps, repeats, fmt) -> str | None:
     process group is torchrun's); the others run on rank 0 only; other ranks return None."""
     import json
 
-    from . import ranks
     from .bench.render import technique_table
     from .bench.techniques import TECHNIQUES
     from .progress import Progress
+    from .runs import torchrun as ranks
 
     device = _device(device)
     env = ranks.torchrun_env()
@@ -438,7 +441,8 @@ def tune_cmd(target, script_args, device, steps, repeats, fmt, warmup, allow_app
     tries them. A profile (.yaml or built-in name) with a tune block: its candidates.
     Default: the built-in profile sparsenn_pipeline.
     """
-    from . import outputs, ranks, runs
+    from . import outputs, runs
+    from .runs import torchrun as ranks
 
     env = ranks.torchrun_env()
     if runs.follow(env):
