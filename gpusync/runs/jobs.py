@@ -129,7 +129,7 @@ class _Timing:
     def script(self, target) -> dict[str, Any]:
         """A script's own loop, unscanned, one sample per step after the warm-up (tune's
         timed run with no settings changed)."""
-        from .candidate import run_candidate
+        from .candidate_child import run_candidate
 
         job = self.job
         data = run_candidate(CandidateJob(job.target, job.mode, job.warmup, job.steps,
@@ -174,7 +174,7 @@ class CandidateJob(_Job):
     verbosity: int = field(default_factory=_level)
 
     def run(self, results: Results) -> None:
-        from .candidate import run_candidate
+        from .candidate_child import run_candidate
 
         live: dict[str, Any] = {"steps": 0}
         with snapshots(results, lambda: {"steps": live["steps"]}), \

@@ -83,3 +83,21 @@ def test_in_process_and_in_a_child_a_scan_has_one_outcome(tmp_path):
     assert here.status is there.status is Status.DONE
     sites = [[(s["op"], s["line"], s["count"]) for s in r.report["sites"]] for r in (here, there)]
     assert sites[0] == sites[1] and sites[0]
+
+
+def test_a_candidate_that_raises_fails_with_its_reason_and_last_lines(tmp_path, in_process):
+    """A tune candidate's run (in this process here): the reason names the error, the output
+    holds what the script printed and its traceback, and its knob's variable is put back."""
+    from gpusync import runs
+
+    (tmp_path / "toy.py").write_text(textwrap.dedent('''
+        import os, torch
+        print("TOY is", os.environ["TOY"])
+        raise RuntimeError("toy crash")
+    '''))
+    job = CandidateJob(str(tmp_path / "toy.py"), "simulate", 1, 3, settings={"env:TOY": "crash"})
+    result, failure = runs.candidate(job, timeout=60)
+    assert result.status is Status.USER_ERROR
+    assert failure == "raised RuntimeError: toy crash"
+    assert result.output.startswith("TOY is crash\nTraceback")
+    assert result.output.endswith("RuntimeError: toy crash") and "TOY" not in os.environ
