@@ -43,7 +43,7 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
 
 @dataclass
 class _Scan:
-    """A scan of each kind of target (targets.Target.accept)."""
+    """A scan of each kind of target (a targets.TargetVisitor)."""
 
     steps: int | None
     warmup: int | None

@@ -20,13 +20,26 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Protocol, TypeVar
 
 from .errors import BadInput
 from .fileio import read_user_bytes, read_user_file
 from .profiles import Profile, builtin_names, find_builtin, load_profile
 
 DEFAULT_TARGET = "sparsenn"
+
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class TargetVisitor(Protocol[T_co]):
+    """What a scan, a timing run or a build does with each kind of target: a target hands
+    itself to the method for its kind (`accept`), so that callers switch on no type."""
+
+    def script(self, target: ScriptTarget) -> T_co: ...
+
+    def factory(self, target: FactoryTarget) -> T_co: ...
 
 
 class StopRun(BaseException):
@@ -42,7 +55,7 @@ class ScriptTarget:
     label: str
     exit_zero_is_an_end: ClassVar[bool] = True  # os._exit(0) is a script's own normal end
 
-    def accept(self, visitor):
+    def accept(self, visitor: TargetVisitor[T]) -> T:
         """visitor.script(self): what a scan, a timing run... does with a script."""
         return visitor.script(self)
 
@@ -79,7 +92,7 @@ class FactoryTarget:
     exit_zero_is_an_end: ClassVar[bool] = False
     _factory: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
 
-    def accept(self, visitor):
+    def accept(self, visitor: TargetVisitor[T]) -> T:
         """visitor.factory(self): what a scan, a timing run... does with a factory."""
         return visitor.factory(self)
 

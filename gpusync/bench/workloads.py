@@ -9,7 +9,7 @@ from .timing import BlockTimer, Samples
 
 
 class _Build:
-    """A target's workload for timing (targets.Target.accept): a factory's, built for the
+    """A target's workload for timing (a targets.TargetVisitor): a factory's, built for the
     device; a script has none."""
 
     def __init__(self, mode: str):

@@ -121,7 +121,7 @@ class TimingJob(_Job):
 
 
 class _Timing:
-    """A timing run of each kind of target (targets.Target.accept)."""
+    """A timing run of each kind of target (a targets.TargetVisitor)."""
 
     def __init__(self, job: TimingJob, live: dict[str, Any]):
         self.job, self.live = job, live
