@@ -1,4 +1,4 @@
-"""The processes of one child run (isolate.run_child), and the signals that end them.
+"""The processes of one child run (runs/process.run_child), and the signals that end them.
 
 Nothing gpusync starts outlives it. The child runs in a session of its own
 (start_new_session): its process group holds the user's process and what it starts (DataLoader

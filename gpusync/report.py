@@ -71,7 +71,7 @@ class Report:
     step_unit: str = "optimizer"  # what a step is: detect/steps.py
     notes: list[str] = field(default_factory=list)  # what the reader must know to trust it
     virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
-    ranks: int = 1  # processes merged into this report (torchrun), gpusync/ranks.py
+    ranks: int = 1  # processes merged into this report (torchrun), gpusync/runs/merge.py
     per_rank: list[dict] | None = None  # each rank's steps, syncs_per_step, error
     schema_version: int = SCHEMA_VERSION
 

@@ -12,27 +12,7 @@ from . import _spawned
 from .detect.session import NOTHING_ON_GPU, Session, resolve_mode
 from .errors import BadInput
 from .report import report_of
-from .targets import (
-    FactoryTarget,
-    ScriptTarget,
-    as_main,
-    call_factory,
-    check_requires,
-    check_workload,
-    compile_script,
-    load_factory,
-    parse_target,
-)
-
-
-class _StopScan(BaseException):
-    """Raised from a step hook once enough steps ran; a BaseException so that a user's
-    `except Exception` does not swallow it."""
-
-
-class EarlyExit(Exception):
-    """The scanned code ended the run before the scan did (sys.exit in a factory's step,
-    os._exit anywhere): what was measured is reported, and the verdict is exit 3."""
+from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
 
 
 @dataclass
@@ -58,15 +38,37 @@ def run_scan(target_text: str | None, steps: int | None = None, warmup: int | No
         mode = resolve_mode(mode)
     except ValueError as e:
         raise BadInput(str(e)) from None
-    if isinstance(target, ScriptTarget):
-        return _scan_script(target, steps, 1 if warmup is None else warmup, mode, script_args,
-                            on_session, detect, virtual_cuda)
-    if script_args:
-        raise BadInput("arguments after -- are only for script targets")
-    check_requires(target)
-    steps = steps if steps is not None else (target.steps or 5)
-    warmup = warmup if warmup is not None else (target.warmup if target.warmup is not None else 1)
-    return _scan_factory(target, steps, warmup, mode, on_session, detect, cycle)
+    return target.accept(_Scan(steps, warmup, mode, tuple(script_args), on_session, detect,
+                               cycle, virtual_cuda))
+
+
+@dataclass
+class _Scan:
+    """A scan of each kind of target (a targets.TargetVisitor)."""
+
+    steps: int | None
+    warmup: int | None
+    mode: str
+    script_args: tuple
+    on_session: Callable[[Session], None] | None
+    detect: bool
+    cycle: bool
+    virtual_cuda: bool
+
+    def script(self, target: ScriptTarget) -> ScanResult:
+        return _scan_script(target, self.steps, 1 if self.warmup is None else self.warmup,
+                            self.mode, self.script_args, self.on_session, self.detect,
+                            self.virtual_cuda)
+
+    def factory(self, target: FactoryTarget) -> ScanResult:
+        if self.script_args:
+            raise BadInput("arguments after -- are only for script targets")
+        target.load()  # its required packages checked, imported outside the scan
+        steps = self.steps if self.steps is not None else (target.steps or 5)
+        warmup = self.warmup if self.warmup is not None else (
+            target.warmup if target.warmup is not None else 1)
+        return _scan_factory(target, steps, warmup, self.mode, self.on_session, self.detect,
+                             self.cycle)
 
 
 def _result(session: Session, error: BaseException | None,
@@ -83,7 +85,6 @@ def _result(session: Session, error: BaseException | None,
 
 def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
                   on_session, detect: bool, cycle: bool = False) -> ScanResult:
-    factory = load_factory(target.spec)
     device = "cuda" if mode == "cuda" else "cpu"
     session = Session(mode=mode, auto_steps=False, warmup=warmup, target=target.label,
                       detect=detect)
@@ -93,12 +94,11 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
     with session:
         with session.setup():
             try:
-                workload = call_factory(factory, target.args, device)
+                workload = target.build(device)
             except BadInput:
                 raise
             except (Exception, SystemExit) as e:
                 return _result(session, e)
-        check_workload(workload, target.spec)
         if workload.model is not None:
             session.mark_model(workload.model)
         ran = 0
@@ -127,7 +127,6 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     """Run the script as `python SCRIPT ARGS` runs it (targets.as_main), stopped after
     --steps: once stopped, the report is frozen (Session.stopped), and code that swallowed
     the stop (`except BaseException`) is stopped again at each later step boundary."""
-    code = compile_script(target.path)
     session = Session(mode=mode, auto_steps=True, warmup=warmup, target=target.label,
                       detect=detect, virtual_cuda=virtual_cuda)
     if on_session is not None:
@@ -136,27 +135,16 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     observer = session.on_step  # set by on_session (tune's step clock)
     def stop_when_done(whole_steps: int) -> None:
         if session.frozen:  # the code swallowed the stop: stop it again
-            raise _StopScan()
+            raise StopRun()
         if observer is not None:
             observer(whole_steps)
         if limit is not None and whole_steps >= limit:
             session.stopped()
-            raise _StopScan()
+            raise StopRun()
 
     session.on_step = stop_when_done
-    error: BaseException | None = None
     with _spawned_children(session.virtual_cuda) as children:
-        with as_main(target.path, [target.label, *args]) as globs:
-            with session:
-                try:
-                    exec(code, globs)
-                except _StopScan:
-                    pass
-                except SystemExit as e:  # the script's own end, unless it reports a failure
-                    if e.code not in (None, 0):
-                        error = e
-                except Exception as e:
-                    error = e
+        error = target.run(session, args)
         spawned = children()
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None

@@ -18,9 +18,9 @@ import inspect
 import os
 import sys
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Protocol, TypeVar
 
 from .errors import BadInput
 from .fileio import read_user_bytes, read_user_file
@@ -29,14 +29,59 @@ from .profiles import Profile, builtin_names, find_builtin, load_profile
 DEFAULT_TARGET = "sparsenn"
 
 
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class TargetVisitor(Protocol[T_co]):
+    """What a scan, a timing run or a build does with each kind of target: a target hands
+    itself to the method for its kind (`accept`), so that callers switch on no type."""
+
+    def script(self, target: ScriptTarget) -> T_co: ...
+
+    def factory(self, target: FactoryTarget) -> T_co: ...
+
+
+class StopRun(BaseException):
+    """Raised from a step hook once enough steps ran; a BaseException so that a user's
+    `except Exception` does not swallow it."""
+
+
 @dataclass
 class ScriptTarget:
+    """A script, run as `python SCRIPT ARGS` runs it; steps are its optimizer steps."""
+
     path: Path
     label: str
+    exit_zero_is_an_end: ClassVar[bool] = True  # os._exit(0) is a script's own normal end
+
+    def accept(self, visitor: TargetVisitor[T]) -> T:
+        """visitor.script(self): what a scan, a timing run... does with a script."""
+        return visitor.script(self)
+
+    def run(self, session, args: tuple) -> BaseException | None:
+        """Run the script as __main__ under `session` (as_main); the error that ended it, if
+        it is a failure (an exit with status 0 or None is its own normal end; a StopRun
+        from a step hook is the scan's)."""
+        code = compile_script(self.path)
+        with as_main(self.path, [self.label, *args]) as globs:
+            with session:
+                try:
+                    exec(code, globs)
+                except StopRun:
+                    pass
+                except SystemExit as e:  # the script's own end, unless it reports a failure
+                    if e.code not in (None, 0):
+                        return e
+                except Exception as e:
+                    return e
+        return None
 
 
 @dataclass
 class FactoryTarget:
+    """A function returning a gpusync.Workload (a profile names one, with its arguments)."""
+
     spec: str  # "pkg.mod:fn" or "file.py:fn"
     label: str
     args: dict
@@ -44,6 +89,23 @@ class FactoryTarget:
     warmup: int | None = None
     requires: tuple = ()
     profile: Profile | None = None  # when it came from a profile
+    exit_zero_is_an_end: ClassVar[bool] = False
+    _factory: Callable[..., Any] | None = field(default=None, repr=False, compare=False)
+
+    def accept(self, visitor: TargetVisitor[T]) -> T:
+        """visitor.factory(self): what a scan, a timing run... does with a factory."""
+        return visitor.factory(self)
+
+    def load(self) -> Callable[..., Any]:
+        """The factory function, imported once (its required packages checked first)."""
+        if self._factory is None:
+            check_requires(self)
+            self._factory = load_factory(self.spec)
+        return self._factory
+
+    def build(self, device: str):
+        """The workload, built for `device` ("cuda" or "cpu")."""
+        return check_workload(call_factory(self.load(), self.args, device), self.spec)
 
 
 def parse_target(text: str | None):

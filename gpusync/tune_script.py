@@ -15,87 +15,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import shlex
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import isolate, knobs, verbosity
+from . import knobs, runs
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 from .knobs import user
 from .progress import Progress
 
-PARITY_LOSSES = 5
 
-
-# -- in the child ----------------------------------------------------------------------------
-def candidate_job(job: dict, live: dict | None = None) -> dict:
-    """Run the target with the job's knob settings: scanned, or timed without detection.
-    live["steps"] follows the whole steps done (for progress; read by another thread)."""
-    import torch
-
-    from .detect import patches
-    from .scan import run_scan
-
-    cuda = job["mode"] == "cuda"
-    builds: dict = {}
-    losses: list = []
-    stamps: list[float] = []
-
-    def capture(call, roots, *args, **kwargs):
-        if len(losses) < 64:
-            losses.extend(t.detach().clone() for t in roots
-                          if isinstance(t, torch.Tensor) and t.numel() == 1)
-        return call(roots, *args, **kwargs)
-
-    block, warmup = job["block"], job["warmup"]
-    live = live if live is not None else {}
-    live["steps"] = 0
-
-    def clock(whole_steps: int) -> None:
-        live["steps"] = whole_steps
-        # a sample is the mean of `block` steps; on a GPU the device is drained at block ends
-        if whole_steps < warmup or (whole_steps - warmup) % block:
-            return
-        if cuda:
-            torch.cuda.synchronize()
-        stamps.append(time.perf_counter())
-
-    def on_session(session) -> None:
-        if not job["scan"]:
-            session.on_step = clock
-
-    handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
-    try:
-        with knobs.applied(job["settings"], builds):
-            args = user.script_args(job["settings"], tuple(job["script_args"]))
-            result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
-                              mode=job["mode"], script_args=args,
-                              on_session=on_session, detect=job["scan"], cycle=True)
-    finally:
-        handle.remove()
-    samples = [(b - a) * 1e3 / block for a, b in zip(stamps, stamps[1:], strict=False)]
-    data: dict[str, Any] = {
-        "status": isolate.DONE, "builds": builds,
-        "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": samples,
-        "steps_run": live["steps"], **_peak_memory(cuda),
-        "report": result.report.to_dict() if job["scan"] else None}
-    if result.error is not None:
-        data.update(status=isolate.USER_ERROR, message=f"{type(result.error).__name__}: "
-                    f"{result.error}", traceback=result.traceback)
-    return data
-
-
-def _peak_memory(cuda: bool) -> dict[str, float | None]:
-    """The process's peak GPU memory: each candidate's timed run has a process of its own."""
-    import torch
-
-    if not (cuda and torch.cuda.is_initialized()):
-        return {"peak_alloc_mb": None, "peak_reserved_mb": None}
-    return {"peak_alloc_mb": round(torch.cuda.max_memory_allocated() / 2**20, 2),
-            "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 2)}
-
-
-# -- in the parent ---------------------------------------------------------------------------
 @dataclass
 class Run:
     """One candidate's outcome."""
@@ -146,102 +74,19 @@ class Plan:
         """Whole steps a timed run goes through."""
         return self.warmup + self.block * self.repeats
 
-    def job(self, settings: dict, scan: bool) -> dict:
-        return {"kind": "candidate", "target": self.target, "script_args": list(self.script_args),
-                "verbosity": verbosity.level,
-                "settings": settings, "scan": scan, "mode": self.mode, "warmup": self.warmup,
-                "steps": self.scan_steps if scan else self.block * self.repeats,
-                "block": self.block}
-
-
-def _run(job: dict, timeout: float, progress: Progress | None = None, lead=None
-         ) -> tuple[dict, str, str | None]:
-    """(result, output tail, failure reason or None); the child's steps go to `progress`.
-    Under torchrun (`lead`, a ranks.Lockstep) every rank runs the job and the results are
-    merged (_merge_ranks)."""
-    on_snapshot = None if progress is None else (
-        lambda snapshot: progress.update(snapshot.get("steps", 0)))
-    if lead is not None:
-        outcome = _merge_ranks(lead.run(job, capture=True, on_snapshot=on_snapshot,
-                                        timeout=timeout))
-    else:
-        output = isolate.Output()
-        result, code = isolate.run_child(job, timeout=timeout, output=output,
-                                         on_snapshot=on_snapshot)
-        outcome = _outcome(result, code, output.tail)
-    if progress is not None and "steps_run" in outcome[0]:
-        progress.update(outcome[0]["steps_run"])
-    return outcome
-
-
-def _outcome(result: dict, code: int, tail: str) -> tuple[dict, str, str | None]:
-    status = result.get("status")
-    if status == isolate.DONE:
-        return result, tail, None
-    if status == isolate.FAILED:
-        from .errors import GpusyncError
-
-        raise GpusyncError(result.get("message", "failed"), result.get("exit_code", 2))
-    if status == isolate.INTERRUPTED:
-        raise KeyboardInterrupt
-    if status == isolate.USER_ERROR:
-        trace = result.get("traceback", "").rstrip().splitlines()[-12:]
-        return result, "\n".join([tail, *trace]).strip(), f"raised {result.get('message')}"
-    if status == isolate.EARLY_EXIT:
-        return result, tail, f"ended the process with os._exit({result.get('code')})"
-    return result, tail, f"the process {isolate._describe_death(code)}"
-
-
-def _merge_ranks(runs: dict) -> tuple[dict, str, str | None]:
-    """Every rank's run of one job as one: a failure is the first failing rank's; a sample
-    is the slowest rank's (a step ends when every rank's does); the losses are every rank's,
-    rank by rank, so parity holds on all of them; the report is ranks.merge's."""
-    from .ranks import failed_runs, merge, slowest, unreported
-
-    done = {rank: _outcome(ran.result, ran.returncode, ran.output)
-            for rank, ran in runs.items() if ran is not None}
-    failed = failed_runs(runs)
-    if failed:
-        result, tail, failure = done[failed[0]]
-        return result, tail, f"rank {failed[0]}: {failure}"
-    missing = sorted(set(runs) - set(done))
-    if missing:
-        return {}, "", unreported(missing[0])
-    results = [done[rank][0] for rank in sorted(done)]
-    merged = dict(results[0])
-    merged["samples_ms"] = slowest([r["samples_ms"] for r in results])
-    merged["losses"] = [x for r in results for x in r["losses"]]
-    merged["steps_run"] = min(r["steps_run"] for r in results)
-    for key in ("peak_alloc_mb", "peak_reserved_mb"):
-        values = [r[key] for r in results if r.get(key) is not None]
-        merged[key] = max(values) if values else None
-    if merged.get("report") is not None:
-        report, _ = merge({rank: {"report": r["report"]} for rank, r in enumerate(results)})
-        merged["report"] = report.to_dict() if report is not None else None
-    return merged, done[0][1], None
+    def job(self, settings: dict, scan: bool) -> runs.CandidateJob:
+        steps = self.scan_steps if scan else self.block * self.repeats
+        return runs.CandidateJob(self.target, self.mode, self.warmup, steps, self.block,
+                                 settings, scan, tuple(self.script_args))
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
                 ) -> ScriptTune:
     """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain. Under torchrun,
-    `lead` (ranks.Lockstep) runs each candidate on every rank."""
+    `lead` (runs.Lockstep) runs each candidate on every rank."""
     progress = progress or Progress("gpusync tune")
-    cuda = plan.mode == "cuda"
-    target, timeout = plan.target, plan.timeout
-    command = "gpusync tune " + shlex.join([target, *(["--", *plan.script_args]
-                                                      if plan.script_args else [])])
-    progress.stage("baseline: discovering what the script builds (scanned run)")
-    base_scan, tail, failure = _run(plan.job({}, True), timeout, lead=lead)
-    if failure:
-        from .errors import UserCodeError
-
-        raise UserCodeError(f"the script as it is {failure}" + (f"\n{tail}" if tail else ""))
-    builds = base_scan["builds"]
-    cands = knobs.candidates(builds, cuda, plan.extra)
-    tune = ScriptTune(target, command, "cuda" if cuda else "cpu", builds,
-                      [Run(c) for c in cands], block=plan.block)
-    tune.runs[0].report = base_scan["report"]
-    if len(cands) == 1:  # nothing to compare: no need to time the script
+    tune = _discover(plan, progress, lead)
+    if len(tune.runs) == 1:  # nothing to compare: no need to time the script
         tune.notes.append("nothing to tune: the script builds nothing gpusync has knobs for (a "
                           "torchrec train pipeline, an fbgemm EXACT_SGD TBE with the writeback "
                           "hook); try your own settings with --knob env:NAME=.. or "
@@ -254,31 +99,16 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
             r.status, r.reason = "not_applicable", r.candidate.not_applicable
         elif r.candidate.unavailable:
             r.status, r.reason = "not_run", r.candidate.unavailable
-    _measure(todo[0], 1, len(todo), plan, progress, lead)  # the baseline: always runnable
-    fitted = _fit(plan, todo[0].steps_run)
-    if todo[0].status == "failed" and fitted is not None:
-        tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
-                          f"--warmup {plan.warmup} + --repeats {plan.repeats} x --steps "
-                          f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
-        plan = fitted
-        tune.block = plan.block
-        _measure(todo[0], 1, len(todo), plan, progress, lead)
+    plan = _measure_baseline(tune, todo, plan, progress, lead)
     if todo[0].status == "failed":  # nothing can be compared with it
         progress.close()
         return tune
     for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, progress, lead)
-    # the baseline against itself: how far its losses move from run to run
-    noise = None
-    if tune.runs[0].status == "run":
-        progress.stage("baseline again: its own run-to-run difference (parity allowance)",
-                       plan.steps_needed)
-        again, _, failure = _run(plan.job({}, False), timeout, progress, lead)
-        if failure is None:
-            noise = max_diff(tune.runs[0].losses or None, again["losses"] or None)
-            tune.baseline_again_ms = list(again.get("samples_ms") or [])
+    noise = _noise(tune, plan, progress, lead)
     tune.result, tune.decision = _decide(tune, noise, rule)
-    extra = knobs.combined(_group_winners(tune, plan.extra), builds, cuda, plan.extra)
+    cuda = plan.mode == "cuda"
+    extra = knobs.combined(_group_winners(tune, plan.extra), tune.builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
         run = Run(extra)
         tune.runs.append(run)
@@ -291,13 +121,59 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
     return tune
 
 
+def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
+    """The baseline's scanned run: what the script builds decides the candidates."""
+    cuda = plan.mode == "cuda"
+    command = "gpusync tune " + shlex.join([plan.target, *(["--", *plan.script_args]
+                                                           if plan.script_args else [])])
+    progress.stage("baseline: discovering what the script builds (scanned run)")
+    base_scan, failure = runs.candidate(plan.job({}, True), plan.timeout, lead=lead)
+    if failure:
+        from .errors import UserCodeError
+
+        raise UserCodeError(f"the script as it is {failure}"
+                            + (f"\n{base_scan.output}" if base_scan.output else ""))
+    cands = knobs.candidates(base_scan.builds, cuda, plan.extra)
+    tune = ScriptTune(plan.target, command, "cuda" if cuda else "cpu", base_scan.builds,
+                      [Run(c) for c in cands], block=plan.block)
+    tune.runs[0].report = base_scan.report
+    return tune
+
+
+def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: Progress,
+                      lead) -> Plan:
+    """Time the baseline (always runnable); a script that runs fewer steps than the plan
+    needs is timed again with smaller samples (the plan then used for every candidate)."""
+    _measure(todo[0], 1, len(todo), plan, progress, lead)
+    fitted = _fit(plan, todo[0].steps_run)
+    if todo[0].status == "failed" and fitted is not None:
+        tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
+                          f"--warmup {plan.warmup} + --repeats {plan.repeats} x --steps "
+                          f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
+        plan = fitted
+        tune.block = plan.block
+        _measure(todo[0], 1, len(todo), plan, progress, lead)
+    return plan
+
+
+def _noise(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> float | None:
+    """The baseline against itself: how far its losses move from run to run."""
+    if tune.runs[0].status != "run":
+        return None
+    progress.stage("baseline again: its own run-to-run difference (parity allowance)",
+                   plan.steps_needed)
+    again, failure = runs.candidate(plan.job({}, False), plan.timeout, progress, lead)
+    if failure is not None:
+        return None
+    tune.baseline_again_ms = list(again.samples_ms)
+    return max_diff(tune.runs[0].losses or None, again.losses or None)
+
+
 def _fit(plan: Plan, steps_run: int) -> Plan | None:
     """The plan with the largest block that fits `repeats` samples into a script that runs
     `steps_run` whole steps; None when not even one-step samples fit, or nothing changes."""
     block = (steps_run - plan.warmup) // plan.repeats
-    if block < 1 or block >= plan.block:
-        return None
-    return dataclasses.replace(plan, block=block)
+    return None if block < 1 or block >= plan.block else dataclasses.replace(plan, block=block)
 
 
 def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None) -> None:
@@ -306,21 +182,21 @@ def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None
     left = f", about {progress.elapsed() / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
     progress.stage(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps"
                    f"{left}", plan.steps_needed)
-    timed, tail, failure = _run(plan.job(run.candidate.settings, False), plan.timeout,
-                                progress, lead)
+    timed, failure = runs.candidate(plan.job(run.candidate.settings, False), plan.timeout,
+                                    progress, lead)
+    tail = timed.output
     if failure is None and run.report is None:
         progress.stage(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
-        scanned, tail, failure = _run(plan.job(run.candidate.settings, True), plan.timeout,
-                                      lead=lead)
-        run.report = scanned.get("report")
+        scanned, failure = runs.candidate(plan.job(run.candidate.settings, True),
+                                          plan.timeout, lead=lead)
+        run.report, tail = scanned.report, scanned.output
     if failure is not None:
         run.status, run.reason, run.output = "failed", failure, tail
         progress.note(f"candidate {k}/{n} {name}: failed: {failure}")
         return
-    run.status, run.samples_ms, run.losses = "run", timed["samples_ms"], timed["losses"]
-    run.steps_run, run.reason = timed.get("steps_run", 0), ""
-    run.peak_alloc_mb, run.peak_reserved_mb = timed.get("peak_alloc_mb"), timed.get(
-        "peak_reserved_mb")
+    run.status, run.samples_ms, run.losses = "run", timed.samples_ms, timed.losses
+    run.steps_run, run.reason = timed.steps_run, ""
+    run.peak_alloc_mb, run.peak_reserved_mb = timed.peak_alloc_mb, timed.peak_reserved_mb
     if len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: it ran {run.steps_run} "

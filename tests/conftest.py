@@ -72,9 +72,22 @@ def stderr_lines(proc) -> list[str]:
     return [ln for ln in proc.stderr.splitlines() if ln.strip() and not PROGRESS_LINE.match(ln)]
 
 
+@pytest.fixture
+def in_process(monkeypatch):
+    """gpusync's runs (scan, timing, tune candidates) run in this process instead of a child
+    (gpusync/runs/inprocess.py): for tests that do not check what only a process boundary
+    gives (os._exit, signals, fd 1 joined to fd 2, nothing left running). Use it with
+    run_main, or mark a whole module: pytestmark = pytest.mark.usefixtures("in_process")."""
+    from gpusync import runs
+    from gpusync.runs import inprocess
+
+    monkeypatch.setattr(runs, "runner", inprocess.run_in_process)
+
+
 def run_main(*args, cwd=None):
     """The click entry point in this process, output captured like run_cli's. The code it
-    scans still runs in gpusync's child process, which inherits DETERMINISTIC."""
+    scans runs in gpusync's child process, which inherits DETERMINISTIC, unless the test uses
+    the `in_process` fixture (then it runs here, its prints in the captured stderr)."""
     import contextlib
     import io
 

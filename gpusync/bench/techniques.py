@@ -145,7 +145,7 @@ def run_collectives(device: str, steps: int, repeats: int, world_size: int = 2,
     import tempfile
 
     from ..errors import GpusyncError
-    from ..ranks import torchrun_env
+    from ..runs.torchrun import torchrun_env
     from .harness import TechniqueResult
 
     if torchrun_env() is not None:

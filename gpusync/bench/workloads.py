@@ -4,25 +4,28 @@ from __future__ import annotations
 import itertools
 
 from ..errors import BadInput
-from ..targets import (
-    ScriptTarget,
-    call_factory,
-    check_requires,
-    check_workload,
-    load_factory,
-    parse_target,
-)
+from ..targets import parse_target
 from .timing import BlockTimer, Samples
+
+
+class _Build:
+    """A target's workload for timing (a targets.TargetVisitor): a factory's, built for the
+    device; a script has none."""
+
+    def __init__(self, mode: str):
+        self.device = "cuda" if mode == "cuda" else "cpu"
+
+    def script(self, target):
+        raise BadInput("timing needs a profile or factory target, not a script")
+
+    def factory(self, target):
+        return target.build(self.device)
 
 
 def build(target_text: str | None, mode: str, batches: int = 8):
     """(workload, an endless iterator over its first `batches` batches)."""
     target = parse_target(target_text)
-    if isinstance(target, ScriptTarget):
-        raise BadInput("timing needs a profile or factory target, not a script")
-    check_requires(target)
-    workload = check_workload(call_factory(load_factory(target.spec), target.args,
-                                           "cuda" if mode == "cuda" else "cpu"), target.spec)
+    workload = target.accept(_Build(mode))
     first = list(itertools.islice(iter(workload.iter_batches()), batches))
     if not first:
         raise BadInput(f"workload '{target.label}' yields no batches")

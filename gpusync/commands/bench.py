@@ -21,13 +21,13 @@ def bench_group():
 def run_techniques(names, device, steps, repeats, fmt, every=False) -> str | None:
     """The techniques' report. Under torchrun, collectives runs first, on every rank (its
     process group is torchrun's); the others run on rank 0 only; other ranks return None."""
-    from .. import ranks
     from ..bench.techniques import TECHNIQUES
     from ..progress import Progress
     from ..reporters.bench import BenchRun
+    from ..runs import torchrun_env
 
     device = resolve_device(device)
-    env = ranks.torchrun_env()
+    env = torchrun_env()
     if env is not None:
         names = sorted(names, key=lambda name: name != "collectives")
         if env.rank != 0:

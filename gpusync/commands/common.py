@@ -36,9 +36,9 @@ def under_torchrun(fn):
     given `torchrun=` (Torchrun)."""
     @functools.wraps(fn)
     def command(*args, **kwargs):
-        from .. import ranks, runs
+        from .. import runs
 
-        env = ranks.torchrun_env()
+        env = runs.torchrun_env()
         if runs.follow(env):
             return None
         return fn(*args, torchrun=Torchrun(env), **kwargs)

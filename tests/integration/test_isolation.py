@@ -1,9 +1,11 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
-and the code's own prints never mix with the report on stdout."""
+and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): the
+process boundary is what is tested, but for sys.exit, which needs none."""
 import json
 import textwrap
 
 from tests.conftest import run_cli as gpusync
+from tests.conftest import run_main
 
 LOOP = textwrap.dedent('''
     import torch
@@ -66,12 +68,13 @@ def test_a_killed_scan_is_exit_3(tmp_path):
     assert proc.returncode == 3 and "killed by SIGKILL" in proc.stderr
 
 
-def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path):
+def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path, in_process):
+    """sys.exit unwinds like an exception: no process boundary needed to see it."""
     (tmp_path / "work.py").write_text(FACTORY)
-    proc = gpusync("scan", "work.py:make", "--steps", "2", cwd=tmp_path)
+    proc = run_main("scan", "work.py:make", "--steps", "2", cwd=tmp_path)
     assert proc.returncode == 3
     assert "sys.exit(0)" in proc.stderr and "item" in proc.stdout
-    base = gpusync("baseline", "work.py:make", "--steps", "2", "-o", "b.json", cwd=tmp_path)
+    base = run_main("baseline", "work.py:make", "--steps", "2", "-o", "b.json", cwd=tmp_path)
     assert base.returncode == 3 and not (tmp_path / "b.json").exists()
     assert "gpusync scan of work.py:make" in base.stderr
 

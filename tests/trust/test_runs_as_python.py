@@ -1,6 +1,8 @@
 """Under `gpusync scan SCRIPT` a script runs as `python SCRIPT ARGS` runs it: the same output,
-and a report of what it synced. Each test runs a small script plainly and under the scan (in
-gpusync's child process) and compares what the script printed."""
+and a report of what it synced. Each test runs a small script plainly and under the scan and
+compares what the script printed: in gpusync's child process where what a process does is the
+point (forked and spawned workers, os._exit, its prints on file descriptor 2), else in this
+process (the `in_process` fixture)."""
 import json
 import os
 import subprocess
@@ -32,8 +34,16 @@ def script_lines(capfd) -> list[str]:
             if ln.strip() and not ln.startswith("gpusync")]
 
 
+def printed(proc) -> list[str]:
+    """What the script printed when scanned in this process (on the captured stderr), less
+    gpusync's own lines (progress, where the report went)."""
+    return [ln for ln in proc.stderr.splitlines()
+            if ln.strip() and not ln.startswith(("gpusync", "report written to "))]
+
+
 def scan(tmp_path, name, *args, command="scan", options=()):
-    """run_main(command, ...) in this process; the script runs in gpusync's child."""
+    """run_main(command, ...) in this process; the script runs in gpusync's child unless the
+    test uses the in_process fixture."""
     out = tmp_path / "report.json"
     proc = run_main(command, name, *options, "--format", "json", "-o", out,
                     *(("--", *args) if args else ()), cwd=tmp_path)
@@ -80,16 +90,15 @@ PICKLES = textwrap.dedent(LOOP + '''
 ''')
 
 
-def test_a_script_runs_as_main_module(tmp_path, capfd):
+def test_a_script_runs_as_main_module(tmp_path, in_process):
     """Its classes pickle (torch.save, deepcopy): sys.modules['__main__'] is the script."""
     (tmp_path / "train.py").write_text(PICKLES)
-    capfd.readouterr()
     expected = plain("train.py", "--lr", "1", cwd=tmp_path)
     assert "pickle Cfg(lr=0.5) Cfg(lr=0.3)" in expected
     assert "main __main__ None None SourceFileLoader module True" in expected
     proc, report = scan(tmp_path, "train.py", "--lr", "1")
     assert proc.returncode == 0, proc.stderr
-    assert script_lines(capfd) == expected
+    assert printed(proc) == expected
     assert ops_at(report, PICKLES, "logged") == {"item"} and report["error"] is None
 
 
@@ -97,7 +106,7 @@ def test_a_script_runs_as_main_module(tmp_path, capfd):
     (b"\xef\xbb\xbf", "caf\u00e9".encode()),  # a UTF-8 BOM
     (b"# -*- coding: latin-1 -*-\n", b"caf\xe9"),  # a PEP 263 coding cookie
 ])
-def test_source_is_read_as_python_reads_it(tmp_path, capfd, head, literal):
+def test_source_is_read_as_python_reads_it(tmp_path, in_process, head, literal):
     body = (textwrap.dedent(LOOP) + textwrap.dedent('''
         for step in range(2):
             loss = model(torch.ones(8, 4, device=device)).sum()
@@ -105,12 +114,11 @@ def test_source_is_read_as_python_reads_it(tmp_path, capfd, head, literal):
             print("NAME", step, round(loss.item(), 4))  # logged
     ''')).encode().replace(b"NAME", literal)
     (tmp_path / "train.py").write_bytes(head + body)
-    capfd.readouterr()
     expected = plain("train.py", cwd=tmp_path)
     assert expected[0].startswith("caf\u00e9 0")
     proc, report = scan(tmp_path, "train.py")
     assert proc.returncode == 0, proc.stderr
-    assert script_lines(capfd) == expected
+    assert printed(proc) == expected
     assert ops_at(report, head + body, "logged") == {"item"}
 
 
@@ -228,7 +236,7 @@ SWALLOWS = textwrap.dedent(LOOP + '''
 
 
 @pytest.mark.parametrize("handler", ["BaseException", ""])
-def test_steps_stop_a_script_that_swallows_the_stop(tmp_path, capfd, handler):
+def test_steps_stop_a_script_that_swallows_the_stop(tmp_path, in_process, handler):
     """--steps 2: the report is frozen when the scan stops the run, whatever the script's
     `except BaseException` (or bare except) does after."""
     (tmp_path / "plain.py").write_text(SWALLOWS.replace("try:", "if True:").replace(

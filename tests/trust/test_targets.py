@@ -7,6 +7,8 @@ import pytest
 from gpusync.targets import FactoryTarget, ScriptTarget, parse_target
 from tests.conftest import run_main
 
+pytestmark = pytest.mark.usefixtures("in_process")  # targets and arguments: no process needed
+
 # needs its arguments: run without them it raises, and with `--sync` it syncs once per step
 SCRIPT = """\
 import sys, torch

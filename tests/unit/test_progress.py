@@ -67,7 +67,7 @@ def test_with_a_delay_a_quick_run_shows_nothing_and_a_long_one_its_stage_then_st
 
 
 def test_a_scan_in_its_child_process_reports_its_whole_steps(tmp_path):
-    from gpusync import isolate
+    from gpusync.runs import ScanJob, process
 
     script = tmp_path / "slow.py"
     script.write_text("import time, torch\nm = torch.nn.Linear(2, 1)\n"
@@ -77,7 +77,8 @@ def test_a_scan_in_its_child_process_reports_its_whole_steps(tmp_path):
     out = io.StringIO()
     progress = Progress("gpusync scan", stream=out, live=False, every=0)
     progress.stage("scanning slow.py")
-    outcome = isolate.scan(str(script), None, 0, "simulate", progress=progress)
+    outcome = process.run_child(ScanJob(str(script), None, 0, "simulate"), on_snapshot=lambda
+                                r: progress.update(r.done_steps)).scan_outcome()
     assert outcome.failure is None and outcome.report.steps == 4
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("gpusync scan: scanning slow.py")

@@ -1,0 +1,116 @@
+"""The child runs of scan, baseline, gate and tune: in one process, or under torchrun on every
+rank in step (torchrun.Lockstep), rank 0 merging what the ranks measured (merge.py). Either
+way a command gets the same typed outcome.
+
+A job (jobs.py) runs in a child process (process.py, child.py) by default: whatever the code
+does to its process, gpusync reaches a verdict. `runner` is the function that runs a job in
+one process; the tests swap in inprocess.run_in_process where the process boundary is not
+what they check."""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Callable, Iterator
+
+from ..errors import BadInput
+from ..progress import Progress
+from . import merge, process
+from .jobs import CandidateJob, ScanJob, TimingJob
+from .results import ChildResult, ScanOutcome, Status
+from .torchrun import Lockstep, RankEnv, torchrun_env
+
+__all__ = ["CandidateJob", "ChildResult", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
+           "TimingJob", "candidate", "follow", "leading", "scan", "step_times", "torchrun_env"]
+
+# Runs a job in one process: (job, timeout=, capture=, on_snapshot=) -> ChildResult.
+runner: Callable[..., ChildResult] = process.run_child
+
+
+def follow(env: RankEnv | None) -> bool:
+    """Under torchrun, a rank other than 0 runs rank 0's jobs and prints nothing: True once
+    such a rank is done (its command then exits 0, so that torchrun does not stop rank 0
+    before its verdict)."""
+    if env is None or env.rank == 0:
+        return False
+    Lockstep(env).follow()
+    return True
+
+
+@contextlib.contextmanager
+def leading(env: RankEnv | None, rank_timeout: float = 600.0) -> Iterator[Lockstep | None]:
+    """Rank 0's Lockstep for a command (None in one process); the other ranks are let go
+    when the command ends, however it ends."""
+    if env is None:
+        yield None
+        return
+    lead = Lockstep(env, rank_timeout)
+    try:
+        yield lead
+    finally:
+        lead.close()
+
+
+def _progress(progress: Progress | None) -> Callable[[ChildResult], None] | None:
+    if progress is None:
+        return None
+    return lambda snapshot: progress.update(snapshot.done_steps)
+
+
+def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command="scan",
+         trace=None, lead: Lockstep | None = None) -> ScanOutcome:
+    """The scan runs in a child process: whatever the code does to its process, gpusync
+    reaches a verdict here. Bad targets and modes are refused before it starts. Progress
+    (whole steps done) shows on stderr once it has run for a few seconds. Under torchrun
+    (`lead`), every rank scans and the outcome is the merged one."""
+    from ..detect.session import resolve_mode
+    from ..targets import parse_target
+
+    parse_target(target)
+    try:
+        resolve_mode(mode)
+    except ValueError as e:
+        raise BadInput(str(e)) from None
+    total = None if steps is None else steps + (1 if warmup is None else warmup)
+    job = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda)
+    with Progress(f"gpusync {command}", delay=5.0) as progress:
+        progress.stage(f"scanning {target or 'sparsenn'}", total=total)
+        own = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, trace)
+        if lead is None:
+            return runner(own, on_snapshot=_progress(progress)).scan_outcome()
+        runs = lead.run(job, own=own, on_snapshot=_progress(progress))
+    return merge.merged_scan(runs)
+
+
+def step_times(target, mode, steps, warmup, command="baseline", lead: Lockstep | None = None,
+               script_args=()) -> list[float]:
+    """Step times of an unscanned run (baseline --timing, gate timings), in a child too;
+    progress (steps done of warm-up + steps) on stderr once it has run for a few seconds.
+    Under torchrun every rank times the same steps and a sample is the slowest rank's; a
+    rank that fails is named, the first to fail first."""
+    job = TimingJob(target, mode, steps, warmup, tuple(script_args))
+    with Progress(f"gpusync {command}", delay=5.0) as progress:
+        progress.stage("timing steps without the scanner", total=warmup + steps)
+        if lead is None:
+            result = runner(job, on_snapshot=_progress(progress))
+        else:
+            runs = lead.run(job, on_snapshot=_progress(progress))
+    if lead is None:
+        return result.timing_samples()
+    return merge.merged_samples(runs)
+
+
+def candidate(job: CandidateJob, timeout: float, progress: Progress | None = None,
+              lead: Lockstep | None = None) -> tuple[ChildResult, str | None]:
+    """A tune candidate's run: (its result, with the last lines it printed as `output`;
+    why it failed, or None); the child's steps go to `progress`. Under torchrun every rank
+    runs it and the results are merged (merge.merged_candidate)."""
+    if lead is not None:
+        result, failure = merge.merged_candidate(
+            lead.run(job, capture=True, on_snapshot=_progress(progress), timeout=timeout))
+    else:
+        result = runner(job, timeout=timeout, capture=True, on_snapshot=_progress(progress))
+        output, failure = result.candidate_failure()
+        result = dataclasses.replace(result, output=output)
+    if progress is not None and result.status in (Status.DONE, Status.USER_ERROR):
+        progress.update(result.steps_run)  # the steps it ran, as it wrote them at its end
+    return result, failure

@@ -1,0 +1,94 @@
+"""A tune candidate's run, in the child: the script with the candidate's knob settings, scanned
+(syncs per step by phase) or timed without detection (step times, the losses it calls
+backward() on for parity, peak GPU memory)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .results import Status
+
+CandidateJob = Any  # jobs.CandidateJob (jobs.py imports this module: no cycle back)
+
+PARITY_LOSSES = 5
+
+
+def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]:
+    """Run the target with the job's knob settings: scanned, or timed without detection.
+    live["steps"] follows the whole steps done (for progress; read by another thread)."""
+    import torch
+
+    from .. import knobs
+    from ..detect import patches
+    from ..knobs import user
+    from ..scan import run_scan
+
+    losses: list = []
+    builds: dict = {}
+    live = live if live is not None else {}
+    live["steps"] = 0
+    clock = _Clock(job, live)
+
+    def capture(call, roots, *args, **kwargs):
+        if len(losses) < 64:
+            losses.extend(t.detach().clone() for t in roots
+                          if isinstance(t, torch.Tensor) and t.numel() == 1)
+        return call(roots, *args, **kwargs)
+
+    def on_session(session) -> None:
+        if not job.scan:
+            session.on_step = clock
+
+    handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
+    try:
+        with knobs.applied(job.settings, builds):
+            args = user.script_args(job.settings, tuple(job.script_args))
+            result = run_scan(job.target, steps=job.steps, warmup=job.warmup, mode=job.mode,
+                              script_args=args, on_session=on_session, detect=job.scan,
+                              cycle=True)
+    finally:
+        handle.remove()
+    data: dict[str, Any] = {
+        "status": Status.DONE.value, "builds": builds,
+        "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": clock.samples(),
+        "steps_run": live["steps"], **_peak_memory(job.mode == "cuda"),
+        "report": result.report.to_dict() if job.scan else None}
+    if result.error is not None:
+        data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "
+                    f"{result.error}", traceback=result.traceback)
+    return data
+
+
+class _Clock:
+    """The session's step hook of a timed run: a sample is the mean of `block` steps after
+    the warm-up; on a GPU the device is drained at block ends."""
+
+    def __init__(self, job: CandidateJob, live: dict):
+        self.job, self.live = job, live
+        self.stamps: list[float] = []
+
+    def __call__(self, whole_steps: int) -> None:
+        self.live["steps"] = whole_steps
+        warmup, block = self.job.warmup, self.job.block
+        if whole_steps < warmup or (whole_steps - warmup) % block:
+            return
+        if self.job.mode == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+        self.stamps.append(time.perf_counter())
+
+    def samples(self) -> list[float]:
+        block = self.job.block
+        return [(b - a) * 1e3 / block for a, b in zip(self.stamps, self.stamps[1:],
+                                                       strict=False)]
+
+
+def _peak_memory(cuda: bool) -> dict[str, float | None]:
+    """The process's peak GPU memory: each candidate's timed run has a process of its own."""
+    import torch
+
+    if not (cuda and torch.cuda.is_initialized()):
+        return {"peak_alloc_mb": None, "peak_reserved_mb": None}
+    return {"peak_alloc_mb": round(torch.cuda.max_memory_allocated() / 2**20, 2),
+            "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 2)}

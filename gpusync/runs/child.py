@@ -1,0 +1,43 @@
+"""The child process of a run (process.py): `python -m gpusync.runs.child FOLDER` reads
+FOLDER/job.json, runs the job and keeps FOLDER/result.json up to date (writer.FileResults)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .. import processes, verbosity
+from ..errors import GpusyncError
+from .jobs import load_job
+from .results import Status
+from .writer import JOB, FileResults
+
+
+def main(folder: str) -> int:
+    results = FileResults(folder)
+    with open(os.path.join(folder, JOB)) as f:
+        data = json.load(f)
+    processes.die_with_parent(data.get("parent"))  # a killed gpusync leaves nothing running
+    job = load_job(data)
+    from .. import scan
+
+    scan.SCRATCH = folder  # removed by the parent whichever way this process ends
+    verbosity.set_level(job.verbosity)
+    if not verbosity.verbose() and job.builtin:
+        verbosity.hush_third_party()
+    os.dup2(2, 1)  # the code's prints go to stderr: stdout carries gpusync's report
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep their order
+    try:
+        job.run(results)
+    except GpusyncError as e:
+        results.write({"status": Status.FAILED.value, "message": str(e),
+                       "exit_code": e.exit_code})
+    except KeyboardInterrupt:
+        results.write({"status": Status.INTERRUPTED.value})
+        return 130
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

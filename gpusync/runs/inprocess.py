@@ -1,0 +1,118 @@
+"""Run a job in this process, with the typed result a child would give (tests).
+
+The job runs as in the child (child.py): its verbosity, its scratch folder, the code's prints
+on stderr instead of stdout (or captured), os._exit saving what was measured. What only a
+process boundary gives is not here: no time limit, no signals forwarded, and the code's
+os._exit ends the job (its return code that status) instead of the process. The tests that
+check those run the child (process.py). Everything the job changes in this process is put
+back: the working directory, sys.argv, sys.path, sys.modules["__main__"], os.environ, os._exit,
+gpusync's verbosity, warning filters and logging's level.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Iterator, NoReturn
+
+from .. import verbosity
+from ..errors import GpusyncError
+from .jobs import Job
+from .results import ChildResult, Status
+from .writer import Results
+
+OUTPUT_LINES = 20  # as process.Output keeps
+
+
+class _ProcessEnded(BaseException):
+    """The code called os._exit: the job ends here, as its process would."""
+
+    def __init__(self, status: int):
+        super().__init__(status)
+        self.status = status
+
+
+class MemoryResults(Results):
+    """The job's latest result, kept here; a snapshot is handed to `on_snapshot`."""
+
+    def __init__(self, on_snapshot: Callable[[ChildResult], None] | None = None):
+        super().__init__()
+        self.data: dict[str, Any] | None = None
+        self.on_snapshot = on_snapshot
+
+    def save(self, data: dict[str, Any]) -> None:
+        self.data = data
+        if not self.final and self.on_snapshot is not None:
+            self.on_snapshot(ChildResult.decode(data, 0))
+
+    def end_process(self, status: int) -> NoReturn:
+        raise _ProcessEnded(status)
+
+
+def run_in_process(job: Job, timeout: float | None = None, capture: bool = False,
+                   on_snapshot: Callable[[ChildResult], None] | None = None,
+                   env: dict[str, str] | None = None) -> ChildResult:
+    """process.run_child's result, the job run here (`timeout` is not enforced)."""
+    results = MemoryResults(on_snapshot)
+    output = io.StringIO() if capture else None
+    returncode = 0
+    with _as_child(job, output, env):
+        try:
+            job.run(results)
+        except GpusyncError as e:
+            results.write({"status": Status.FAILED.value, "message": str(e),
+                           "exit_code": e.exit_code})
+        except KeyboardInterrupt:
+            results.write({"status": Status.INTERRUPTED.value})
+            returncode = 130
+        except _ProcessEnded as e:
+            returncode = e.status
+    tail = "\n".join(output.getvalue().splitlines()[-OUTPUT_LINES:]) if output else ""
+    return ChildResult.decode(results.data, returncode, tail, time.time())
+
+
+@contextlib.contextmanager
+def _as_child(job: Job, output: io.StringIO | None,
+              env: dict[str, str] | None) -> Iterator[None]:
+    """While inside, this process is set up as child.main sets up the child; all put back."""
+    from .. import scan
+
+    saved = (os.getcwd(), list(sys.argv), list(sys.path), sys.modules.get("__main__"),
+             dict(os.environ), os._exit, verbosity.level, scan.SCRATCH,
+             logging.root.manager.disable)
+    folder = tempfile.mkdtemp(prefix="gpusync-")
+    scan.SCRATCH = folder
+    os.environ.update(env or {})
+    verbosity.set_level(job.verbosity)
+    try:
+        with warnings.catch_warnings(), _prints_to(output):
+            if not verbosity.verbose() and job.builtin:
+                verbosity.hush_third_party()
+            yield
+    finally:
+        cwd, sys.argv, sys.path[:], main, environ, os._exit, level, scan.SCRATCH, off = saved
+        os.chdir(cwd)
+        if main is not None:
+            sys.modules["__main__"] = main
+        os.environ.clear()
+        os.environ.update(environ)
+        verbosity.set_level(level)
+        logging.disable(off)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _prints_to(output: io.StringIO | None) -> Iterator[None]:
+    """The code's prints: to stderr (stdout carries gpusync's report), or into `output`."""
+    if output is None:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+        yield

@@ -1,0 +1,192 @@
+"""What a child runs, frozen: a scan, a timing run, a tune candidate. Each job is written to
+job.json (`to_json`), read back in the child (`load_job`) and runs itself there (`run`),
+keeping its result up to date (writer.Results)."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from .. import verbosity
+from ..errors import GpusyncError
+from .results import Status
+from .writer import Results, describe, report_of, saving_on_exit, snapshots
+
+
+def _level() -> int:
+    return verbosity.level
+
+
+@dataclass(frozen=True)
+class _Job:
+    KIND: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["script_args"] = list(data["script_args"])
+        return {"kind": self.KIND, **data}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        fields = {k: v for k, v in data.items() if k in names}
+        fields["script_args"] = tuple(fields.get("script_args", ()))
+        return cls(**fields)
+
+    @property
+    def builtin(self) -> bool:
+        """gpusync's own built-in workloads (the default one included), not the user's code."""
+        from ..profiles import builtin_names
+
+        target = getattr(self, "target", None)
+        return target is None or target in builtin_names()
+
+
+@dataclass(frozen=True)
+class ScanJob(_Job):
+    """A scan of the target; rank 0's job under torchrun may write the trace file too."""
+
+    KIND: ClassVar[str] = "scan"
+    target: str | None
+    steps: int | None
+    warmup: int | None
+    mode: str
+    script_args: tuple[str, ...] = ()
+    virtual_cuda: bool = True
+    trace: str | None = None
+    verbosity: int = field(default_factory=_level)
+
+    def run(self, results: Results) -> None:
+        from ..scan import run_scan
+        from ..targets import parse_target
+
+        live: dict[str, Any] = {"session": None}
+
+        def snapshot() -> dict[str, Any] | None:
+            report = report_of(live["session"])
+            return {"report": report} if report is not None else None
+
+        with snapshots(results, snapshot) as stop:
+            def last_words() -> dict[str, Any]:  # what it measured until the code ended it
+                stop.set()
+                return {"report": report_of(live["session"])}
+
+            def clean_end() -> dict[str, Any]:  # a script's os._exit(0): its own normal end
+                stop.set()
+                self._write_trace(live["session"])
+                return {"status": Status.DONE.value, "report": report_of(live["session"])}
+
+            ends = clean_end if parse_target(self.target).exit_zero_is_an_end else None
+            with saving_on_exit(results, last_words, ends):
+                result = run_scan(self.target, steps=self.steps, warmup=self.warmup,
+                                  mode=self.mode, script_args=self.script_args,
+                                  on_session=lambda s: live.__setitem__("session", s),
+                                  virtual_cuda=self.virtual_cuda)
+        self._write_trace(live["session"])
+        data: dict[str, Any] = {"status": Status.DONE.value, "report": result.report.to_dict()}
+        if result.error is not None:
+            data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
+                        message=f"the scanned code raised {describe(result.error)}"
+                        if not isinstance(result.error, SystemExit) else result.report.error)
+        results.write(data)
+
+    def _write_trace(self, session) -> None:
+        if self.trace and session is not None:
+            import json
+
+            from ..fileio import write_atomic
+            from ..trace import trace_of
+
+            write_atomic(self.trace, json.dumps(trace_of(session)))
+
+
+@dataclass(frozen=True)
+class TimingJob(_Job):
+    """Step times of an unscanned run (baseline --timing, gate timings)."""
+
+    KIND: ClassVar[str] = "timing"
+    target: str | None
+    mode: str
+    steps: int
+    warmup: int
+    script_args: tuple[str, ...] = ()
+    verbosity: int = field(default_factory=_level)
+
+    def run(self, results: Results) -> None:
+        from ..targets import parse_target
+
+        live: dict[str, Any] = {"steps": 0}
+        with snapshots(results, lambda: {"steps": live["steps"]}), \
+                saving_on_exit(results, dict):
+            results.write(parse_target(self.target).accept(_Timing(self, live)))
+
+
+class _Timing:
+    """A timing run of each kind of target (a targets.TargetVisitor)."""
+
+    def __init__(self, job: TimingJob, live: dict[str, Any]):
+        self.job, self.live = job, live
+
+    def script(self, target) -> dict[str, Any]:
+        """A script's own loop, unscanned, one sample per step after the warm-up (tune's
+        timed run with no settings changed)."""
+        from .candidate_child import run_candidate
+
+        job = self.job
+        data = run_candidate(CandidateJob(job.target, job.mode, job.warmup, job.steps,
+                                          script_args=job.script_args), self.live)
+        if data["status"] == Status.DONE.value and len(data["samples_ms"]) < job.steps:
+            return {"status": Status.USER_ERROR.value, "message": (
+                f"the script ran {data['steps_run']} whole steps; timing needs "
+                f"{job.warmup + job.steps} ({job.warmup} warm-up + {job.steps})")}
+        return {**data, "samples_ms": data["samples_ms"][:job.steps]}
+
+    def factory(self, target) -> dict[str, Any]:
+        import traceback
+
+        from ..bench.workloads import step_times
+
+        job = self.job
+        try:
+            samples = step_times(job.target, job.mode, job.steps, warmup=job.warmup,
+                                 live=self.live)
+        except GpusyncError:
+            raise
+        except (Exception, SystemExit) as e:
+            return {"status": Status.USER_ERROR.value, "message": f"{type(e).__name__}: {e}",
+                    "traceback": "".join(traceback.format_exception(e))}
+        return {"status": Status.DONE.value, "samples_ms": samples.ms}
+
+
+@dataclass(frozen=True)
+class CandidateJob(_Job):
+    """One tune candidate's run: the script with these knob settings, scanned or timed
+    (`block` steps a sample after `warmup`)."""
+
+    KIND: ClassVar[str] = "candidate"
+    target: str | None
+    mode: str
+    warmup: int
+    steps: int
+    block: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)
+    scan: bool = False
+    script_args: tuple[str, ...] = ()
+    verbosity: int = field(default_factory=_level)
+
+    def run(self, results: Results) -> None:
+        from .candidate_child import run_candidate
+
+        live: dict[str, Any] = {"steps": 0}
+        with snapshots(results, lambda: {"steps": live["steps"]}), \
+                saving_on_exit(results, dict):
+            results.write(run_candidate(self, live))
+
+
+Job = ScanJob | TimingJob | CandidateJob
+_KINDS: dict[str, type[_Job]] = {k.KIND: k for k in (ScanJob, TimingJob, CandidateJob)}
+
+
+def load_job(data: dict[str, Any]) -> Job:
+    """A job from its job.json."""
+    return _KINDS[data["kind"]].from_json(data)

@@ -1,0 +1,161 @@
+"""What a child run ended with, typed: the one place a child's result.json and return code are
+read (`ChildResult.decode`), and what each kind of job makes of it (a scan's outcome, a timing
+run's samples, a candidate's failure reason)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors
+from ..errors import GpusyncError
+from ..report import Report
+
+TIMED_OUT = -999  # the return code of a run stopped past its time limit
+STOPPED = -998  # the return code of a run stopped because another rank failed
+
+
+class Status(enum.Enum):
+    """What the child wrote last. RUNNING left behind means the child died."""
+
+    RUNNING = "running"
+    DONE = "done"
+    USER_ERROR = "user_error"  # the user's code raised
+    EARLY_EXIT = "early_exit"  # the user's code called os._exit
+    FAILED = "failed"  # gpusync refused the job (bad input): not about the user's code
+    INTERRUPTED = "interrupted"  # Ctrl-C
+
+
+@dataclass
+class ScanOutcome:
+    report: Report | None
+    failure: str | None = None  # one line: why the verdict is exit 3
+    traceback: str = ""
+    located: bool = False  # the failure line already says where (merged ranks)
+
+
+def describe_death(returncode: int) -> str:
+    if returncode == TIMED_OUT:
+        return "ran past its time limit and was stopped"
+    if returncode == STOPPED:
+        return "was stopped after another rank failed"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"was killed by {name}"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    """One child run, decoded: its status and what it measured (the fields a job kind does
+    not write keep their defaults)."""
+
+    status: Status
+    returncode: int = 0
+    report: dict[str, Any] | None = None
+    message: str = ""
+    traceback: str = ""
+    exit_code: int = errors.EXIT_BAD_INPUT  # FAILED: gpusync's exit code for it
+    code: int | None = None  # EARLY_EXIT: the code's os._exit status
+    samples_ms: list[float] = field(default_factory=list)
+    builds: dict[str, Any] = field(default_factory=dict)
+    losses: list[float] = field(default_factory=list)
+    steps_run: int = 0
+    peak_alloc_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    steps: int = 0  # RUNNING: the whole steps done so far (timing and candidate runs)
+    output: str = ""  # the last lines it printed, when captured
+    at: float = 0.0  # when it ended (torchrun: which rank failed first)
+
+    @classmethod
+    def decode(cls, data: dict[str, Any] | None, returncode: int, output: str = "",
+               at: float = 0.0) -> ChildResult:
+        """The child's last result.json (None: it never wrote one) and its return code. A run
+        stopped from outside (time limit, another rank) keeps only its report: what it wrote
+        then is not its verdict."""
+        data = data or {}
+        if returncode in (TIMED_OUT, STOPPED):
+            data = {"report": data.get("report")}
+        status = Status(data.get("status", Status.RUNNING.value))
+        return cls(status, returncode, data.get("report"), data.get("message", ""),
+                   data.get("traceback", ""), data.get("exit_code", errors.EXIT_BAD_INPUT),
+                   data.get("code"), list(data.get("samples_ms") or []),
+                   dict(data.get("builds") or {}), list(data.get("losses") or []),
+                   data.get("steps_run", 0), data.get("peak_alloc_mb"),
+                   data.get("peak_reserved_mb"), data.get("steps", 0), output, at)
+
+    def to_json(self) -> dict[str, Any]:
+        """For torchrun's store (a rank's run, read by rank 0)."""
+        return {**dataclasses.asdict(self), "status": self.status.value}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ChildResult:
+        return cls(**{**data, "status": Status(data["status"])})
+
+    @property
+    def done_steps(self) -> int:
+        """The whole steps a run still going has done (progress)."""
+        return self.steps or (self.report or {}).get("steps", 0)
+
+    @property
+    def failed(self) -> bool:
+        return self.status is not Status.DONE
+
+    def raise_for_gpusync(self) -> None:
+        """Statuses that are not about the user's code at run time."""
+        if self.status is Status.FAILED:
+            raise GpusyncError(self.message or "failed", self.exit_code)
+        if self.status is Status.INTERRUPTED:
+            raise KeyboardInterrupt
+
+    def scan_outcome(self) -> ScanOutcome:
+        """What a scan run means: its report, and why the verdict is exit 3 if it is."""
+        self.raise_for_gpusync()
+        report = Report.from_dict(self.report) if self.report else None
+        if self.status is Status.DONE:
+            return ScanOutcome(report)
+        if self.status is Status.USER_ERROR:
+            return ScanOutcome(report, self.message or None, self.traceback)
+        if self.status is Status.EARLY_EXIT:
+            failure = (f"the scanned code ended the process with os._exit({self.code}) "
+                       "before the scan finished: the report covers what ran until then")
+        else:
+            failure = (f"the scan process {describe_death(self.returncode)} before the scan "
+                       "finished" + (": the report covers what ran until then" if report else
+                                     ", with nothing measured"))
+        if report is not None:
+            report.error = failure
+        return ScanOutcome(report, failure)
+
+    def timing_samples(self, rank: str = "") -> list[float]:
+        """A timing run's samples; a failure raises (UserCodeError), `rank` ("rank 1: ")
+        naming where under torchrun."""
+        self.raise_for_gpusync()
+        if self.status is Status.DONE:
+            return list(self.samples_ms)
+        if self.status is Status.USER_ERROR:
+            sys.stderr.write(self.traceback)
+            raise errors.UserCodeError(f"{rank}timing the workload: {self.message}")
+        if self.status is Status.EARLY_EXIT:
+            raise errors.UserCodeError(f"{rank}timing the workload: the code ended the "
+                                       f"process with os._exit({self.code})")
+        raise errors.UserCodeError(f"{rank}timing the workload: the process "
+                                   f"{describe_death(self.returncode)}")
+
+    def candidate_failure(self) -> tuple[str, str | None]:
+        """A tune candidate's run: (its output tail, why it failed or None)."""
+        self.raise_for_gpusync()
+        if self.status is Status.DONE:
+            return self.output, None
+        if self.status is Status.USER_ERROR:
+            trace = self.traceback.rstrip().splitlines()[-12:]
+            return "\n".join([self.output, *trace]).strip(), f"raised {self.message}"
+        if self.status is Status.EARLY_EXIT:
+            return self.output, f"ended the process with os._exit({self.code})"
+        return self.output, f"the process {describe_death(self.returncode)}"
