@@ -108,11 +108,24 @@ def _is_script(job: dict) -> bool:
     return isinstance(parse_target(job["target"]), ScriptTarget)
 
 
-def _write_trace(job: dict, session) -> None:
+def _write_trace(job: dict, session, cost=None) -> None:
     if job.get("trace") and session is not None:
         from .fileio import write_atomic
 
-        write_atomic(job["trace"], json.dumps(session.trace()))
+        doc = session.trace()
+        if cost is not None:  # --gpu: the predicted lanes beside the scan's
+            doc["traceEvents"] += cost.trace_events()
+        write_atomic(job["trace"], json.dumps(doc))
+
+
+def _cost_recording(job: dict):
+    """--gpu: the cost model records the op stream (gpusync/costmodel/scan.py); without it
+    nothing of the cost model is imported."""
+    if not job.get("gpu"):
+        return contextlib.nullcontext()
+    from .costmodel.scan import recording
+
+    return recording(job["gpu"])
 
 
 def _scan(job: dict, results: _Results) -> None:
@@ -134,13 +147,21 @@ def _scan(job: dict, results: _Results) -> None:
             _write_trace(job, live["session"])
             return {"status": isolate.DONE, "report": _report(live["session"])}
 
-        with _saving_on_exit(results, last_words, clean_end if _is_script(job) else None):
+        with _saving_on_exit(results, last_words, clean_end if _is_script(job) else None), \
+                _cost_recording(job) as cost:
+            def on_session(session) -> None:
+                live["session"] = session
+                if cost is not None:
+                    cost.attach(session)
+
             result = run_scan(job["target"], steps=job["steps"], warmup=job["warmup"],
                               mode=job["mode"], script_args=tuple(job["script_args"]),
-                              on_session=lambda s: live.__setitem__("session", s),
-                              virtual_cuda=job.get("virtual_cuda", True))
-    _write_trace(job, live["session"])
-    data: dict[str, Any] = {"status": isolate.DONE, "report": result.report.to_dict()}
+                              on_session=on_session, virtual_cuda=job.get("virtual_cuda", True))
+    report = result.report.to_dict()
+    if cost is not None:
+        report = cost.annotate(report)
+    _write_trace(job, live["session"], cost)
+    data: dict[str, Any] = {"status": isolate.DONE, "report": report}
     if result.error is not None:
         data.update(status=isolate.USER_ERROR, traceback=result.traceback,
                     message=f"the scanned code raised {_describe(result.error)}"

@@ -182,17 +182,18 @@ def _raise_for(result: dict[str, Any]) -> None:
 
 def scan_job(target: str | None, steps: int | None, warmup: int | None, mode: str,
              script_args: tuple = (), virtual_cuda: bool = True,
-             trace: str | None = None) -> dict[str, Any]:
+             trace: str | None = None, gpu: str | None = None) -> dict[str, Any]:
     return {"kind": "scan", "target": target, "steps": steps, "warmup": warmup, "mode": mode,
             "script_args": list(script_args), "virtual_cuda": virtual_cuda, "trace": trace,
-            "verbosity": verbosity.level}
+            "verbosity": verbosity.level, "gpu": gpu}
 
 
 def scan(target: str | None, steps: int | None, warmup: int | None, mode: str,
          script_args: tuple = (), virtual_cuda: bool = True,
-         progress: Progress | None = None, trace: str | None = None) -> ScanOutcome:
+         progress: Progress | None = None, trace: str | None = None,
+         gpu: str | None = None) -> ScanOutcome:
     """Scan in a child process; `progress` follows its whole steps (from its snapshots)."""
-    job = scan_job(target, steps, warmup, mode, script_args, virtual_cuda, trace)
+    job = scan_job(target, steps, warmup, mode, script_args, virtual_cuda, trace, gpu)
     result, returncode = run_child(job, on_snapshot=scan_progress(progress))
     return scan_outcome(result, returncode)
 

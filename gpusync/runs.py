@@ -36,7 +36,7 @@ def leading(env: ranks.RankEnv | None, rank_timeout: float = 600.0
 
 
 def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command="scan",
-         trace=None, lead: ranks.Lockstep | None = None) -> isolate.ScanOutcome:
+         trace=None, lead: ranks.Lockstep | None = None, gpu=None) -> isolate.ScanOutcome:
     """The scan runs in a child process (isolate.py): whatever the code does to its process,
     gpusync reaches a verdict here. Bad targets and modes are refused before it starts.
     Progress (whole steps done) shows on stderr once it has run for a few seconds. Under
@@ -54,8 +54,9 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
         if lead is None:
             return isolate.scan(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
-                                progress, trace)
-        job = isolate.scan_job(target, steps, warmup, mode, tuple(script_args), virtual_cuda)
+                                progress, trace, gpu)
+        job = isolate.scan_job(target, steps, warmup, mode, tuple(script_args), virtual_cuda,
+                               gpu=gpu)
         runs = lead.run(job, own={"trace": trace}, on_snapshot=isolate.scan_progress(progress))
     return merged(ranks.scan_payloads(runs))
 
