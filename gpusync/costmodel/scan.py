@@ -126,8 +126,45 @@ def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan
     gpu = get_gpu(gpu_name)
     host = host or calibrate_host()
     scan = CostScan(gpu, dataclasses.replace(host, gap_overhead_s=stream_gap_s()))
-    with scan.stream:
+    with cheap_frees(), scan.stream:
         yield scan
+
+
+# glibc's mallopt parameters and defaults (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _DEFAULT = -1, -3, 128 * 1024
+_KEEP_UP_TO = 32 * 1024 * 1024  # glibc's largest mmap threshold on 64-bit
+
+
+@contextlib.contextmanager
+def cheap_frees() -> Iterator[None]:
+    """While inside, glibc keeps freed blocks of up to 32 MiB for reuse instead of returning
+    their pages to the OS: freeing a large CPU tensor otherwise costs milliseconds of host time
+    between ops, which the model would take for the user's Python (on CUDA the caching
+    allocator keeps freed blocks).  What the code computes is unchanged; elsewhere than glibc,
+    nothing is done.  The defaults are set back on the way out."""
+    libc = _glibc()
+    if libc is None:
+        yield
+        return
+    libc.mallopt(_M_MMAP_THRESHOLD, _KEEP_UP_TO)
+    libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    try:
+        yield
+    finally:
+        libc.mallopt(_M_MMAP_THRESHOLD, _DEFAULT)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT)
+
+
+def _glibc() -> Any:
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.gnu_get_libc_version  # noqa: B018  # glibc only: mallopt's parameters are its
+    except (OSError, AttributeError):
+        return None
+    return libc
 
 
 def measured_steps(steps: int, warmup: int) -> tuple[int, int]:
