@@ -13,7 +13,10 @@ from tests.conftest import check_contract, run_main, stderr_lines
 # Four 2048^3 fp32 matmuls (about 1 ms on an H100) queued, then a read that waits for them,
 # then a read right after it, with nothing queued between.
 SCRIPT = textwrap.dedent('''
+    import sys
     import torch
+    with open('loaded.txt', 'w') as f:  # whether the scan brought the cost model in
+        f.write(str('gpusync.costmodel' in sys.modules))
     dev = 'cuda' if torch.cuda.is_available() else 'cpu'
     m = torch.nn.Linear(8, 1).to(dev)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
@@ -26,7 +29,7 @@ SCRIPT = textwrap.dedent('''
         right_after = outs[-1][0, 1].item()
         del outs
 ''')
-AFTER, RIGHT_AFTER = 11, 12
+AFTER, RIGHT_AFTER = 14, 15
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +39,10 @@ def scanned(tmp_path_factory):
     args = ("scan", "train.py", "--steps", "1", "--warmup", "1", "--format", "json")
     with_gpu = run_main(*args, "--gpu", "H100", "--trace", "trace.json", cwd=folder)
     assert with_gpu.returncode == 0, with_gpu.stderr
+    assert (folder / "loaded.txt").read_text() == "True"
     plain = run_main(*args, cwd=folder)
     assert plain.returncode == 0, plain.stderr
+    assert (folder / "loaded.txt").read_text() == "False"  # the scan's overhead is as it was
     trace = json.loads((folder / "trace.json").read_text())
     return json.loads(with_gpu.stdout), json.loads(plain.stdout), trace
 
@@ -79,6 +84,8 @@ def test_table_ranks_fixes_by_payoff_and_html_draws_the_timeline(scanned):
     payoffs = [float(row.split()[4]) for row in section if row.startswith("#")]
     assert len(payoffs) == 2 and payoffs == sorted(payoffs, reverse=True)
     assert "predicted on NVIDIA H100" in table
+    markdown = render(report, "markdown")
+    assert "### predicted on NVIDIA H100" in markdown and "| #" in markdown
     html = render(report, "html")
     assert "predicted timeline of step 1" in html and "Fixes ranked by payoff" in html
 
