@@ -30,8 +30,9 @@ from gpusync.costmodel.host import HostModel, calibrate_host
 from gpusync.costmodel.predict import Prediction, predict_steps
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
-# Reads that copy nothing to the host: the host only waits for the queue to drain.
-_PURE_WAITS = ("synchronize", "empty_cache", "wait")
+# Syncs that copy nothing to the host: the host only waits for the queue to drain (an H2D
+# copy from pageable memory: the copy itself is an op of the stream).
+_PURE_WAITS = ("synchronize", "empty_cache", "wait", "H2D")
 
 
 class OpStream(TorchDispatchMode):
