@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # a report is read without the detection core loaded (gate, h
 KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
 # 4: virtual_cuda, ranks, per_rank, and each site's predicted and per_rank
+# 5: --gpu: gpu, cost, and each site's predicted_stall_ms, payoff_ms, blocks (absent without)
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -46,6 +47,10 @@ class Site:
     # "pid N (NAME)" for a site made in a process the script spawned (gpusync/_spawned.py):
     # its count and per_step are over that process's own steps; None for the scanned process
     process: str | None = None
+    # --gpu (gpusync/costmodel/annotate.py): per measured step on that GPU, and what it blocks
+    predicted_stall_ms: float | None = None
+    payoff_ms: float | None = None
+    blocks: list[str] | None = None
 
     @property
     def where(self) -> str:
@@ -73,10 +78,16 @@ class Report:
     virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
     ranks: int = 1  # processes merged into this report (torchrun), gpusync/runs/merge.py
     per_rank: list[dict] | None = None  # each rank's steps, syncs_per_step, error
+    gpu: str | None = None  # --gpu: the GPU the cost model predicted for
+    cost: dict | None = None  # --gpu: per step predictions, host model, a step's lanes
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if self.gpu is None:  # without --gpu the report is as it was before the cost model
+            del d["gpu"], d["cost"]
+            for site in d["sites"]:
+                del site["predicted_stall_ms"], site["payoff_ms"], site["blocks"]
         return {"schema_version": d.pop("schema_version"), "kind": KIND, **d}
 
     @classmethod

@@ -35,9 +35,12 @@ from .options import Finite, format_option, verbosity_options
 @click.option("--virtual-cuda/--no-virtual-cuda", default=True, show_default=True,
               help="simulate mode, scripts: run on a virtual CUDA device so the script takes "
                    "the branch a GPU run takes (--no-virtual-cuda: judge its CPU branch).")
+@click.option("--gpu", metavar="NAME",
+              help="Predict each sync's stall and payoff per step on this GPU (h100, h200, "
+                   "a100, l4, ...): docs/cost-model.md.")
 @under_torchrun
 def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
-            trace, rank_timeout, virtual_cuda, torchrun):
+            trace, rank_timeout, virtual_cuda, gpu, torchrun):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
@@ -47,9 +50,13 @@ def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_
     from .. import outputs, runs
 
     outputs.check(target, output=output, trace=trace)  # before the scan, not after
+    if gpu is not None:  # a name checked before the scan; the cost model only imported here
+        from ..costmodel.gpus import get_gpu
+
+        gpu = get_gpu(gpu).key
     with outputs.trace_file(trace) as child_trace, torchrun.lead(rank_timeout) as lead:
         outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
-                            command="scan", trace=child_trace, lead=lead)
+                            command="scan", trace=child_trace, lead=lead, gpu=gpu)
         if outcome.report is not None:
             text = render(outcome.report, fmt, show)
             if output:

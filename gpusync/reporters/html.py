@@ -242,7 +242,24 @@ def render_scan(report) -> str:
                  "<h2>Sites, per step</h2>", site_table(report, steady)]
     if setup:
         body += [f"<h2>Setup: {esc(SETUP_TITLE)}</h2>", site_table(report, setup)]
+    if report.gpu is not None:  # --gpu: what each sync costs, and a step's predicted lanes
+        body += _cost_section(report)
     return page(title, body)
+
+
+def _cost_section(report) -> list[str]:
+    from . import cost
+
+    out = [f"<h2>Predicted on {esc((report.cost or {}).get('gpu_name', report.gpu))}</h2>",
+           f'<p class="summary">{esc(cost.steps_line(report))}</p>']
+    drawing = cost.timeline_svg(report, svg, rect, text, line)
+    if drawing:
+        out += [drawing, '<p class="muted">one measured step: the host lane (blue: its own '
+                "work; red: stalled at a sync) over the device lane (green: kernels).</p>"]
+    if cost.ranked(report):
+        out += ["<h3>Fixes ranked by payoff</h3>",
+                table(cost.HEADERS, cost.rows(report), num=(3, 4))]
+    return out
 
 
 def render_bench(results, not_run: dict | None = None) -> str:

@@ -1,5 +1,6 @@
 from tabulate import tabulate
 
+from . import cost
 from .common import (
     SETUP_TITLE,
     fix_line,
@@ -31,6 +32,11 @@ def scan_markdown(report) -> str:
         out += [f"### Setup: {SETUP_TITLE}", "", _sites_table(setup, report), ""]
     out += ["### Fixes", ""]
     out += [f"{i}. {md_line(fix_line(s))}" for i, s in sites]
+    if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
+        out += ["", f"### {md_cell(cost.steps_line(report))}", ""]
+        if cost.ranked(report):
+            out.append(tabulate(md_rows(cost.rows(report)), headers=cost.HEADERS,
+                                tablefmt="github"))
     return "\n".join(out) + "\n"
 
 

@@ -1,5 +1,6 @@
 from tabulate import tabulate
 
+from . import cost
 from .common import SETUP_TITLE, fix_line, headers, numbered, rows, summary
 
 
@@ -20,4 +21,6 @@ def scan_table(report) -> str:
         out.append(tabulate(list(rows(setup)), headers=headers(report), tablefmt="simple"))
     out.append("\nfixes:")
     out += [f"  {i}. {fix_line(s)}" for i, s in sites]
+    if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
+        out.append(cost.cost_table(report))
     return "\n".join(out) + "\n"

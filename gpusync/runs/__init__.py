@@ -57,7 +57,7 @@ def _progress(progress: Progress | None) -> Callable[[ChildResult], None] | None
 
 
 def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command="scan",
-         trace=None, lead: Lockstep | None = None) -> ScanOutcome:
+         trace=None, lead: Lockstep | None = None, gpu: str | None = None) -> ScanOutcome:
     """The scan runs in a child process: whatever the code does to its process, gpusync
     reaches a verdict here. Bad targets and modes are refused before it starts. Progress
     (whole steps done) shows on stderr once it has run for a few seconds. Under torchrun
@@ -71,10 +71,11 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
     except ValueError as e:
         raise BadInput(str(e)) from None
     total = None if steps is None else steps + (1 if warmup is None else warmup)
-    job = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda)
+    job = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, gpu=gpu)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
-        own = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, trace)
+        own = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, trace,
+                      gpu=gpu)
         if lead is None:
             return runner(own, on_snapshot=_progress(progress)).scan_outcome()
         runs = lead.run(job, own=own, on_snapshot=_progress(progress))

@@ -3,6 +3,7 @@ job.json (`to_json`), read back in the child (`load_job`) and runs itself there 
 keeping its result up to date (writer.Results)."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -55,6 +56,7 @@ class ScanJob(_Job):
     virtual_cuda: bool = True
     trace: str | None = None
     verbosity: int = field(default_factory=_level)
+    gpu: str | None = None  # --gpu: the cost model records the op stream (costmodel/scan.py)
 
     def run(self, results: Results) -> None:
         from ..scan import run_scan
@@ -73,31 +75,50 @@ class ScanJob(_Job):
 
             def clean_end() -> dict[str, Any]:  # a script's os._exit(0): its own normal end
                 stop.set()
-                self._write_trace(live["session"])
+                self._write_trace(live["session"], cost)
                 return {"status": Status.DONE.value, "report": report_of(live["session"])}
 
             ends = clean_end if parse_target(self.target).exit_zero_is_an_end else None
-            with saving_on_exit(results, last_words, ends):
+            with saving_on_exit(results, last_words, ends), self._cost_recording() as cost:
+                def on_session(session) -> None:
+                    live["session"] = session
+                    if cost is not None:
+                        cost.attach(session)
+
                 result = run_scan(self.target, steps=self.steps, warmup=self.warmup,
                                   mode=self.mode, script_args=self.script_args,
-                                  on_session=lambda s: live.__setitem__("session", s),
-                                  virtual_cuda=self.virtual_cuda)
-        self._write_trace(live["session"])
-        data: dict[str, Any] = {"status": Status.DONE.value, "report": result.report.to_dict()}
+                                  on_session=on_session, virtual_cuda=self.virtual_cuda)
+        report = result.report.to_dict()
+        if cost is not None:
+            report = cost.annotate(report)
+        self._write_trace(live["session"], cost)
+        data: dict[str, Any] = {"status": Status.DONE.value, "report": report}
         if result.error is not None:
             data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
                         message=f"the scanned code raised {describe(result.error)}"
                         if not isinstance(result.error, SystemExit) else result.report.error)
         results.write(data)
 
-    def _write_trace(self, session) -> None:
+    def _cost_recording(self):
+        """--gpu: the cost model records the op stream; without it nothing of the cost model
+        is imported (the scan's overhead is unchanged)."""
+        if not self.gpu:
+            return contextlib.nullcontext()
+        from ..costmodel.scan import recording
+
+        return recording(self.gpu)
+
+    def _write_trace(self, session, cost=None) -> None:
         if self.trace and session is not None:
             import json
 
             from ..fileio import write_atomic
             from ..trace import trace_of
 
-            write_atomic(self.trace, json.dumps(trace_of(session)))
+            doc = trace_of(session)
+            if cost is not None:  # --gpu: the predicted lanes beside the scan's
+                doc["traceEvents"] += cost.trace_events()
+            write_atomic(self.trace, json.dumps(doc))
 
 
 @dataclass(frozen=True)

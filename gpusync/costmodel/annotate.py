@@ -1,0 +1,95 @@
+"""A scan report's JSON form with the cost model's prediction in it (`gpusync scan --gpu`).
+
+Per site (matched by place and op): `predicted_stall_ms`, `payoff_ms` and `blocks`; a site
+with no read in the measured steps (set-up, or a spawned process's) gets nulls.  Top level:
+`gpu` (the table's key) and `cost`: the GPU's name, the host model, per step
+`predicted_step_ms`, `gpu_busy`, `bound`, `predicted_stall_ms`, and one step's lanes
+(`timeline`) for the HTML report.
+"""
+
+from __future__ import annotations
+
+from gpusync.costmodel.gpus import GPU
+from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.predict import Prediction, StepPrediction
+
+_MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 4)
+
+
+def site_key(file: str, line: int, op: str) -> str:
+    """How a sync's site is named to the model: the report's place and op."""
+    return f"{file}:{line} {op}"
+
+
+def annotate(report: dict, prediction: Prediction | None, gpu: GPU, host: HostModel) -> dict:
+    """`report` (Report.to_dict()) with the prediction added; a new dict."""
+    out = dict(report)
+    by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
+    sites = []
+    for site in report.get("sites", []):
+        found = by_key.get(site_key(site["file"], site["line"], site["op"]))
+        if site.get("process") is not None:  # a spawned process's: not in this stream
+            found = None
+        sites.append({**site,
+                      "predicted_stall_ms": found.predicted_stall_ms if found else None,
+                      "payoff_ms": found.payoff_ms if found else None,
+                      "blocks": [b.name for b in found.blocks] if found else None})
+    out["sites"] = sites
+    out["gpu"] = gpu.key
+    steps = list(prediction.steps) if prediction is not None else []
+    out["cost"] = {
+        "gpu_name": gpu.name, "host_dispatch_us": round(host.dispatch_s * 1e6, 3),
+        "launch_api_us": round(host.launch_api_s * 1e6, 3),
+        "gap_overhead_us": round(host.gap_overhead_s * 1e6, 3),
+        "steps": [s.to_dict() for s in steps],
+        "timeline": timeline(steps[-1]) if steps else None,
+    }
+    return out
+
+
+def _merged(spans: list[list], limit: int) -> list[list]:
+    """Spans [start_ms, end_ms] with the smallest gaps closed until at most `limit` are left:
+    a drawing's worth, the busy time kept."""
+    while len(spans) > limit:
+        gaps = sorted(spans[i + 1][0] - spans[i][1] for i in range(len(spans) - 1))
+        cut = gaps[len(spans) - limit - 1]
+        out = [list(spans[0])]
+        for span in spans[1:]:
+            if span[0] - out[-1][1] <= cut:
+                out[-1][1] = span[1]
+            else:
+                out.append(list(span))
+        if len(out) == len(spans):
+            break
+        spans = out
+    return spans
+
+
+def timeline(step: StepPrediction) -> dict:
+    """One step's predicted lanes in milliseconds from its start: the device's busy spans, the
+    host's stalls (site, start, end) and where the host's own work ends."""
+    tl = step.timeline
+    device = _merged([[_ms(s.start_s), _ms(s.end_s)] for s in tl.device_spans], _MAX_SPANS)
+    stalls = [[_ms(s.start_s), _ms(s.end_s), s.name] for s in tl.stall_spans]
+    host_end = tl.host_work_s + sum(s.stall_s for s in tl.stalls)
+    return {"step": step.index, "step_ms": _ms(tl.step_s), "host_end_ms": _ms(host_end),
+            "device": device, "stalls": stalls}
+
+
+def trace_events(prediction: Prediction, pid: int = 2) -> list[dict]:
+    """The predicted lanes as Chrome trace events in a process of their own (steps laid end to
+    end from 0): one slice per kernel on the device lane, one per stall on the host lane."""
+    tids = {"device (predicted)": 1, "host stalls (predicted)": 2}
+    out: list[dict] = [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                        "args": {"name": f"predicted on {prediction.gpu.name}"}}]
+    out += [{"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}}
+            for name, tid in tids.items()]
+    for event in prediction.trace_events(pid=pid):
+        out.append({**event, "tid": tids[event["tid"]],
+                    "ts": round(event["ts"], 3), "dur": round(event["dur"], 3),
+                    "cat": "predicted"})
+    return out

@@ -1,0 +1,83 @@
+"""The scan's events, op stream and step boundaries turned into the cost model's steps, and the
+prediction merged into a report (gpusync/costmodel/scan.py, annotate.py).  A fixed HostModel:
+nothing timed."""
+
+import pytest
+
+from gpusync.costmodel import HostModel, OpRecord, TensorMeta, get_gpu, predict_steps
+from gpusync.costmodel.annotate import annotate, site_key
+from gpusync.costmodel.scan import measured_steps, step_traces
+from gpusync.detect.events import Frame, SyncEvent
+
+H100 = get_gpu("h100")
+HOST = HostModel(dispatch_s=5e-6, launch_api_s=3e-6, gap_overhead_s=0.0)
+N = 8192
+T0 = 100.0  # perf_counter when the session began
+
+
+def _mm(start: float) -> OpRecord:
+    """A bf16 N^3 matmul dispatched `start` seconds into the session (perf_counter clock)."""
+    m = TensorMeta((N, N), "bfloat16")
+    return OpRecord("aten.mm.default", (m, m), (m,), host_start_s=T0 + start,
+                    host_end_s=T0 + start + 1e-6, flops=2 * N ** 3, math="bf16")
+
+
+def _read(line: int, ts: float) -> SyncEvent:
+    return SyncEvent(op="item", frames=(Frame("train.py", line, "step"),), ts=ts)
+
+
+def test_reads_after_matmuls_stall_their_roofline_time_and_a_read_right_after_its_copy():
+    # step 0 (warm-up) ends at 1.0; step 1: ten matmuls, then a read, then another read
+    ops = [_mm(0.5)] + [_mm(1.0 + i * 1e-5) for i in range(10)]
+    events = [_read(7, 0.6), _read(10, 1.0 + 10e-5), _read(11, 1.0 + 10e-5 + 1e-6)]
+    traces = step_traces(events, ops, [1.0], range(*measured_steps(2, 1)), t0=T0)
+    assert [t.index for t in traces] == [1]
+    (step,) = traces
+    assert len(step.ops) == 10 and [s.site for s in step.syncs] == [
+        site_key("train.py", 10, "item"), site_key("train.py", 11, "item")]
+    assert step.ops[0].host_start_s == pytest.approx(1.0)  # on the session's clock
+    pred = predict_steps(traces, H100, host=HOST)
+    by_site = {s.site: s for s in pred.sites}
+    mm_s = 2 * N ** 3 / H100.peak("bf16") + H100.launch_s
+    launch = HOST.dispatch_s + HOST.launch_api_s
+    # the host: 9 us of Python between ops and before the read, 10 launches and the read's
+    host_s = 10 * 9e-6 + 10 * launch + launch
+    # the device: from the first launch on, ten matmuls, then the read's copy
+    queue_end = launch + 10 * mm_s + H100.launch_s + 8 / H100.host_link_bw
+    first = by_site[site_key("train.py", 10, "item")]
+    assert first.predicted_stall_ms == pytest.approx((queue_end - host_s) * 1e3, rel=1e-4)
+    second = by_site[site_key("train.py", 11, "item")]
+    assert second.predicted_stall_ms < 0.01  # only its own copy: a few microseconds
+    assert pred.sites[0] is first  # ranked by payoff
+    assert pred.steps[0].bound == "device" and pred.steps[0].gpu_busy > 0.9
+
+
+def test_annotate_adds_the_prediction_per_site_and_per_step():
+    ops = [_mm(1.0 + i * 1e-5) for i in range(3)]
+    events = [_read(10, 1.0 + 3e-5)]
+    pred = predict_steps(step_traces(events, ops, [1.0], range(1, 2), t0=T0), H100, host=HOST)
+    site = {"file": "train.py", "line": 10, "op": "item", "process": None}
+    setup = {"file": "train.py", "line": 3, "op": "H2D copy", "process": None}
+    out = annotate({"sites": [site, setup]}, pred, H100, HOST)
+    assert out["gpu"] == "h100" and out["cost"]["gpu_name"] == H100.name
+    read, other = out["sites"]
+    assert read["predicted_stall_ms"] > 0 and read["payoff_ms"] > 0
+    assert read["blocks"] == ["cuda_graphs", "torch.compile"]
+    assert other["predicted_stall_ms"] is None and other["blocks"] is None
+    (step,) = out["cost"]["steps"]
+    assert step["index"] == 1 and 0 < step["gpu_busy"] <= 1 and step["predicted_step_ms"] > 0
+    timeline = out["cost"]["timeline"]
+    assert len(timeline["device"]) == 4 and timeline["stalls"][0][2] == site_key(
+        "train.py", 10, "item")
+
+
+def test_measured_steps_follow_the_report():
+    assert measured_steps(3, 1) == (1, 3)
+    assert measured_steps(1, 1) == (0, 1)  # no more steps than the warm-up: all of them
+    assert measured_steps(0, 1) == (0, 0)
+
+
+def test_an_open_last_step_takes_everything_after_its_start():
+    ops = [_mm(2.0), _mm(3.0)]
+    traces = step_traces([_read(1, 3.5)], ops, [1.0], range(0, 2), t0=T0)
+    assert [len(t.ops) for t in traces] == [0, 2] and traces[1].end_s is None
