@@ -13,6 +13,10 @@ from gpusync.detect import native
 from gpusync.devtools import opdb, opdb_table
 from gpusync.devtools.opdb_known import HOST_OUTPUTS, KNOWN, SHAPE_ONLY
 
+# The module's tests share one 25 s run (`results`): under xdist (scripts/test.sh: --dist
+# loadgroup) they stay on one worker, so that the run is made once.
+pytestmark = pytest.mark.xdist_group("opdb")
+
 
 @pytest.fixture(scope="module")
 def results():
