@@ -10,7 +10,7 @@ import yaml
 from gpusync.profiles import load_profile
 from gpusync.tune import run_tune
 from tests.conftest import check_contract
-from tests.conftest import run_cli as gpusync
+from tests.conftest import run_main as gpusync
 from tests.integration.test_cli import one_line_error
 
 FACTORY = textwrap.dedent('''
