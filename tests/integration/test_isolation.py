@@ -1,5 +1,6 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
-and the code's own prints never mix with the report on stdout."""
+and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): how the
+child process ends, and where its own output goes, are what is tested."""
 import json
 import textwrap
 

@@ -1,6 +1,7 @@
 """gpusync tune end to end: a user's profile with candidates that keep, change or cannot run;
 the tuned profile it writes is itself a profile; bad input is one line; and with a fake clock
-the fastest candidate with parity is chosen."""
+the fastest candidate with parity is chosen. The CLI in this process (run_main): whole tunes,
+end to end."""
 import json
 import textwrap
 
