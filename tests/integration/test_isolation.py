@@ -5,6 +5,7 @@ import json
 import textwrap
 
 from tests.conftest import run_cli as gpusync
+from tests.conftest import run_main
 
 LOOP = textwrap.dedent('''
     import torch
@@ -49,7 +50,8 @@ def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
 
 def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP)
-    assert gpusync("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    # the baseline of code that ends normally: in this process (only the os._exit is the point)
+    assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
     gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 3 and "os._exit(1)" in gate.stderr
