@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Command 2 of README (and what CI runs): set up if needed, lint and type-check, then run the
-# whole test suite. Extra arguments go to pytest (after ours: `-n 0` runs it in one process).
+# whole test suite. Extra arguments go to pytest (after ours: `-n 0` runs it in one process;
+# PYTEST_XDIST_AUTO_NUM_WORKERS=N sets how many workers `auto` means).
 # -n auto: one pytest-xdist worker per core; most tests wait on child processes that import
 # torch, so the suite is CPU-bound and scales with the cores. --dist loadgroup keeps the tests
 # of an expensive module-scoped fixture (xdist_group marks) on one worker.
