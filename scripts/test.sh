@@ -3,11 +3,11 @@
 # whole test suite. Extra arguments go to pytest (after ours: `-n 0` runs it in one process;
 # PYTEST_XDIST_AUTO_NUM_WORKERS=N sets how many workers `auto` means).
 # -n auto: one pytest-xdist worker per core; most tests wait on child processes that import
-# torch, so the suite is CPU-bound and scales with the cores. --dist loadgroup keeps the tests
-# of an expensive module-scoped fixture (xdist_group marks) on one worker.
+# torch, so the suite is CPU-bound and scales with the cores. Tests go to the workers one by
+# one (--dist load: finer than by file; --dist loadgroup does not group with pytest 9.2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/mypy --no-error-summary
-exec .venv/bin/python -m pytest -q -n auto --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -q -n auto --dist load "$@"
