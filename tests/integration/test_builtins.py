@@ -1,4 +1,6 @@
-"""The built-in profiles scan end to end and show the syncs they are built to show."""
+"""The built-in profiles scan end to end and show the syncs they are built to show. In this
+process (run_scan), but where the process is the point: a fresh interpreter with torchrec and
+fbgemm blocked before anything imports them, and the scan child's own stderr (run_cli)."""
 import importlib.util
 
 import pytest

@@ -1,11 +1,13 @@
-"""The CLI through a subprocess: exit codes, one-line errors, reports."""
+"""The CLI: exit codes, one-line errors, reports. In this process (run_main) but where the
+process boundary is the point: `python -m gpusync` itself, and a target's code failing in the
+scan's child, whose own stderr must stay quiet too (run_cli)."""
 import json
 import textwrap
 
 import pytest
 
-from tests.conftest import check_contract, stderr_lines
-from tests.conftest import run_cli as gpusync
+from tests.conftest import check_contract, run_cli, stderr_lines
+from tests.conftest import run_main as gpusync
 
 CLEAN = textwrap.dedent('''
     import torch
@@ -28,9 +30,10 @@ def one_line_error(proc):
 
 
 def test_version_and_help():
+    """`python -m gpusync` itself: a subprocess."""
     from gpusync import __version__
 
-    assert gpusync("--version").stdout.strip().endswith(__version__)
+    assert run_cli("--version").stdout.strip().endswith(__version__)
     out = gpusync("--help").stdout
     assert "scan" in out and "bench" in out
 
@@ -70,30 +73,29 @@ def test_max_syncs_per_step_gate(tmp_path):
 
 
 def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path):
+    """A subprocess: the code raises in the scan's child, whose own stderr is in the lines."""
     script = tmp_path / "crash.py"
     script.write_text(SYNCING + "raise RuntimeError('user bug')\n")
-    proc = gpusync("scan", str(script))
+    proc = run_cli("scan", str(script))
     assert proc.returncode == 3
     assert "item" in proc.stdout and "user bug" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert stderr_lines(proc)[-1] == (
         f"gpusync: the scanned code raised RuntimeError: user bug at {script}:9 "
         "(-v: the traceback)")
-    proc = gpusync("scan", str(script), "-v")
+    proc = run_cli("scan", str(script), "-v")
     assert proc.returncode == 3
     assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
     assert stderr_lines(proc)[-1].endswith(f"user bug at {script}:9")
 
 
 def test_quiet_shows_errors_only(tmp_path):
-    from tests.conftest import run_main
-
     (tmp_path / "t.py").write_text(CLEAN)
-    proc = run_main("-q", "scan", "t.py", "-o", "r.txt", cwd=tmp_path)
+    proc = gpusync("-q", "scan", "t.py", "-o", "r.txt", cwd=tmp_path)
     assert proc.returncode == 0 and proc.stderr == "" and (tmp_path / "r.txt").exists()  # -q
-    proc = run_main("scan", "t.py", "-o", "r.txt", cwd=tmp_path)
+    proc = gpusync("scan", "t.py", "-o", "r.txt", cwd=tmp_path)
     assert stderr_lines(proc) == ["report written to r.txt"]  # without -q
-    proc = run_main("scan", "-q", "missing.py", cwd=tmp_path)
+    proc = gpusync("scan", "-q", "missing.py", cwd=tmp_path)
     assert proc.returncode == 2 and "missing.py" in proc.stderr  # errors still show
 
 
@@ -111,12 +113,6 @@ def test_output_is_written_whole(tmp_path):
 @pytest.mark.parametrize("files,args,message", [
     ({}, ["scan", "missing.py"], "script not found: missing.py"),
     ({}, ["scan", "nonsense"], "unknown target 'nonsense'"),
-    ({}, ["scan", "no.such.module:make"], "cannot import 'no.such.module'"),
-    ({"f.py": "import torch\nx = 1\n"}, ["scan", "f.py:make"], "has no attribute 'make'"),
-    ({"f.py": "def make(:\n"}, ["scan", "f.py:make"], "syntax error"),
-    ({"f.py": "import not_a_real_pkg\n"}, ["scan", "f.py:make"], "importing f.py failed"),
-    ({"f.py": "def make():\n    return 42\n"}, ["scan", "f.py:make"],
-     "returned int, expected gpusync.Workload"),
     ({"p.yaml": "name: [unclosed\n"}, ["scan", "p.yaml"], "is not valid YAML"),
     ({"p.yaml": "name: x\nworkload: a:b\nstepz: 3\n"}, ["scan", "p.yaml"], "unknown key 'stepz'"),
     ({"p.yaml": "name: x\nworkload: a:b\nsteps: many\n"}, ["scan", "p.yaml"],
@@ -130,6 +126,23 @@ def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     line = one_line_error(gpusync(*args, cwd=tmp_path))
+    assert message in line
+
+
+@pytest.mark.parametrize("files,args,message", [
+    ({}, ["scan", "no.such.module:make"], "cannot import 'no.such.module'"),
+    ({"f.py": "import torch\nx = 1\n"}, ["scan", "f.py:make"], "has no attribute 'make'"),
+    ({"f.py": "def make(:\n"}, ["scan", "f.py:make"], "syntax error"),
+    ({"f.py": "import not_a_real_pkg\n"}, ["scan", "f.py:make"], "importing f.py failed"),
+    ({"f.py": "def make():\n    return 42\n"}, ["scan", "f.py:make"],
+     "returned int, expected gpusync.Workload"),
+])
+def test_a_factory_that_cannot_be_built_is_one_line_exit_2(tmp_path, files, args, message):
+    """Found in the scan's child, which imports the factory: a subprocess, so that the
+    child's own stderr is in the one line too."""
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    line = one_line_error(run_cli(*args, cwd=tmp_path))
     assert message in line
 
 

@@ -1,5 +1,6 @@
 """Scan each corpus script and compare the reported sync lines with its `# expect:` comments:
-no misses, no false alarms, right phase."""
+no misses, no false alarms, right phase. In this process (run_scan): here for its size (whole
+scripts, each with both observers), not for a process."""
 import pytest
 
 from gpusync.scan import run_scan

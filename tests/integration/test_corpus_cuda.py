@@ -1,7 +1,8 @@
 """The CUDA branch of real-style scripts (tests/corpus_cuda, each line marked with what a CUDA
 run syncs, with the evidence in its README). A CPU-only scan runs them on a virtual CUDA device
 (gpusync/detect/virtual_cuda.py), so it takes the branch a GPU run takes and must report exactly
-the marked lines; on a GPU, a real CUDA scan must report the same."""
+the marked lines; on a GPU, a real CUDA scan must report the same. In this process (run_scan):
+here for its size, not for a process."""
 import pathlib
 
 import pytest

@@ -1,4 +1,5 @@
-"""The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings."""
+"""The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings.
+The CLI in this process (run_main): baseline and gate end to end, each a whole scan."""
 import json
 import textwrap
 

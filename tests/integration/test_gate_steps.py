@@ -1,4 +1,5 @@
-"""The gate asks for the steps its baseline was recorded with, so the same code passes."""
+"""The gate asks for the steps its baseline was recorded with, so the same code passes. The CLI
+in this process (run_main): baseline and gate end to end, each a whole scan."""
 import json
 import textwrap
 

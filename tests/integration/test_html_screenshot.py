@@ -1,5 +1,6 @@
 """The HTML reports in a real browser: a headless Chromium / Chrome renders a scan page and a
-tune page from file:// (no network) to a PNG. Skipped where no such browser is installed.
+tune page from file:// (no network) to a PNG (a subprocess: the browser). Skipped where no
+such browser is installed.
 With GPUSYNC_SCREENSHOTS=DIR the PNGs are kept there: README's images come from this test
 (`GPUSYNC_SCREENSHOTS=docs/img pytest tests/integration/test_html_screenshot.py`)."""
 import os

@@ -1,6 +1,7 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
-and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): the
-process boundary is what is tested, but for sys.exit, which needs none."""
+and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): how the
+child process ends, and where its own output goes, are what is tested (sys.exit in a
+factory's step runs in-process)."""
 import json
 import textwrap
 
@@ -50,7 +51,8 @@ def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
 
 def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP)
-    assert gpusync("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    # the baseline of code that ends normally: in this process (only the os._exit is the point)
+    assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
     gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 3 and "os._exit(1)" in gate.stderr

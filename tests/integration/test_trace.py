@@ -1,6 +1,6 @@
 """`gpusync scan --trace FILE`: a Chrome / Perfetto trace of the scan, validated against the
 Trace Event Format (tests/schemas/trace_event.schema.json), with the slices properly nested on
-each track as viewers require."""
+each track as viewers require. The CLI in this process (run_main): a whole scan, end to end."""
 import json
 import pathlib
 import textwrap

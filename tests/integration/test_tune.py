@@ -1,6 +1,7 @@
 """gpusync tune end to end: a user's profile with candidates that keep, change or cannot run;
 the tuned profile it writes is itself a profile; bad input is one line; and with a fake clock
-the fastest candidate with parity is chosen."""
+the fastest candidate with parity is chosen. The CLI in this process (run_main): whole tunes,
+end to end."""
 import json
 import textwrap
 
@@ -10,7 +11,7 @@ import yaml
 from gpusync.profiles import load_profile
 from gpusync.tune import run_tune
 from tests.conftest import check_contract
-from tests.conftest import run_cli as gpusync
+from tests.conftest import run_main as gpusync
 from tests.integration.test_cli import one_line_error
 
 FACTORY = textwrap.dedent('''

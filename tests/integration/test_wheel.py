@@ -1,6 +1,7 @@
 """What users install: the built wheel, in a fresh venv with only the core dependencies (no
 torchrec, no fbgemm), run from a folder outside the checkout. An editable install hides
 packaging mistakes (a missing subpackage, a data folder shadowing a module); this does not.
+Subprocesses: the installed CLI, in a venv of its own, is what is tested.
 
 The clean venv is kept in .venv-wheel/ (git-ignored) keyed by the core requirements, so a
 second run only reinstalls the wheel; a fresh clone (CI) builds it from scratch.

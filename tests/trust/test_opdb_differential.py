@@ -4,7 +4,9 @@ can see (values, dtypes, shapes, strides, devices, requires_grad, gradients, exc
 the same, but for the differences gpusync/devtools/opdb_known.py lists with their reasons.
 The budget is opdb.CI (every sample, one dtype per op: about 25 s of CPU); docs/rules.md's
 op table is that run's."""
+import fcntl
 import os
+import pickle
 from unittest import mock
 
 import pytest
@@ -15,9 +17,25 @@ from gpusync.devtools.opdb_known import HOST_OUTPUTS, KNOWN, SHAPE_ONLY
 
 
 @pytest.fixture(scope="module")
-def results():
+def results(tmp_path_factory):
     """One run for the module, with the compiled observer scans use (the Python dispatch
-    mode's known gap, composite ops' allocations, is in README's "Without a GPU")."""
+    mode's known gap, composite ops' allocations, is in README's "Without a GPU"). Under
+    pytest-xdist (scripts/test.sh) the module's tests may land on several workers: the first
+    to get here makes the run (about 25 s) and the others read it from the folder the workers
+    of this pytest run share."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return _run()
+    shared = tmp_path_factory.getbasetemp().parent  # this run's, above each worker's own
+    with open(shared / "opdb.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait for the first run
+        saved = shared / "opdb.pickle"
+        if not saved.exists():
+            saved.write_bytes(pickle.dumps(_run()))
+        return pickle.loads(saved.read_bytes())
+
+
+def _run():
     with mock.patch.dict(os.environ, {"GPUSYNC_OBSERVER": "native"}):
         assert native.load() is not None, native.failure()
         return opdb.run()

@@ -202,7 +202,8 @@ def test_ctrl_z_stops_the_script_with_gpusync_and_fg_continues_both(tmp_path):
 def test_tune_timeout_ends_what_the_hung_candidate_started(tmp_path):
     (tmp_path / "train.py").write_text(HANGS)
     # the limit counts from the child's start: room for a loaded machine to start the script
-    proc = _start(tmp_path, "tune", "train.py", "--timeout", "20")
+    # (import torch, start the helpers: about 6 s at a load of 5 on 2 cores)
+    proc = _start(tmp_path, "tune", "train.py", "--timeout", "12")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     assert "time limit" in err
