@@ -1,10 +1,14 @@
 """The statistics gpusync's verdicts and tables rest on, in one place: a percentile for what
 tables and plots show (P50, P90, box quartiles), the gate's noise measure, and the one-sided
-Mann-Whitney U test both the gate and tune decide with. Pure functions of raw samples."""
+Mann-Whitney U test both the gate and tune decide with, pure functions of raw samples; and how
+those samples are taken (Samples, BlockTimer): raw samples are always kept, statistics derive
+from them."""
 from __future__ import annotations
 
 import math
 import statistics
+import time
+from dataclasses import dataclass, field
 
 
 def percentile(samples: list[float], q: float) -> float:
@@ -63,3 +67,42 @@ def best_possible_p(repeats: int) -> float:
     side above every sample of the other): no difference can be more significant."""
     return mann_whitney_greater([2.0 + i for i in range(repeats)],
                                 [float(-i) for i in range(repeats)])
+
+
+@dataclass
+class Samples:
+    name: str
+    ms: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return median(self.ms)
+
+    @property
+    def p90(self) -> float:
+        return percentile(self.ms, 90)
+
+
+class BlockTimer:
+    """Mean milliseconds per call over `steps` calls of fn. On a GPU it drains the device once
+    before and once after the block, so the work is complete but no per-step sync is added.
+    Host clock, not CUDA events: an event on the current stream would not wait for side streams
+    (pipeline lookups, streamer copies), whose work is part of the cost."""
+
+    def __init__(self, cuda: bool = False, clock=time.perf_counter):
+        self.cuda = cuda
+        self.clock = clock
+
+    def __call__(self, fn, steps: int = 1) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        start = self.clock()
+        for _ in range(steps):
+            fn()
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return (self.clock() - start) * 1e3 / steps

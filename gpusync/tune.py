@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .bench.harness import Stepper, TechniqueResult, Variant, run_technique, workload_step
-from .bench.timing import Samples
 from .errors import BadInput, GpusyncError, UserCodeError
 from .profiles import Candidate, Profile
-from .stats import mann_whitney_greater
+from .stats import Samples, mann_whitney_greater
 from .targets import (
     FactoryTarget,
     call_factory,

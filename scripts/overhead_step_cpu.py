@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from gpusync.bench.workloads import build
 from gpusync.detect.session import Session
+from gpusync.runs.timing import build
 
 
 def main(profile: str = "sparsenn", rounds: int = 60) -> None:

@@ -16,8 +16,8 @@ from ..detect.session import Session
 from ..errors import Unavailable
 from ..progress import Progress
 from ..report import report_of
+from ..stats import BlockTimer, Samples
 from ..workload import Workload
-from .timing import BlockTimer, Samples
 
 
 @dataclass

@@ -9,8 +9,8 @@ import platform
 import torch
 
 from ..detect.session import Session, resolve_mode
-from .timing import BlockTimer, Samples
-from .workloads import build
+from ..runs.timing import build
+from ..stats import BlockTimer, Samples
 
 
 def measure_overhead(profile: str, steps: int = 20, warmup: int = 3, mode: str = "auto",

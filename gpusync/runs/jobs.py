@@ -165,7 +165,7 @@ class _Timing:
     def factory(self, target) -> dict[str, Any]:
         import traceback
 
-        from ..bench.workloads import step_times
+        from .timing import step_times
 
         job = self.job
         try:

@@ -87,3 +87,30 @@ def test_detection_core_imports_nothing_above_it():
               if name.startswith("gpusync.detect") for m in deps
               if not m.startswith("gpusync.detect") and m not in CORE_MAY_IMPORT}
     assert not upward, "\n".join(sorted(upward))
+
+
+# README's Layout, top to bottom: a module imports only from its own layer or those below it.
+# (gpusync.errors, _version, api and pytest_plugin, the package's face, stand outside.)
+LAYERS = [
+    "cli", "commands", "reporters", "tune_script", "tune", "gate", "baseline", "bench",
+    "examples", "runs", "knobs", "integrations", "techniques", "scan", "_spawned", "costmodel",
+    "outputs", "trace", "report", "targets", "profiles", "workload", "stats", "fileio",
+    "yamlfile", "progress", "verbosity", "processes", "schemas", "devtools", "detect",
+]
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_each_layer_imports_only_from_below():
+    upward = sorted(f"{name} -> {dep}" for name, deps in GRAPH.items() for dep in deps
+                    if None not in (_layer(name), _layer(dep)) and _layer(dep) < _layer(name))
+    assert not upward, "\n".join(upward)
+
+
+def test_every_module_has_a_layer():
+    outside = {"gpusync", "gpusync.__main__", "gpusync.errors", "gpusync._version",
+               "gpusync.api", "gpusync.pytest_plugin"}
+    assert {m for m in MODULES if _layer(m) is None} == outside

@@ -3,9 +3,8 @@ import random
 
 import pytest
 
-from gpusync.bench.timing import BlockTimer, Samples
 from gpusync.gate import CANNOT_JUDGE, PASS, REGRESSION, judge_timing
-from gpusync.stats import mann_whitney_greater, percentile
+from gpusync.stats import BlockTimer, Samples, mann_whitney_greater, percentile
 
 
 def noisy(center, spread, n=30, seed=0):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import itertools
 
 from ..errors import BadInput
+from ..stats import BlockTimer, Samples
 from ..targets import parse_target
-from .timing import BlockTimer, Samples
 
 
 class _Build:
