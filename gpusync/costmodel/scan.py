@@ -142,7 +142,9 @@ def cheap_frees() -> Iterator[None]:
     their pages to the OS: freeing a large CPU tensor otherwise costs milliseconds of host time
     between ops, which the model would take for the user's Python (on CUDA the caching
     allocator keeps freed blocks).  What the code computes is unchanged; elsewhere than glibc,
-    nothing is done.  The defaults are set back on the way out."""
+    nothing is done.  glibc's initial values are set back on the way out; its dynamic raising
+    of the mmap threshold stays off for the rest of the process, which under the CLI is the
+    scan's own child, ending with the scan."""
     libc = _glibc()
     if libc is None:
         yield
