@@ -35,8 +35,11 @@ _BATCHES_WATCHED = 32  # batches whose copies are looked at when nothing is chan
 
 
 def _script_pin(builds: Builds):
+    """True where every DataLoader pins and the script copies no batch blocking itself."""
     loaders = builds.get("dataloaders") or []
-    return all(d["pin_memory"] for d in loaders) if loaders else None
+    if not loaders:
+        return None
+    return all(d["pin_memory"] for d in loaders) and not builds.get("batch_copies")
 
 
 def _script_fused(builds: Builds):
@@ -52,7 +55,16 @@ def _script_benchmark(builds: Builds):
     return builds.get("cudnn_benchmark") if builds.get("convs") else None
 
 
+def _kept(value, own) -> str | None:
+    """A knob applied only where it is True: False where the script sets True is the script."""
+    if not value and own:
+        return "the script sets it itself, and gpusync does not undo the script's own setting"
+    return None
+
+
 def _fused_limits(builds: Builds, value, settings: Settings) -> str | None:
+    if _kept(value, _script_fused(builds)):
+        return _kept(value, True)
     if value and any(o.get("differentiable") for o in builds.get("optimizers") or []):
         return "an optimizer is built with differentiable=True, which fused refuses"
     return None
@@ -74,7 +86,7 @@ def _knob(name: str, group: str, doc: str, script_value, gpu_only=True, **more) 
 
 KNOBS = [
     _knob(PIN, "dataloader", "DataLoader(pin_memory=True) and non_blocking copies of its "
-          "batches", _script_pin),
+          "batches", _script_pin, not_applicable=lambda b, v, s: _kept(v, _script_pin(b))),
     _knob(FUSED, "optimizer", "fused=True for the torch.optim optimizers that have it",
           _script_fused, not_applicable=_fused_limits),
     _knob(SET_TO_NONE, "zero_grad", "zero_grad(set_to_none=True) where the script passes False",
@@ -179,8 +191,8 @@ def _install_dataloader(pin, builds: Builds, patches) -> list:
         out = call(loader, *args, **kwargs)
         _add_site(builds, "dataloaders", {"pin_memory": bool(loader.pin_memory),
                                           "site": _site()})
-        if pin is not None:
-            loader.pin_memory = bool(pin)  # read by each iterator the loader makes
+        if pin:  # False: the script's own setting (a baseline that pins some loaders)
+            loader.pin_memory = True  # read by each iterator the loader makes
         return out
 
     def next_batch(call, iterator, *args, **kwargs):
@@ -212,9 +224,9 @@ def _optimizer_layer(cls: type, fused, builds: Builds):
             return call(opt, *args, **kwargs)
         own = bool(kwargs.get("fused"))
         differentiable = bool(kwargs.get("differentiable"))
-        if fused is not None and not differentiable:
-            kwargs["fused"] = bool(fused)
-            if fused and kwargs.get("foreach"):
+        if fused and not differentiable:  # False: the script's own (some may be fused)
+            kwargs["fused"] = True
+            if kwargs.get("foreach"):
                 kwargs["foreach"] = None  # fused and foreach=True cannot be set together
         out = call(opt, *args, **kwargs)
         _add_site(builds, "optimizers", {"class": cls.__name__, "fused": own,

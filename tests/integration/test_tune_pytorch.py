@@ -138,3 +138,16 @@ def test_applied_settings_are_recorded_and_undone():
     assert loader.pin_memory is True
     assert torch.backends.cudnn.benchmark is saved
     assert DataLoader(TensorDataset(torch.arange(2.0))).pin_memory is False
+
+
+def test_a_script_that_pins_but_copies_blocking_still_gets_the_non_blocking_copies():
+    def offered(builds: dict) -> dict:
+        return {c.name: c.not_applicable for c in knobs.candidates(builds, cuda=False)[1:]}
+
+    copies = {"dataloaders": [{"pin_memory": True, "site": "t.py:3"}],
+              "batch_copies": [{"site": "t.py:9"}]}
+    assert offered(copies) == {f"{pytorch.PIN}=true": None}
+    # pinned and copied non_blocking already: nothing to add, and gpusync never unpins
+    done = {"dataloaders": [{"pin_memory": True, "site": "t.py:3"}]}
+    assert offered(done)[f"{pytorch.PIN}=false"].startswith("torch.dataloader.pin_memory="
+                                                            "false: the script sets it itself")
