@@ -20,6 +20,7 @@ could see a difference (it would race on a GPU).
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from typing import Any, Iterator
 
@@ -106,7 +107,8 @@ def _site() -> str | None:
 
     for file, line, _ in frames.raw_stack(2):
         if frames.is_users(file):
-            return f"{file}:{line}"
+            relative = os.path.relpath(file)
+            return f"{file if relative.startswith('..') else relative}:{line}"
     return None
 
 

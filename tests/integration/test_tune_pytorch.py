@@ -151,3 +151,19 @@ def test_a_script_that_pins_but_copies_blocking_still_gets_the_non_blocking_copi
     done = {"dataloaders": [{"pin_memory": True, "site": "t.py:3"}]}
     assert offered(done)[f"{pytorch.PIN}=false"].startswith("torch.dataloader.pin_memory="
                                                             "false: the script sets it itself")
+
+
+def test_emitted_code_says_what_needs_gpusync_installed():
+    from gpusync.knobs import fbgemm
+    from gpusync.reporters.script_tune import NEEDS_GPUSYNC, _with_gpusync_note
+
+    settings = {fbgemm.WRITEBACK: "syncfree", pytorch.FUSED: True}
+    builds = {"optimizers": [{"class": "SGD", "fused": False, "site": "t.py:5"}]}
+    data = {"changes": settings, "emit": knobs.emit(settings, builds)}
+    python = _with_gpusync_note(data)
+    assert python.startswith(NEEDS_GPUSYNC + "\n")
+    assert "use_syncfree_writeback(model)" in python
+    assert "torch.optim.SGD(..., fused=True)" in python
+    # the libraries' own settings alone need no gpusync
+    alone = {"changes": {pytorch.FUSED: True}, "emit": knobs.emit({pytorch.FUSED: True}, builds)}
+    assert "gpusync" not in _with_gpusync_note(alone)
