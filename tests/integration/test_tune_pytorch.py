@@ -130,6 +130,8 @@ def test_applied_settings_are_recorded_and_undone():
         return loader, builds
 
     saved = torch.backends.cudnn.benchmark
+    originals = (torch.Tensor.to, torch.Tensor.cuda, DataLoader.__init__,
+                 torch.optim.Adam.__init__, torch.optim.Optimizer.zero_grad)
     loader, builds = build({})
     assert loader.pin_memory is False and builds["dataloaders"][0]["pin_memory"] is False
     assert builds["convs"] == 1 and builds["cudnn_benchmark"] is saved
@@ -138,6 +140,8 @@ def test_applied_settings_are_recorded_and_undone():
     assert loader.pin_memory is True
     assert torch.backends.cudnn.benchmark is saved
     assert DataLoader(TensorDataset(torch.arange(2.0))).pin_memory is False
+    assert (torch.Tensor.to, torch.Tensor.cuda, DataLoader.__init__, torch.optim.Adam.__init__,
+            torch.optim.Optimizer.zero_grad) == originals
 
 
 def test_a_script_that_pins_but_copies_blocking_still_gets_the_non_blocking_copies():
