@@ -13,11 +13,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from . import fbgemm, torchrec, user
+from . import fbgemm, pytorch, torchrec, user
 from .knob import Builds, Candidate, Family, Knob, Settings
 
 # The order settings are installed and spelled in.
-FAMILIES: tuple[Family, ...] = (torchrec, fbgemm, user)
+FAMILIES: tuple[Family, ...] = (torchrec, fbgemm, pytorch, user)
 __all__ = ["FAMILIES", "Builds", "Candidate", "Knob", "Settings", "active", "applied",
            "candidates", "combined", "discovered", "emit", "registry", "text"]
 

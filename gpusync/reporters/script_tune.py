@@ -133,34 +133,90 @@ def _script_text(tune, fmt: str) -> str:
                                        data["changes"].items()) or "nothing (keep the script's "
                              "own settings)"))
     if data["emit"]["python"]:
-        fence = md_fence(data["emit"]["python"])
-        out += ["\nin your code:", *([fence + "python"] if md else []), data["emit"]["python"],
-                *([fence] if md else [])]
+        out += ["\nin your code:", *_code(_with_gpusync_note(data), md)]
     out += user.export_lines(data["emit"]["env"])
+    for saver in sync_savers(tune, data):
+        out += [f"\n{saver['name']}: {saver['text']}; in your code:", *_code(saver["python"], md)]
     return "\n".join(out) + "\n"
+
+
+def _code(python: str, md: bool) -> list[str]:
+    fence = md_fence(python)
+    return [*([fence + "python"] if md else []), python, *([fence] if md else [])]
 
 
 @renders("tune-emit", "env")
 def emit_env(tune) -> str:
     emit = script_document(tune)["emit"]
-    return "".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
-        "# no environment variable carries these settings in the installed libraries\n")
+    also = ("# the other chosen settings are code: gpusync tune --emit python\n"
+            if emit["python"] else "")
+    return ("".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
+        "# no environment variable carries these settings in the installed libraries\n")) + also
 
 
 @renders("tune-emit", "python")
 def emit_python(tune) -> str:
-    emit = script_document(tune)["emit"]
+    """The chosen settings as code that runs without gpusync (but for gpusync's own sync-free
+    writeback, which says so); when none was chosen, the candidates that keep the results and
+    sync less, commented out."""
+    data = script_document(tune)
+    emit = data["emit"]
     if emit["python"]:
-        return emit["python"] + "\n"
+        return _with_gpusync_note(data) + "\n"
+    out = []
     if emit["env"]:
-        return ("# nothing to change in the code: the chosen settings are environment "
-                "variables (gpusync tune --emit env)\n")
-    return "# nothing to change: the script's own settings were kept\n"
+        out.append("# nothing to change in the code: the chosen settings are environment "
+                   "variables (gpusync tune --emit env)")
+    else:
+        out.append("# nothing to change: the script's own settings were kept")
+    for saver in sync_savers(tune, data):
+        out += [f"\n# not chosen, but {saver['name']}: {saver['text']}:",
+                *(f"# {line}" if line and not line.startswith("#") else line
+                  for line in saver["python"].splitlines())]
+    return "\n".join(out) + "\n"
 
 
 @renders("tune-emit", "yaml")
 def emit_yaml(tune) -> str:
-    return yaml.safe_dump({"settings": script_document(tune)["settings"]}, sort_keys=False)
+    return (f"# the chosen settings, for `gpusync run <this file> -- python {tune.target} ...` "
+            "(gpusync tune --emit python: the same without gpusync, where the libraries have "
+            "them)\n" + yaml.safe_dump({"settings": script_document(tune)["settings"]},
+                                        sort_keys=False))
+
+
+NEEDS_GPUSYNC = ("# gpusync.writeback=syncfree is gpusync's own technique: it needs gpusync "
+                 "installed\n# (pip install gpusync), or run the unchanged script with "
+                 "`gpusync run tuned.yaml -- python ...`")
+
+
+def _with_gpusync_note(data: dict) -> str:
+    """The chosen settings' code, saying which part needs gpusync installed (the rest is the
+    libraries' own)."""
+    from ..knobs.fbgemm import WRITEBACK
+
+    python = data["emit"]["python"]
+    if data["changes"].get(WRITEBACK) == "syncfree":
+        return f"{NEEDS_GPUSYNC}\n{python}"
+    return python
+
+
+def sync_savers(tune, data: dict) -> list[dict]:
+    """The candidates, not chosen, whose results are identical to the script's and which make
+    fewer syncs per step (what a CPU measures exactly), with their code."""
+    by = {c["name"]: c for c in data["candidates"]}
+    base = by[UNCHANGED]["syncs_per_step"]
+    out = []
+    for run in tune.runs[1:]:
+        c = by[run.candidate.name]
+        if (c["name"] == data["chosen"] or c["parity"] != "identical" or base is None
+                or c["syncs_per_step"] is None or c["syncs_per_step"] >= base):
+            continue
+        python = knobs.emit(run.candidate.changed, tune.builds)["python"]
+        if python:
+            out.append({"name": c["name"], "python": python, "text": (
+                f"identical results with {c['syncs_per_step']:g} syncs per step instead of "
+                f"{base:g}")})
+    return out
 
 
 def tuned_text(tune) -> str:

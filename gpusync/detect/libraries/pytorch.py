@@ -63,3 +63,17 @@ REMEDIES = (
     Entry("torch/serialization.py", (), SERIALIZATION_FIX, "torch/serialization.py save, load",
           V),
 )
+
+# -- what gpusync's plain-PyTorch knobs (gpusync/knobs/pytorch.py) rely on ------------------------
+# torch.optim classes whose __init__ takes fused= (torch/optim/{adam,adamw,sgd,adagrad}.py, torch
+# 2.13: fused kernels on CPU and CUDA among others, utils/_foreach_utils.py
+# _get_fused_kernels_supported_devices); a fused optimizer sets _step_supports_amp_scaling, so
+# GradScaler.step hands it found_inf on the device instead of reading it with .item()
+# (torch/amp/grad_scaler.py GradScaler.step / _maybe_opt_step). fused refuses foreach=True,
+# differentiable=True, sparse and complex gradients.
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+# DataLoader(pin_memory=True) pins each batch in its iterator (torch/utils/data/dataloader.py
+# _BaseDataLoaderIter: _utils.pin_memory.pin_memory) when an accelerator is there; a copy of a
+# pinned tensor with non_blocking=True makes the host wait for nothing (an H2D copy from
+# pageable memory, or a blocking one, waits for the copy: detect/ops.py bus_copy).
+DATALOADER_ITER = ("torch.utils.data.dataloader", "_BaseDataLoaderIter")
