@@ -88,15 +88,17 @@ def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
     name = ", ".join(f"{k}={text(v)}" for k, v in changed.items())
     cand = Candidate(name, settings, changed,
                      approximate=any(knobs[k].approximate(v) for k, v in changed.items()))
-    for k in settings:
+    # only the knobs this candidate changes: another group's knob at the script's own value
+    # (a writeback knob on a script without writeback) says nothing of this candidate
+    for k in changed:
         reason = knobs[k].not_applicable(builds, settings[k], settings)
         if reason:
             cand.not_applicable = f"{k}={text(settings[k])}: {reason}"
             break
         if not cuda:
-            reason = knobs[k].needs_cuda(settings[k], settings)
-            if reason:
-                cand.unavailable = reason
+            cand.unavailable = cand.unavailable or knobs[k].needs_cuda(settings[k], settings)
+            cand.gpu_speed_only = (cand.gpu_speed_only
+                                   or knobs[k].gpu_speed_only(settings[k], settings))
     return cand
 
 
