@@ -4,8 +4,10 @@ spell for the user afterwards.
 A knob knows what it acts on (the script must build it: a torchrec train pipeline, an fbgemm
 TBE with the writeback hook), the value the script uses itself (the baseline), which values
 cannot serve what the script built (with fbgemm's or torchrec's own reason), which need a GPU,
+whose speed only a GPU can tell (they run on a CPU for parity and syncs, never chosen there),
 and how to install a value in a process before the script runs. Knobs of one group (e.g. the
-pipeline class and its stream) are tuned together. Each family of knobs (one module per
+pipeline class and its stream) are tuned together; a group that does not apply to the script
+makes only its own candidates not applicable. Each family of knobs (one module per
 library, and the user's own) is a knob.Family; FAMILIES is all of them.
 """
 from __future__ import annotations
