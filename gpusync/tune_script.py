@@ -335,9 +335,12 @@ def load_tuned(path: str) -> dict:
 
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"{path} was not written by gpusync tune -o")
-    if data.get("schema_version") != VERSIONS[KIND]:
-        raise BadInput(f"{path} has schema_version {data.get('schema_version')!r}; this "
-                       f"gpusync reads {VERSIONS[KIND]}")
+    readable = range(1, VERSIONS[KIND] + 1)  # `settings` is as version 1 wrote it (2 added
+    # baseline_noise, which `gpusync run` does not read): a file tuned before stays usable
+    version = data.get("schema_version")
+    if type(version) is not int or version not in readable:  # YAML's `true` is no version
+        raise BadInput(f"{path} has schema_version {version!r}; this gpusync reads "
+                       f"{', '.join(map(str, readable))}")
     settings = data.get("settings")
     known = {k.name: k for k in knobs.registry()}
     if not isinstance(settings, dict):

@@ -127,3 +127,19 @@ def test_every_torchrec_pipeline_runs_on_a_cpu_with_parity_and_syncs(tmp_path):
     writeback = [c for c in data["candidates"] if "writeback" in c["name"]]
     assert writeback and all(c["status"] == "not_applicable" for c in writeback)
     assert data["chosen"] == "baseline"  # a CPU never chooses a pipeline for its speed
+
+
+@pytest.mark.parametrize("version,ok", [(1, True), (2, True), (3, False), (True, False)])
+def test_gpusync_run_reads_tuned_files_from_before_baseline_noise(tmp_path, version, ok):
+    """Version 2 of the tuned file only added baseline_noise: its settings read the same."""
+    from gpusync.errors import BadInput
+    from gpusync.tune_script import load_tuned
+
+    path = tmp_path / "tuned.yaml"
+    path.write_text(f"kind: gpusync-tune\nschema_version: {str(version).lower()}\n"
+                    "settings:\n  env:FAST: \"1\"\n")
+    if ok:
+        assert load_tuned(str(path)) == {"env:FAST": "1"}
+    else:
+        with pytest.raises(BadInput, match="this gpusync reads 1, 2"):
+            load_tuned(str(path))
