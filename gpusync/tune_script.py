@@ -23,6 +23,8 @@ from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 from .knobs import user
 from .progress import Progress
 
+SEED = 0  # every run of every candidate starts from it (runs/candidate_child.seed_everything)
+
 
 @dataclass
 class Run:
@@ -49,6 +51,9 @@ class ScriptTune:
     runs: list[Run]
     block: int = 1
     baseline_again_ms: list[float] = field(default_factory=list)
+    # the baseline's losses against its own second run (None: not measured): 0.0 when the
+    # script is deterministic from tune's seeds, more when it is not
+    baseline_noise: float | None = None
     result: TechniqueResult | None = None
     decision: Any = None
     notes: list[str] = field(default_factory=list)
@@ -77,7 +82,7 @@ class Plan:
     def job(self, settings: dict, scan: bool) -> runs.CandidateJob:
         steps = self.scan_steps if scan else self.block * self.repeats
         return runs.CandidateJob(self.target, self.mode, self.warmup, steps, self.block,
-                                 settings, scan, tuple(self.script_args))
+                                 settings, scan, tuple(self.script_args), seed=SEED)
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
@@ -105,7 +110,7 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
         return tune
     for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, progress, lead)
-    noise = _noise(tune, plan, progress, lead)
+    noise = tune.baseline_noise = _noise(tune, plan, progress, lead)
     tune.result, tune.decision = _decide(tune, noise, rule)
     cuda = plan.mode == "cuda"
     extra = knobs.combined(_group_winners(tune, plan.extra), tune.builds, cuda, plan.extra)
@@ -115,10 +120,32 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
         _measure(run, 1, 1, plan, progress, lead)
         tune.result, tune.decision = _decide(tune, noise, rule)
     progress.close()
+    _note_noise(tune, noise)
     if not cuda:
         tune.notes.append("no GPU: step times are CPU times and host stalls are not measured; "
                           "parity and syncs per step are exact")
+        if any(r.candidate.gpu_speed_only and r.status == "run" for r in tune.runs):
+            tune.notes.append(GPU_SPEED_ONLY)
     return tune
+
+
+GPU_SPEED_ONLY = ("the pipelines that overlap work on CUDA streams ran on the virtual CUDA "
+                  "device's stand-in streams, where nothing overlaps: their parity and syncs "
+                  "per step are exact, their step times are not comparable, and only a GPU "
+                  "run can choose them for speed")
+
+
+def _note_noise(tune: ScriptTune, noise: float | None) -> None:
+    """Say when the script stays nondeterministic from tune's seeds: parity is then within
+    the baseline's own run-to-run difference, not exact."""
+    from .tune import NOISE_HEADROOM
+
+    if noise is not None and 0 < noise < math.inf:  # inf: decide says why nothing is judged
+        tune.notes.append(
+            f"the script is not deterministic: the baseline's losses differ by up to "
+            f"{noise:.3g} from one run to the next, with the same seeds set before it runs "
+            "(threads, or randomness gpusync does not seed), so parity allows the larger of "
+            f"--tolerance and {NOISE_HEADROOM:g}x that difference, not only identical results")
 
 
 def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
@@ -221,7 +248,7 @@ def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
 
 def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     from .profiles import Candidate
-    from .tune import CandidateVerdict, Status, decide
+    from .tune import CandidateVerdict, Status
 
     measured = [r for r in tune.runs if r.status == "run"]
     if not measured or measured[0] is not tune.runs[0]:
@@ -242,7 +269,11 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
                              reference_noise=noise)
     cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
              for r in measured}
-    decision = decide(result, cands, **rule, again_ms=tune.baseline_again_ms or None)
+    decision = _speed_decision(result, cands, rule, tune.baseline_again_ms or None,
+                               {r.candidate.name for r in measured if r.candidate.gpu_speed_only})
+    for r in measured:  # kept parity, and its speed is not judged here: say why
+        if r.candidate.gpu_speed_only and r.candidate.name not in decision.outcomes:
+            r.reason = f"parity kept; {r.candidate.gpu_speed_only}"
     if not unchanged.losses:  # say so, rather than "results differ from the baseline (n/a)"
         if NO_LOSSES not in tune.notes:
             tune.notes.append(NO_LOSSES)
@@ -251,6 +282,26 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
                 decision.outcomes[name] = CandidateVerdict(
                     Status.REJECTED, "no losses to compare with the baseline's")
     return result, decision
+
+
+def _speed_decision(result, cands: dict, rule: dict, again_ms, gpu_only: set[str]):
+    """tune.decide's choice among the candidates whose speed this device can tell; those it
+    cannot (stream overlap on a CPU) keep decide's parity verdict, or say why they are not
+    judged for speed, and are never chosen."""
+    from .tune import decide
+
+    if not gpu_only:
+        return decide(result, cands, **rule, again_ms=again_ms)
+    timed = dataclasses.replace(result, variants=[m for m in result.variants
+                                                  if m.name not in gpu_only])
+    decision = decide(timed, cands, **rule, again_ms=again_ms)
+    judged = decide(result, cands, **rule, again_ms=again_ms)  # the parity of every candidate
+    for name in gpu_only:
+        verdict = judged.outcomes[name]
+        if verdict.status.rejected:  # its results differ, or it is approximate
+            decision.outcomes[name] = verdict
+        # else no speed verdict: its Run's reason says why (_decide)
+    return decision
 
 
 NO_LOSSES = ("no losses to compare: the script never called backward() on a one-element "
@@ -284,9 +335,12 @@ def load_tuned(path: str) -> dict:
 
     if not isinstance(data, dict) or data.get("kind") != KIND:
         raise BadInput(f"{path} was not written by gpusync tune -o")
-    if data.get("schema_version") != VERSIONS[KIND]:
-        raise BadInput(f"{path} has schema_version {data.get('schema_version')!r}; this "
-                       f"gpusync reads {VERSIONS[KIND]}")
+    readable = range(1, VERSIONS[KIND] + 1)  # `settings` is as version 1 wrote it (2 added
+    # baseline_noise, which `gpusync run` does not read): a file tuned before stays usable
+    version = data.get("schema_version")
+    if type(version) is not int or version not in readable:  # YAML's `true` is no version
+        raise BadInput(f"{path} has schema_version {version!r}; this gpusync reads "
+                       f"{', '.join(map(str, readable))}")
     settings = data.get("settings")
     known = {k.name: k for k in knobs.registry()}
     if not isinstance(settings, dict):

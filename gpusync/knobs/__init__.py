@@ -4,8 +4,10 @@ spell for the user afterwards.
 A knob knows what it acts on (the script must build it: a torchrec train pipeline, an fbgemm
 TBE with the writeback hook), the value the script uses itself (the baseline), which values
 cannot serve what the script built (with fbgemm's or torchrec's own reason), which need a GPU,
+whose speed only a GPU can tell (they run on a CPU for parity and syncs, never chosen there),
 and how to install a value in a process before the script runs. Knobs of one group (e.g. the
-pipeline class and its stream) are tuned together. Each family of knobs (one module per
+pipeline class and its stream) are tuned together; a group that does not apply to the script
+makes only its own candidates not applicable. Each family of knobs (one module per
 library, and the user's own) is a knob.Family; FAMILIES is all of them.
 """
 from __future__ import annotations
@@ -88,15 +90,17 @@ def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
     name = ", ".join(f"{k}={text(v)}" for k, v in changed.items())
     cand = Candidate(name, settings, changed,
                      approximate=any(knobs[k].approximate(v) for k, v in changed.items()))
-    for k in settings:
+    # only the knobs this candidate changes: another group's knob at the script's own value
+    # (a writeback knob on a script without writeback) says nothing of this candidate
+    for k in changed:
         reason = knobs[k].not_applicable(builds, settings[k], settings)
         if reason:
             cand.not_applicable = f"{k}={text(settings[k])}: {reason}"
             break
         if not cuda:
-            reason = knobs[k].needs_cuda(settings[k], settings)
-            if reason:
-                cand.unavailable = reason
+            cand.unavailable = cand.unavailable or knobs[k].needs_cuda(settings[k], settings)
+            cand.gpu_speed_only = (cand.gpu_speed_only
+                                   or knobs[k].gpu_speed_only(settings[k], settings))
     return cand
 
 

@@ -20,6 +20,9 @@ class Knob:
     script_value: Callable[[Builds], Any]  # None: the script builds nothing this acts on
     not_applicable: Callable[[Builds, Any, Settings], str | None] = lambda b, v, s: None
     needs_cuda: Callable[[Any, Settings], str | None] = lambda v, s: None
+    # why a value's step time on a CPU says nothing of its speed on a GPU (stream overlap):
+    # on a CPU such a candidate runs for parity and syncs per step, and is never chosen
+    gpu_speed_only: Callable[[Any, Settings], str | None] = lambda v, s: None
     approximate: Callable[[Any], bool] = lambda v: False
 
 
@@ -31,6 +34,7 @@ class Candidate:
     approximate: bool = False
     unavailable: str | None = None  # why it cannot run here (listed, not run)
     not_applicable: str | None = None  # why it cannot serve what the script built
+    gpu_speed_only: str | None = None  # run here, but its speed is decided on a GPU only
 
 
 class Family(Protocol):

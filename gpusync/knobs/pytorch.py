@@ -78,9 +78,7 @@ def _gpu_speed_only(value, settings: Settings) -> str | None:
 
 
 def _knob(name: str, group: str, doc: str, script_value, gpu_only=True, **more) -> Knob:
-    # knob.Knob has gpu_speed_only once the tune-parity work (issue #22 items 1-2) is in;
-    # until then such a candidate is timed and judged on a CPU like any other
-    if gpu_only and "gpu_speed_only" in getattr(Knob, "__dataclass_fields__", {}):
+    if gpu_only:
         more["gpu_speed_only"] = _gpu_speed_only
     return Knob(name, (False, True), group, doc, script_value, **more)
 

@@ -84,9 +84,17 @@ def script_document(tune) -> dict:
         "baseline": UNCHANGED, "chosen": tune.decision.chosen if tune.decision else UNCHANGED,
         "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
         "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
+        "baseline_noise": _noise(tune.baseline_noise),
         "settings": settings, "changes": changes, "emit": knobs.emit(changes, tune.builds),
         "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
         "versions": versions(), "date": time.strftime("%Y-%m-%d")})
+
+
+def _noise(noise: float | None) -> float | None:
+    """The baseline's run-to-run difference; JSON has no infinity (a NaN loss: the notes say)."""
+    import math
+
+    return noise if noise is not None and math.isfinite(noise) else None
 
 
 @renders("tune-script", "table")

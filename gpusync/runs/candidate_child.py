@@ -43,6 +43,8 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
     try:
         with knobs.applied(job.settings, builds):
             args = user.script_args(job.settings, tuple(job.script_args))
+            if job.seed is not None:
+                seed_everything(job.seed)
             result = run_scan(job.target, steps=job.steps, warmup=job.warmup, mode=job.mode,
                               script_args=args, on_session=on_session, detect=job.scan,
                               cycle=True)
@@ -57,6 +59,26 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
         data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "
                     f"{result.error}", traceback=result.traceback)
     return data
+
+
+def seed_everything(seed: int) -> None:
+    """The seeds a script that seeds nothing draws from, set before it runs (tune's runs only,
+    never a scan's: a scan does not change what the code computes). torch.manual_seed seeds
+    the CPU generator and every CUDA one (lazily, once CUDA starts); the virtual CUDA device
+    draws from the CPU generator; a DataLoader without a generator of its own draws its
+    shuffling and its workers' seeds from torch's default one. A script that seeds itself
+    overrides these with its own seeds, as it would anyway."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy
+    except ImportError:  # numpy is optional: a script without it draws nothing from it
+        return
+    numpy.random.seed(seed)
 
 
 class _Clock:

@@ -194,6 +194,9 @@ class CandidateJob(_Job):
     scan: bool = False
     script_args: tuple[str, ...] = ()
     verbosity: int = field(default_factory=_level)
+    # tune's runs: the seeds set before the script runs, so that every run of a candidate
+    # starts alike (None: the script's own randomness, as a timing run keeps it)
+    seed: int | None = None
 
     def run(self, results: Results) -> None:
         from .candidate_child import run_candidate

@@ -16,7 +16,7 @@ VERSIONS = {
     "gpusync-bench": 1,
     "gpusync-bench-all": 1,
     "gpusync-overhead": 1,
-    "gpusync-tune": 1,
+    "gpusync-tune": 2,
     "gpusync-tune-profile": 1,
 }
 _SHARED = ("technique",)  # parts other schemas refer to by $id

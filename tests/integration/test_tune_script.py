@@ -40,7 +40,7 @@ def test_candidates_that_crash_hang_or_change_results(tmp_path):
                    "-v", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = check_contract(json.loads(proc.stdout))
-    assert data["kind"] == "gpusync-tune" and data["schema_version"] == 1
+    assert data["kind"] == "gpusync-tune" and data["schema_version"] == 2
     for key in ("device", "target", "baseline", "chosen", "settings", "emit", "candidates"):
         assert key in data
     by = {c["name"]: c for c in data["candidates"]}

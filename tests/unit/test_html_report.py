@@ -186,9 +186,9 @@ def tune_candidate(name, status, p50=None, p90=None, reason="", output=None):
             "peak_reserved_mb": None, "output": output}
 
 
-TUNE = {"schema_version": 1, "kind": "gpusync-tune", "device": "cpu", "target": "toy.py",
+TUNE = {"schema_version": 2, "kind": "gpusync-tune", "device": "cpu", "target": "toy.py",
         "command": "gpusync tune toy.py --knob env:TOY=fast,crash", "baseline": "baseline",
-        "chosen": "env:TOY=fast", "p50_gain": 0.12, "p90_gain": 0.08,
+        "chosen": "env:TOY=fast", "p50_gain": 0.12, "p90_gain": 0.08, "baseline_noise": 0.0,
         "settings": {"env:TOY": "fast"}, "changes": {"env:TOY": "fast"},
         "emit": {"env": {"TOY": "fast"}, "python": ""},
         "candidates": [

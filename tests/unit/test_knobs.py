@@ -31,13 +31,13 @@ def test_a_script_with_fbgemm_tbes_only_gets_only_the_writeback_knobs():
     assert all(c.unavailable is None and c.not_applicable is None for c in cands.values())
 
 
-def test_torchrec_pipeline_knobs_need_cuda_streams_on_a_cpu():
+def test_torchrec_pipelines_run_on_a_cpu_and_their_speed_is_decided_on_a_gpu():
     builds = {"tbes": [WRITEBACK_TBE], "pipelines": [PIPELINE]}
     cands = names(knobs.candidates(builds, cuda=False))
     fused = cands["torchrec.pipeline=fused, torchrec.emb_lookup_stream=new"]
-    assert "needs CUDA streams" in fused.unavailable
+    assert fused.unavailable is None and "decided on a GPU only" in fused.gpu_speed_only
     assert cands["torchrec.pipeline=semi_sync"].approximate
-    assert not any(c.unavailable for c in knobs.candidates(builds, cuda=True))
+    assert not any(c.gpu_speed_only for c in knobs.candidates(builds, cuda=True))
     # the stream of a pipeline without one is not a candidate of its own
     assert not any("emb_lookup_stream" in n and "fused" not in n for n in cands)
 
