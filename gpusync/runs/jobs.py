@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .. import verbosity
 from ..errors import GpusyncError
@@ -121,6 +121,14 @@ class ScanJob(_Job):
             write_atomic(self.trace, json.dumps(doc))
 
 
+def _counting_steps(results: Results, run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """Write run(live)'s result; while it runs, snapshots carry live["steps"] (the whole steps
+    done, for the parent's progress), and an os._exit leaves what it had."""
+    live: dict[str, Any] = {"steps": 0}
+    with snapshots(results, lambda: {"steps": live["steps"]}), saving_on_exit(results, dict):
+        results.write(run(live))
+
+
 @dataclass(frozen=True)
 class TimingJob(_Job):
     """Step times of an unscanned run (baseline --timing, gate timings)."""
@@ -136,10 +144,8 @@ class TimingJob(_Job):
     def run(self, results: Results) -> None:
         from ..targets import parse_target
 
-        live: dict[str, Any] = {"steps": 0}
-        with snapshots(results, lambda: {"steps": live["steps"]}), \
-                saving_on_exit(results, dict):
-            results.write(parse_target(self.target).accept(_Timing(self, live)))
+        _counting_steps(results, lambda live: parse_target(self.target).accept(
+            _Timing(self, live)))
 
 
 class _Timing:
@@ -201,10 +207,7 @@ class CandidateJob(_Job):
     def run(self, results: Results) -> None:
         from .candidate_child import run_candidate
 
-        live: dict[str, Any] = {"steps": 0}
-        with snapshots(results, lambda: {"steps": live["steps"]}), \
-                saving_on_exit(results, dict):
-            results.write(run_candidate(self, live))
+        _counting_steps(results, lambda live: run_candidate(self, live))
 
 
 Job = ScanJob | TimingJob | CandidateJob
