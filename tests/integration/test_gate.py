@@ -5,8 +5,12 @@ import textwrap
 
 import pytest
 
+from gpusync import runs
+from gpusync.runs import inprocess
 from tests.conftest import check_contract, stderr_lines
 from tests.conftest import run_main as run
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 LOOP = textwrap.dedent('''
     import torch
@@ -24,7 +28,9 @@ def recorded(tmp_path_factory):
     """One recorded baseline, copied into each test's own folder."""
     folder = tmp_path_factory.mktemp("recorded")
     (folder / "train.py").write_text(LOOP + "    v = loss.item()\n")
-    proc = run("baseline", "train.py", "-o", "base.json", cwd=folder)
+    with pytest.MonkeyPatch.context() as patch:  # in this process, as the tests' own runs
+        patch.setattr(runs, "runner", inprocess.run_in_process)
+        proc = run("baseline", "train.py", "-o", "base.json", cwd=folder)
     assert proc.returncode == 0, proc.stderr
     return folder
 

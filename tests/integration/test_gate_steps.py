@@ -3,7 +3,11 @@ in this process (run_main): baseline and gate end to end, each a whole scan."""
 import json
 import textwrap
 
+import pytest
+
 from tests.conftest import run_main as gpusync
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 LOOP = textwrap.dedent('''
     import torch

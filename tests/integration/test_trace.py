@@ -6,8 +6,11 @@ import pathlib
 import textwrap
 
 import jsonschema
+import pytest
 
 from tests.conftest import run_main
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 SCHEMA = json.loads((pathlib.Path(__file__).resolve().parents[1] / "schemas" /
                      "trace_event.schema.json").read_text())

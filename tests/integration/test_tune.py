@@ -14,6 +14,8 @@ from tests.conftest import check_contract
 from tests.conftest import run_main as gpusync
 from tests.integration.test_cli import one_line_error
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 FACTORY = textwrap.dedent('''
     import torch
     import gpusync

@@ -14,6 +14,8 @@ from gpusync.detect.libraries import ENTRIES, library_fix
 from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 TORCH_SCRIPT = textwrap.dedent("""\
     import torch
     dev = torch.device("cuda")
