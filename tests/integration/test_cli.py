@@ -1,6 +1,6 @@
-"""The CLI: exit codes, one-line errors, reports. In this process (run_main) but where the
-process boundary is the point: `python -m gpusync` itself, and a target's code failing in the
-scan's child, whose own stderr must stay quiet too (run_cli)."""
+"""The CLI: exit codes, one-line errors, reports. In this process, the scanned code too
+(run_main, in_process), but where the process boundary is the point: `python -m gpusync`
+itself, and code failing in the scan's child, whose own stderr must stay quiet too (run_cli)."""
 import json
 import textwrap
 
@@ -8,6 +8,8 @@ import pytest
 
 from tests.conftest import check_contract, run_cli, stderr_lines
 from tests.conftest import run_main as gpusync
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 CLEAN = textwrap.dedent('''
     import torch
@@ -138,12 +140,18 @@ def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
      "returned int, expected gpusync.Workload"),
 ])
 def test_a_factory_that_cannot_be_built_is_one_line_exit_2(tmp_path, files, args, message):
-    """Found in the scan's child, which imports the factory: a subprocess, so that the
-    child's own stderr is in the one line too."""
+    """Found where the factory is imported: here in this process (in_process)."""
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    line = one_line_error(run_cli(*args, cwd=tmp_path))
+    line = one_line_error(gpusync(*args, cwd=tmp_path))
     assert message in line
+
+
+def test_a_factory_failing_in_the_scans_child_is_one_line_exit_2(tmp_path):
+    """A subprocess: the child imports the factory, and its own stderr is in the one line."""
+    (tmp_path / "f.py").write_text("import not_a_real_pkg\n")
+    line = one_line_error(run_cli("scan", "f.py:make", cwd=tmp_path))
+    assert "importing f.py failed" in line
 
 
 def test_bench_writeback_json():
