@@ -1,10 +1,15 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
-and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): how the
-child process ends, and where its own output goes, are what is tested (sys.exit in a
-factory's step runs in-process)."""
+and the code's own prints never mix with the report on stdout. The CLI in this process
+(run_main) and the code in its child, whose end (os._exit, SIGKILL) is what is tested; a
+subprocess (run_cli) where the child's own output, on file descriptors 1 and 2, is (sys.exit
+in a factory's step and a baseline of code that ends normally run in this process)."""
 import json
 import textwrap
 
+import pytest
+
+from gpusync import runs
+from gpusync.runs import inprocess
 from tests.conftest import run_cli as gpusync
 from tests.conftest import run_main
 
@@ -40,7 +45,7 @@ FACTORY = textwrap.dedent('''
 
 def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
-    proc = gpusync("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
+    proc = run_main("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert "os._exit(1)" in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -52,13 +57,15 @@ def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
 def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP)
     # the baseline of code that ends normally: in this process (only the os._exit is the point)
-    assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runs, "runner", inprocess.run_in_process)
+        assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
-    gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+    gate = run_main("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 3 and "os._exit(1)" in gate.stderr
     assert gate.stdout == ""  # no verdict: what ran goes to stderr, before the reason
     assert "gpusync scan of train.py" in gate.stderr and "train.py:8" in gate.stderr
-    base = gpusync("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
+    base = run_main("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
     assert base.returncode == 3 and not (tmp_path / "new.json").exists()
     assert "gpusync scan of train.py" in base.stderr and "train.py:8" in base.stderr
 
@@ -66,7 +73,7 @@ def test_os_exit_fails_baseline_and_gate_too(tmp_path):
 def test_a_killed_scan_is_exit_3(tmp_path):
     (tmp_path / "train.py").write_text(LOOP + "import os, signal\nos.kill(os.getpid(), "
                                        "signal.SIGKILL)\n")
-    proc = gpusync("scan", "train.py", cwd=tmp_path)
+    proc = run_main("scan", "train.py", cwd=tmp_path)
     assert proc.returncode == 3 and "killed by SIGKILL" in proc.stderr
 
 
