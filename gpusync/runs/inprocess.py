@@ -8,7 +8,9 @@ thread of its own, so that its stack starts at the job as in the child (the call
 are no site's); so the code is not on the main thread (signal.signal refuses there). The tests
 that check those run the child (process.py). Everything the job changes in this process is put
 back: the working directory, sys.argv, sys.path, sys.modules["__main__"], os.environ, os._exit,
-gpusync's verbosity, warning filters and logging's level.
+gpusync's verbosity, warning filters and logging's level. What this process did before the
+job is not undone: code that needs a fresh interpreter (what torch.compile's first use
+changes in torch for good, a library imported first) runs in the child.
 """
 from __future__ import annotations
 
