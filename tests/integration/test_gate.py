@@ -1,5 +1,6 @@
 """The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings.
-The CLI in this process (run_main): baseline and gate end to end, each a whole scan."""
+The CLI and the scanned code in this process (run_main, in_process): baseline and gate end to
+end, each a whole scan; here for its size, not for a process."""
 import json
 import textwrap
 

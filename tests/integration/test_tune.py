@@ -1,7 +1,7 @@
 """gpusync tune end to end: a user's profile with candidates that keep, change or cannot run;
 the tuned profile it writes is itself a profile; bad input is one line; and with a fake clock
-the fastest candidate with parity is chosen. The CLI in this process (run_main): whole tunes,
-end to end."""
+the fastest candidate with parity is chosen. The CLI and the candidates in this process
+(run_main, in_process): whole tunes, end to end; here for their size, not for a process."""
 import json
 import textwrap
 
