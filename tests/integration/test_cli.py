@@ -1,11 +1,14 @@
 """The CLI: exit codes, one-line errors, reports. In this process, the scanned code too
 (run_main, in_process), but where the process boundary is the point: `python -m gpusync`
-itself, and code failing in the scan's child, whose own stderr must stay quiet too (run_cli)."""
+itself (run_cli), and code failing in the scan's child, whose own stderr (on this process's
+file descriptor 2, capfd) must stay quiet too."""
 import json
 import textwrap
 
 import pytest
 
+from gpusync import runs
+from gpusync.runs import process
 from tests.conftest import check_contract, run_cli, stderr_lines
 from tests.conftest import run_main as gpusync
 
@@ -74,18 +77,30 @@ def test_max_syncs_per_step_gate(tmp_path):
     assert "more than --max-syncs-per-step 0" in proc.stderr
 
 
-def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path):
-    """A subprocess: the code raises in the scan's child, whose own stderr is in the lines."""
+def scanned_in_child(capfd, *args, cwd=None):
+    """run_main with the scanned code in gpusync's child, whose own stderr (on this process's
+    file descriptor 2, capfd) goes in the result's stderr, before gpusync's."""
+    capfd.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runs, "runner", process.run_child)
+        proc = gpusync(*args, cwd=cwd)
+    proc.stderr = capfd.readouterr().err + proc.stderr
+    return proc
+
+
+def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path,
+                                                                               capfd):
+    """The code raises in the scan's child, whose own stderr is in the lines."""
     script = tmp_path / "crash.py"
     script.write_text(SYNCING + "raise RuntimeError('user bug')\n")
-    proc = run_cli("scan", str(script))
+    proc = scanned_in_child(capfd, "scan", str(script))
     assert proc.returncode == 3
     assert "item" in proc.stdout and "user bug" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert stderr_lines(proc)[-1] == (
         f"gpusync: the scanned code raised RuntimeError: user bug at {script}:9 "
         "(-v: the traceback)")
-    proc = run_cli("scan", str(script), "-v")
+    proc = scanned_in_child(capfd, "scan", str(script), "-v")
     assert proc.returncode == 3
     assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
     assert stderr_lines(proc)[-1].endswith(f"user bug at {script}:9")
@@ -147,10 +162,10 @@ def test_a_factory_that_cannot_be_built_is_one_line_exit_2(tmp_path, files, args
     assert message in line
 
 
-def test_a_factory_failing_in_the_scans_child_is_one_line_exit_2(tmp_path):
-    """A subprocess: the child imports the factory, and its own stderr is in the one line."""
+def test_a_factory_failing_in_the_scans_child_is_one_line_exit_2(tmp_path, capfd):
+    """The child imports the factory, and its own stderr is in the one line."""
     (tmp_path / "f.py").write_text("import not_a_real_pkg\n")
-    line = one_line_error(run_cli("scan", "f.py:make", cwd=tmp_path))
+    line = one_line_error(scanned_in_child(capfd, "scan", "f.py:make", cwd=tmp_path))
     assert "importing f.py failed" in line
 
 

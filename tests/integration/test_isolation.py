@@ -1,7 +1,7 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
 and the code's own prints never mix with the report on stdout. The CLI in this process
-(run_main) and the code in its child, whose end (os._exit, SIGKILL) is what is tested; a
-subprocess (run_cli) where the child's own output, on file descriptors 1 and 2, is (sys.exit
+(run_main) and the code in its child: how the child ends (os._exit, SIGKILL) and where its own
+output goes (this process's file descriptors, which it inherits) are what is tested (sys.exit
 in a factory's step and a baseline of code that ends normally run in this process)."""
 import json
 import textwrap
@@ -10,7 +10,6 @@ import pytest
 
 from gpusync import runs
 from gpusync.runs import inprocess
-from tests.conftest import run_cli as gpusync
 from tests.conftest import run_main
 
 LOOP = textwrap.dedent('''
@@ -88,12 +87,18 @@ def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path, in_process):
     assert "gpusync scan of work.py:make" in base.stderr
 
 
-def test_the_scripts_prints_never_reach_stdout(tmp_path):
+def test_the_scripts_prints_never_reach_stdout(tmp_path, capfd):
+    """The child inherits this process's file descriptors 1 and 2 (capfd) and puts its prints
+    on 2; gpusync's report is on sys.stdout (run_main's)."""
     (tmp_path / "train.py").write_text(LOOP)
-    proc = gpusync("scan", "train.py", "--format", "json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    capfd.readouterr()
+    proc = run_main("scan", "train.py", "--format", "json", cwd=tmp_path)
+    child = capfd.readouterr()
+    assert proc.returncode == 0, proc.stderr + child.err
     report = json.loads(proc.stdout)  # what `| python -m json.tool` reads
     assert report["sites"][0]["op"] == "item"
-    assert "step 3 loss" in proc.stderr
-    proc = gpusync("scan", "train.py", "--format", "markdown", cwd=tmp_path)
+    assert "step 3 loss" in child.err and child.out == ""
+    proc = run_main("scan", "train.py", "--format", "markdown", cwd=tmp_path)
+    child = capfd.readouterr()
     assert proc.stdout.startswith("## gpusync scan") and "step 0 loss" not in proc.stdout
+    assert "step 0 loss" in child.err and child.out == ""
