@@ -5,8 +5,9 @@ on stderr instead of stdout (or captured), os._exit saving what was measured. Wh
 process boundary gives is not here: no time limit, no signals forwarded, and the code's
 os._exit ends the job (its return code that status) instead of the process. The job runs in a
 thread of its own, so that its stack starts at the job as in the child (the caller's frames
-are no site's); so the code is not on the main thread (signal.signal refuses there). The tests
-that check those run the child (process.py). Everything the job changes in this process is put
+are no site's); so the code is not on the main thread (signal.signal refuses there, and
+torch.profiler's kineto, set up on the thread that imported torch, prints an error). The tests
+that need those run the child (process.py). Everything the job changes in this process is put
 back: the working directory, sys.argv, sys.path, sys.modules["__main__"], os.environ, os._exit,
 gpusync's verbosity, warning filters and logging's level. What this process did before the
 job is not undone: code that needs a fresh interpreter (what torch.compile's first use
