@@ -3,9 +3,7 @@
 runs plainly (`python x.py`, its CPU branch) and under `gpusync scan` (its CUDA branch on the
 virtual device); both print the same, the scan prints no error of its own, and it reports
 exactly the sites marked `# expect:`, which are what a CUDA run syncs (sources cited in
-gpusync/detect/virtual_torch.py, virtual_libs.py and tests/corpus_cuda/README.md). The plain
-run in a process of its own, the scan in this one (in_process), but for the profiler's script
-(in gpusync's child, whose main thread runs it as kineto requires)."""
+gpusync/detect/virtual_torch.py, virtual_libs.py and tests/corpus_cuda/README.md)."""
 import json
 import os
 import pathlib
@@ -18,8 +16,7 @@ import torch
 
 from tests.conftest import DETERMINISTIC, expected_sites, run_main
 
-pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build"),
-              pytest.mark.usefixtures("in_process")]
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 
 CORPUS_CUDA = pathlib.Path(__file__).resolve().parents[1] / "corpus_cuda"
 _NOT_SCRIPT = ("gpusync", "USDT:")  # gpusync's own lines; kineto's trace markers (both runs)
@@ -136,8 +133,7 @@ def _plain(path: pathlib.Path) -> list[str]:
 
 def _scanned(path: pathlib.Path, capfd) -> tuple[dict, list[str]]:
     """(the JSON report, what the script printed) of `gpusync scan x.py --format json`: the
-    scanned code prints to run_main's stderr in this process, or from gpusync's child to this
-    process's descriptors."""
+    scanned code runs in gpusync's child process, which prints to this process's descriptors."""
     capfd.readouterr()
     proc = run_main("scan", path, "--format", "json")
     child = capfd.readouterr()
@@ -160,10 +156,7 @@ def _check(path: pathlib.Path, capfd) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_scripts_run_as_on_a_cuda_build_and_report_what_cuda_syncs(tmp_path, capfd, name,
-                                                                   request):
-    if name == "profiled.py":  # kineto runs on the thread torch started it on: the child's main
-        request.getfixturevalue("in_child")
+def test_scripts_run_as_on_a_cuda_build_and_report_what_cuda_syncs(tmp_path, capfd, name):
     report = _check(_write(tmp_path, name), capfd)
     predicted = {s["op"] for s in report["sites"] if s["predicted"]}
     assert predicted == ({"Stream.synchronize"} if name == "barrier.py" else set())
