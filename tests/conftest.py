@@ -84,6 +84,16 @@ def in_process(monkeypatch):
     monkeypatch.setattr(runs, "runner", inprocess.run_in_process)
 
 
+@pytest.fixture
+def in_child(monkeypatch):
+    """gpusync's runs in a child process, in a module marked in_process: for its tests that
+    need a fresh interpreter (what the scanned code imports first) or a process boundary."""
+    from gpusync import runs
+    from gpusync.runs import process
+
+    monkeypatch.setattr(runs, "runner", process.run_child)
+
+
 def run_main(*args, cwd=None):
     """The click entry point in this process, output captured like run_cli's. The code it
     scans runs in gpusync's child process, which inherits DETERMINISTIC, unless the test uses

@@ -3,10 +3,15 @@
 The job runs as in the child (child.py): its verbosity, its scratch folder, the code's prints
 on stderr instead of stdout (or captured), os._exit saving what was measured. What only a
 process boundary gives is not here: no time limit, no signals forwarded, and the code's
-os._exit ends the job (its return code that status) instead of the process. The tests that
-check those run the child (process.py). Everything the job changes in this process is put
+os._exit ends the job (its return code that status) instead of the process. The job runs in a
+thread of its own, so that its stack starts at the job as in the child (the caller's frames
+are no site's); so the code is not on the main thread (signal.signal refuses there, and
+torch.profiler's kineto, set up on the thread that imported torch, prints an error). The tests
+that need those run the child (process.py). Everything the job changes in this process is put
 back: the working directory, sys.argv, sys.path, sys.modules["__main__"], os.environ, os._exit,
-gpusync's verbosity, warning filters and logging's level.
+gpusync's verbosity, warning filters and logging's level. What this process did before the
+job is not undone: code that needs a fresh interpreter (what torch.compile's first use
+changes in torch for good, a library imported first) runs in the child.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator, NoReturn
@@ -61,20 +67,46 @@ def run_in_process(job: Job, timeout: float | None = None, capture: bool = False
     """process.run_child's result, the job run here (`timeout` is not enforced)."""
     results = MemoryResults(on_snapshot)
     output = io.StringIO() if capture else None
-    returncode = 0
+    returncode: list[int] = []
     with _as_child(job, output, env):
-        try:
-            job.run(results)
-        except GpusyncError as e:
-            results.write({"status": Status.FAILED.value, "message": str(e),
-                           "exit_code": e.exit_code})
-        except KeyboardInterrupt:
-            results.write({"status": Status.INTERRUPTED.value})
-            returncode = 130
-        except _ProcessEnded as e:
-            returncode = e.status
+        _on_a_stack_of_its_own(lambda: returncode.append(_run(job, results)))
     tail = "\n".join(output.getvalue().splitlines()[-OUTPUT_LINES:]) if output else ""
-    return ChildResult.decode(results.data, returncode, tail, time.time())
+    return ChildResult.decode(results.data, returncode[0], tail, time.time())
+
+
+def _run(job: Job, results: MemoryResults) -> int:
+    """child.main's part: the job's return code, its failures written as results."""
+    try:
+        job.run(results)
+    except GpusyncError as e:
+        results.write({"status": Status.FAILED.value, "message": str(e),
+                       "exit_code": e.exit_code})
+    except KeyboardInterrupt:
+        results.write({"status": Status.INTERRUPTED.value})
+        return 130
+    except _ProcessEnded as e:
+        return e.status
+    return 0
+
+
+def _on_a_stack_of_its_own(run: Callable[[], None]) -> None:
+    """`run` in a thread of its own, whose exception (a bug) is raised here. A site's frames
+    are the stack above its sync, down to where the code was started: in the child that is
+    gpusync's machinery alone, here it would be the caller's (the test, pytest, xdist), frames
+    that a scan would place sites in or show as the library beneath them."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as e:  # noqa: BLE001  # handed to the caller's thread
+            raised.append(e)
+
+    thread = threading.Thread(target=target, name="gpusync-in-process")
+    thread.start()
+    thread.join()
+    if raised:
+        raise raised[0]
 
 
 @contextlib.contextmanager

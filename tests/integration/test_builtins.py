@@ -1,6 +1,7 @@
 """The built-in profiles scan end to end and show the syncs they are built to show. In this
 process (run_scan), but where the process is the point: a fresh interpreter with torchrec and
-fbgemm blocked before anything imports them, and the scan child's own stderr (run_cli)."""
+fbgemm blocked before anything imports them, and the scan child's own stderr (run_main with
+capfd: the child writes on this process's file descriptor 2)."""
 import importlib.util
 
 import pytest
@@ -66,13 +67,18 @@ def test_torchrec_dlrm_shows_syncs_inside_torchrec_at_the_users_line():
 
 @pytest.mark.torchrec
 @pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec not installed")
-def test_third_party_warnings_of_a_builtin_workload_show_with_v_only():
-    from tests.conftest import run_cli  # the child's own stderr: a process boundary
+def test_third_party_warnings_of_a_builtin_workload_show_with_v_only(capfd):
+    """In the scan's child, a fresh interpreter (this one may have shown them already), whose
+    stderr is this process's (capfd)."""
+    from tests.conftest import run_main
 
-    quiet = run_cli("scan", "torchrec_dlrm", "--steps", "1")
-    assert quiet.returncode == 0 and "Warning" not in quiet.stderr
-    loud = run_cli("scan", "torchrec_dlrm", "--steps", "1", "-v")
-    assert loud.returncode == 0 and "Warning" in loud.stderr  # torchrec's planner notices
+    capfd.readouterr()
+    quiet = run_main("scan", "torchrec_dlrm", "--steps", "1")
+    err = quiet.stderr + capfd.readouterr().err
+    assert quiet.returncode == 0 and "Warning" not in err, err
+    loud = run_main("scan", "torchrec_dlrm", "--steps", "1", "-v")
+    err = loud.stderr + capfd.readouterr().err
+    assert loud.returncode == 0 and "Warning" in err  # torchrec's planner notices
 
 
 def test_profile_needing_a_missing_package_is_a_clean_error(tmp_path):

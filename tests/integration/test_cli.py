@@ -1,13 +1,18 @@
-"""The CLI: exit codes, one-line errors, reports. In this process (run_main) but where the
-process boundary is the point: `python -m gpusync` itself, and a target's code failing in the
-scan's child, whose own stderr must stay quiet too (run_cli)."""
+"""The CLI: exit codes, one-line errors, reports. In this process, the scanned code too
+(run_main, in_process), but where the process boundary is the point: `python -m gpusync`
+itself (run_cli), and code failing in the scan's child, whose own stderr (on this process's
+file descriptor 2, capfd) must stay quiet too."""
 import json
 import textwrap
 
 import pytest
 
+from gpusync import runs
+from gpusync.runs import process
 from tests.conftest import check_contract, run_cli, stderr_lines
 from tests.conftest import run_main as gpusync
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 CLEAN = textwrap.dedent('''
     import torch
@@ -72,18 +77,30 @@ def test_max_syncs_per_step_gate(tmp_path):
     assert "more than --max-syncs-per-step 0" in proc.stderr
 
 
-def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path):
-    """A subprocess: the code raises in the scan's child, whose own stderr is in the lines."""
+def scanned_in_child(capfd, *args, cwd=None):
+    """run_main with the scanned code in gpusync's child, whose own stderr (on this process's
+    file descriptor 2, capfd) goes in the result's stderr, before gpusync's."""
+    capfd.readouterr()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runs, "runner", process.run_child)
+        proc = gpusync(*args, cwd=cwd)
+    proc.stderr = capfd.readouterr().err + proc.stderr
+    return proc
+
+
+def test_user_code_raising_prints_report_then_one_line_or_with_v_the_traceback(tmp_path,
+                                                                               capfd):
+    """The code raises in the scan's child, whose own stderr is in the lines."""
     script = tmp_path / "crash.py"
     script.write_text(SYNCING + "raise RuntimeError('user bug')\n")
-    proc = run_cli("scan", str(script))
+    proc = scanned_in_child(capfd, "scan", str(script))
     assert proc.returncode == 3
     assert "item" in proc.stdout and "user bug" in proc.stdout
     assert "Traceback" not in proc.stderr
     assert stderr_lines(proc)[-1] == (
         f"gpusync: the scanned code raised RuntimeError: user bug at {script}:9 "
         "(-v: the traceback)")
-    proc = run_cli("scan", str(script), "-v")
+    proc = scanned_in_child(capfd, "scan", str(script), "-v")
     assert proc.returncode == 3
     assert "Traceback" in proc.stderr and "RuntimeError: user bug" in proc.stderr
     assert stderr_lines(proc)[-1].endswith(f"user bug at {script}:9")
@@ -138,12 +155,18 @@ def test_bad_input_is_one_line_exit_2(tmp_path, files, args, message):
      "returned int, expected gpusync.Workload"),
 ])
 def test_a_factory_that_cannot_be_built_is_one_line_exit_2(tmp_path, files, args, message):
-    """Found in the scan's child, which imports the factory: a subprocess, so that the
-    child's own stderr is in the one line too."""
+    """Found where the factory is imported: here in this process (in_process)."""
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    line = one_line_error(run_cli(*args, cwd=tmp_path))
+    line = one_line_error(gpusync(*args, cwd=tmp_path))
     assert message in line
+
+
+def test_a_factory_failing_in_the_scans_child_is_one_line_exit_2(tmp_path, capfd):
+    """The child imports the factory, and its own stderr is in the one line."""
+    (tmp_path / "f.py").write_text("import not_a_real_pkg\n")
+    line = one_line_error(scanned_in_child(capfd, "scan", "f.py:make", cwd=tmp_path))
+    assert "importing f.py failed" in line
 
 
 def test_bench_writeback_json():

@@ -1,12 +1,17 @@
 """The gate matrix on CPU: pass, new site, more, fewer, moved code, corrupt baselines, timings.
-The CLI in this process (run_main): baseline and gate end to end, each a whole scan."""
+The CLI and the scanned code in this process (run_main, in_process): baseline and gate end to
+end, each a whole scan; here for its size, not for a process."""
 import json
 import textwrap
 
 import pytest
 
+from gpusync import runs
+from gpusync.runs import inprocess
 from tests.conftest import check_contract, stderr_lines
 from tests.conftest import run_main as run
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 LOOP = textwrap.dedent('''
     import torch
@@ -24,7 +29,9 @@ def recorded(tmp_path_factory):
     """One recorded baseline, copied into each test's own folder."""
     folder = tmp_path_factory.mktemp("recorded")
     (folder / "train.py").write_text(LOOP + "    v = loss.item()\n")
-    proc = run("baseline", "train.py", "-o", "base.json", cwd=folder)
+    with pytest.MonkeyPatch.context() as patch:  # in this process, as the tests' own runs
+        patch.setattr(runs, "runner", inprocess.run_in_process)
+        proc = run("baseline", "train.py", "-o", "base.json", cwd=folder)
     assert proc.returncode == 0, proc.stderr
     return folder
 

@@ -1,9 +1,14 @@
 """The gate asks for the steps its baseline was recorded with, so the same code passes. The CLI
-in this process (run_main): baseline and gate end to end, each a whole scan."""
+and the scanned code in this process (run_main, in_process): baseline and gate end to end, each
+a whole scan; here for its size, not for a process."""
 import json
 import textwrap
 
+import pytest
+
 from tests.conftest import run_main as gpusync
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 LOOP = textwrap.dedent('''
     import torch

@@ -1,11 +1,15 @@
 """The scanned code runs in a child process: however it ends the run, gpusync reaches a verdict,
-and the code's own prints never mix with the report on stdout. Subprocesses (run_cli): how the
-child process ends, and where its own output goes, are what is tested (sys.exit in a
-factory's step runs in-process)."""
+and the code's own prints never mix with the report on stdout. The CLI in this process
+(run_main) and the code in its child: how the child ends (os._exit, SIGKILL) and where its own
+output goes (this process's file descriptors, which it inherits) are what is tested (sys.exit
+in a factory's step and a baseline of code that ends normally run in this process)."""
 import json
 import textwrap
 
-from tests.conftest import run_cli as gpusync
+import pytest
+
+from gpusync import runs
+from gpusync.runs import inprocess
 from tests.conftest import run_main
 
 LOOP = textwrap.dedent('''
@@ -40,7 +44,7 @@ FACTORY = textwrap.dedent('''
 
 def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
-    proc = gpusync("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
+    proc = run_main("scan", "train.py", "--format", "json", "-o", "r.json", cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
     assert "os._exit(1)" in proc.stderr
     report = json.loads((tmp_path / "r.json").read_text())
@@ -52,13 +56,15 @@ def test_os_exit_non_zero_is_exit_3_with_what_was_measured(tmp_path):
 def test_os_exit_fails_baseline_and_gate_too(tmp_path):
     (tmp_path / "train.py").write_text(LOOP)
     # the baseline of code that ends normally: in this process (only the os._exit is the point)
-    assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runs, "runner", inprocess.run_in_process)
+        assert run_main("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
     (tmp_path / "train.py").write_text(LOOP + "import os\nos._exit(1)\n")
-    gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
+    gate = run_main("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 3 and "os._exit(1)" in gate.stderr
     assert gate.stdout == ""  # no verdict: what ran goes to stderr, before the reason
     assert "gpusync scan of train.py" in gate.stderr and "train.py:8" in gate.stderr
-    base = gpusync("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
+    base = run_main("baseline", "train.py", "-o", "new.json", cwd=tmp_path)
     assert base.returncode == 3 and not (tmp_path / "new.json").exists()
     assert "gpusync scan of train.py" in base.stderr and "train.py:8" in base.stderr
 
@@ -66,7 +72,7 @@ def test_os_exit_fails_baseline_and_gate_too(tmp_path):
 def test_a_killed_scan_is_exit_3(tmp_path):
     (tmp_path / "train.py").write_text(LOOP + "import os, signal\nos.kill(os.getpid(), "
                                        "signal.SIGKILL)\n")
-    proc = gpusync("scan", "train.py", cwd=tmp_path)
+    proc = run_main("scan", "train.py", cwd=tmp_path)
     assert proc.returncode == 3 and "killed by SIGKILL" in proc.stderr
 
 
@@ -81,12 +87,18 @@ def test_sys_exit_in_a_factory_step_is_exit_3(tmp_path, in_process):
     assert "gpusync scan of work.py:make" in base.stderr
 
 
-def test_the_scripts_prints_never_reach_stdout(tmp_path):
+def test_the_scripts_prints_never_reach_stdout(tmp_path, capfd):
+    """The child inherits this process's file descriptors 1 and 2 (capfd) and puts its prints
+    on 2; gpusync's report is on sys.stdout (run_main's)."""
     (tmp_path / "train.py").write_text(LOOP)
-    proc = gpusync("scan", "train.py", "--format", "json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    capfd.readouterr()
+    proc = run_main("scan", "train.py", "--format", "json", cwd=tmp_path)
+    child = capfd.readouterr()
+    assert proc.returncode == 0, proc.stderr + child.err
     report = json.loads(proc.stdout)  # what `| python -m json.tool` reads
     assert report["sites"][0]["op"] == "item"
-    assert "step 3 loss" in proc.stderr
-    proc = gpusync("scan", "train.py", "--format", "markdown", cwd=tmp_path)
+    assert "step 3 loss" in child.err and child.out == ""
+    proc = run_main("scan", "train.py", "--format", "markdown", cwd=tmp_path)
+    child = capfd.readouterr()
     assert proc.stdout.startswith("## gpusync scan") and "step 0 loss" not in proc.stdout
+    assert "step 0 loss" in child.err and child.out == ""

@@ -1,6 +1,7 @@
 """`gpusync scan --gpu NAME`: the cost model's prediction per site and per step, end to end
-(the scanned script runs in gpusync's child on the virtual CUDA device).  Nothing timed: the
-assertions hold for any host calibration (the matmuls' device time dwarfs the host's)."""
+(the scanned script runs in gpusync's child on the virtual CUDA device: a fresh process, where
+whether the scan imported the cost model shows). Nothing timed: the assertions hold for any
+host calibration (the matmuls' device time dwarfs the host's)."""
 import json
 import textwrap
 

@@ -1,13 +1,17 @@
 """`gpusync scan --trace FILE`: a Chrome / Perfetto trace of the scan, validated against the
 Trace Event Format (tests/schemas/trace_event.schema.json), with the slices properly nested on
-each track as viewers require. The CLI in this process (run_main): a whole scan, end to end."""
+each track as viewers require. The CLI and the scanned code in this process (run_main,
+in_process): a whole scan, end to end; here for its size, not for a process."""
 import json
 import pathlib
 import textwrap
 
 import jsonschema
+import pytest
 
 from tests.conftest import run_main
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 SCHEMA = json.loads((pathlib.Path(__file__).resolve().parents[1] / "schemas" /
                      "trace_event.schema.json").read_text())

@@ -1,7 +1,7 @@
 """gpusync tune end to end: a user's profile with candidates that keep, change or cannot run;
 the tuned profile it writes is itself a profile; bad input is one line; and with a fake clock
-the fastest candidate with parity is chosen. The CLI in this process (run_main): whole tunes,
-end to end."""
+the fastest candidate with parity is chosen. The CLI and the candidates in this process
+(run_main, in_process): whole tunes, end to end; here for their size, not for a process."""
 import json
 import textwrap
 
@@ -13,6 +13,8 @@ from gpusync.tune import run_tune
 from tests.conftest import check_contract
 from tests.conftest import run_main as gpusync
 from tests.integration.test_cli import one_line_error
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 FACTORY = textwrap.dedent('''
     import torch
@@ -157,10 +159,16 @@ def test_builtin_writeback_tune_keeps_parity_across_implementations():
         assert set(out["result"]["skipped"]) == {"fbgemm_tbe_legacy", "fbgemm_tbe_precompute"}
 
 
-@pytest.mark.slow
-def test_builtin_pipeline_tune_runs_with_parity():
-    proc = gpusync("tune", "--device", "cpu", "--steps", "1", "--repeats", "2", "--format",
-                   "json")
+def test_builtin_pipeline_tune_runs_with_parity(tmp_path):
+    """The built-in profile's candidates, on a smaller model and batch (its args are sized
+    for a GPU: on a CPU they took half a minute) given as the user's own profile."""
+    from gpusync.profiles import find_builtin
+
+    profile = yaml.safe_load(find_builtin("sparsenn_pipeline").read_text())
+    profile["args"].update(batch_size=64, rows=1000, dim=16)
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(profile))
+    proc = gpusync("tune", "pipeline.yaml", "--device", "cpu", "--steps", "1", "--repeats", "2",
+                   "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     parity = {v["name"]: v["parity"] for v in out["result"]["variants"]}

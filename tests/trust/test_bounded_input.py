@@ -11,6 +11,8 @@ from gpusync.profiles import load_profile
 from gpusync.tune_script import load_tuned
 from tests.conftest import run_main, stderr_lines
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 TUNED_HEAD = "kind: gpusync-tune\nschema_version: 1\n"
 RAN = "open('ran', 'w').close()\n"
 

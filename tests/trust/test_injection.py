@@ -18,6 +18,8 @@ from gpusync.reporters.bench import technique_table
 from gpusync.tune import Decision
 from tests.conftest import run_main, stderr_lines
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 HOSTILE = ["$(touch PWNED) a b", "`touch PWNED`", "x; touch PWNED", "it's \"quoted\"",
            "line\ntouch PWNED", "$HOME"]
 

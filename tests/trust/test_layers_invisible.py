@@ -1,18 +1,25 @@
 """gpusync's call layers (detect/patches.py) are invisible to the code they wrap, and the
 virtual device does not change what a script computes: each script here prints the same lines
-run plainly (`python x.py`) and under `gpusync scan` (whose stderr carries the script's own
-output). Lines the scripts print start with "|"; the rest is gpusync's."""
+run plainly (`python x.py`, a process: that is the point) and under `gpusync scan` (whose
+stderr carries the script's own output), in this process (in_process) but where the script
+must import a library first (in_child). Lines the scripts print start with "|"; the rest is
+gpusync's."""
 import os
 import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import DETERMINISTIC, run_main
+
+pytestmark = pytest.mark.usefixtures("in_process")
 
 
 def outputs(tmp_path, capfd, source: str, name: str = "x.py") -> tuple[list[str], list[str]]:
-    """(plain run's lines, scanned run's lines) of the script `source`. The scanned script runs
-    in gpusync's child process, which writes to this process's stderr (capfd)."""
+    """(plain run's lines, scanned run's lines) of the script `source`. The scanned script
+    prints to run_main's stderr in this process, or from gpusync's child to this process's
+    stderr (capfd)."""
     path = tmp_path / name
     path.write_text(textwrap.dedent(source))
     plain = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
@@ -20,7 +27,7 @@ def outputs(tmp_path, capfd, source: str, name: str = "x.py") -> tuple[list[str]
     assert plain.returncode == 0, plain.stderr
     capfd.readouterr()
     scan = run_main("scan", path, cwd=tmp_path)
-    child = capfd.readouterr().err
+    child = capfd.readouterr().err + scan.stderr  # from a child, or from this process
     assert "the scanned code raised" not in scan.stderr, scan.stderr + child
     mine = [ln for ln in plain.stdout.splitlines() if ln.startswith("|")]
     assert mine, "the script prints what it computed"
@@ -33,8 +40,9 @@ def assert_same(tmp_path, capfd, source: str) -> list[str]:
     return plain
 
 
-def test_torchscript_compiles_while_the_scan_runs(tmp_path, capfd):
-    """torchrec imports _apply_optimizer_in_backward, which scripts functions whose globals hold
+def test_torchscript_compiles_while_the_scan_runs(tmp_path, capfd, in_child):
+    """In a child, whose script imports torchrec first (this process may have imported it).
+    torchrec imports _apply_optimizer_in_backward, which scripts functions whose globals hold
     gpusync's wrappers; scripted code calling wrapped factories compiles to the same aten ops."""
     assert_same(tmp_path, capfd, """
         from typing import List

@@ -7,6 +7,8 @@ import pytest
 
 from tests.conftest import run_main, stderr_lines
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 NO_BACKWARD = """\
 import os, torch
 m = torch.nn.Linear(4, 1)

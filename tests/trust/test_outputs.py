@@ -16,6 +16,8 @@ import pytest
 from gpusync.fileio import write_atomic
 from tests.conftest import DETERMINISTIC, run_main, stderr_lines
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 SCRIPT = """\
 import os, sys, torch
 {before}

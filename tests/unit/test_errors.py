@@ -12,6 +12,8 @@ from gpusync.fileio import write_atomic
 from gpusync.profiles import load_profile
 from tests.conftest import run_main, stderr_lines
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 
 def one_line(proc, code=2):
     assert proc.returncode == code, proc.stdout + proc.stderr

@@ -16,6 +16,8 @@ from gpusync.reporters.html import box_plot, render_bench, render_scan, render_t
 from gpusync.scan import run_scan
 from gpusync.schemas import validator
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 SVG_NS = 'xmlns="http://www.w3.org/2000/svg"'
 VOID = {"meta", "br", "hr", "img", "input", "link", "wbr", "col", "source"}
 EVIL = "<script>alert(1)</script>"

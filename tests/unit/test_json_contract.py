@@ -11,6 +11,8 @@ from gpusync import schemas
 from tests.conftest import check_contract, run_main
 from tests.unit.test_overhead import FACTORY
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 
 @pytest.mark.parametrize("kind", sorted(schemas.VERSIONS))
 def test_every_kind_has_a_valid_schema_naming_its_version(kind):

@@ -14,6 +14,8 @@ from gpusync.detect.libraries import ENTRIES, library_fix
 from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 TORCH_SCRIPT = textwrap.dedent("""\
     import torch
     dev = torch.device("cuda")
@@ -69,7 +71,9 @@ def by_line(sites):
     return out
 
 
-def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_path):
+def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_path, in_child):
+    """In a child: torch.compile's first use (here, by other tests) turns torch.distributions'
+    validation off for the process's life (torch/_dynamo/eval_frame.py), a fresh one has it."""
     lines = by_line(scan_sites(tmp_path, TORCH_SCRIPT))
     expect = {
         16: ("bool()", "Distribution.__init__", "validate_args=False"),

@@ -13,6 +13,8 @@ from gpusync.errors import BadInput
 from gpusync.scan import run_scan
 from gpusync.workload import Workload
 
+pytestmark = pytest.mark.usefixtures("in_process")
+
 LOOP = '''
 import torch
 m = torch.nn.Linear(3, 1).to('cuda' if torch.cuda.is_available() else 'cpu')
