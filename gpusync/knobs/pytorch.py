@@ -275,7 +275,8 @@ def _benchmark(value, builds: Builds, patches) -> Iterator[list]:
     try:
         yield [patches.add_layer(_ConvNd, "__init__", init)]
     finally:
-        cudnn.benchmark = saved
+        if value is not None:  # untouched otherwise: after torch's disable_global_flags() any
+            cudnn.benchmark = saved  # assignment raises, even of the value it has
 
 
 def _at(entries: list[dict], what: str) -> str:

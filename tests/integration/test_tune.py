@@ -178,8 +178,30 @@ def test_builtin_pipeline_tune_runs_with_parity(tmp_path):
     assert out["args"]["pipeline"] in ("sparse_dist", "fused")
 
 
+PLAIN_STEP = textwrap.dedent('''
+    import torch
+    import gpusync
+
+    def make(device="cpu"):
+        torch.manual_seed(0)
+        w = torch.zeros(4, requires_grad=True)
+        data = [torch.randn(8, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+
+        def step(x):  # a hand-written update: no torch.optim optimizer to fuse
+            loss = (x @ w - 1).pow(2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w.sub_(0.1 * w.grad)
+                w.grad = None
+            return loss
+
+        return gpusync.Workload(step=step, batches=data)
+''')
+
+
 def test_nothing_to_tune_is_said_after_one_scan_without_timing(project):
-    (project / "p.yaml").write_text("name: x\nworkload: f.py:make\n")  # no tune block, no knobs
+    (project / "plain.py").write_text(PLAIN_STEP)
+    (project / "p.yaml").write_text("name: x\nworkload: plain.py:make\n")  # no tune block
     proc = gpusync("tune", "p.yaml", "--steps", "1", "--repeats", "5", "--format", "json",
                    cwd=project)
     assert proc.returncode == 0, proc.stderr
@@ -222,7 +244,8 @@ def test_a_profile_names_its_own_knobs_in_its_tune_block(project):
                    cwd=project)
     assert proc.returncode == 0, proc.stderr
     by = {c["name"]: c for c in json.loads(proc.stdout)["candidates"]}
-    assert set(by) == {"baseline", "env:TOY_LR=high"}
+    # the profile's own knob, beside what the factory builds (an SGD that can be fused)
+    assert set(by) == {"baseline", "env:TOY_LR=high", "torch.optim.fused=true"}
     assert by["env:TOY_LR=high"]["status"] == "rejected"  # another lr: other losses
 
 
