@@ -7,9 +7,7 @@ import os
 import sys
 
 from .. import processes, verbosity
-from ..errors import GpusyncError
-from .jobs import load_job
-from .results import Status
+from .jobs import load_job, run_job
 from .writer import JOB, FileResults
 
 
@@ -27,16 +25,9 @@ def main(folder: str) -> int:
         verbosity.hush_third_party()
     os.dup2(2, 1)  # the code's prints go to stderr: stdout carries gpusync's report
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # keep their order
-    try:
-        job.run(results)
-    except GpusyncError as e:
-        results.write({"status": Status.FAILED.value, "message": str(e),
-                       "exit_code": e.exit_code})
-    except KeyboardInterrupt:
-        results.write({"status": Status.INTERRUPTED.value})
-        return 130
+    code = run_job(job, results)
     sys.stdout.flush()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

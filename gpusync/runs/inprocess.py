@@ -28,9 +28,8 @@ import warnings
 from typing import Any, Callable, Iterator, NoReturn
 
 from .. import verbosity
-from ..errors import GpusyncError
-from .jobs import Job
-from .results import ChildResult, Status
+from .jobs import Job, run_job
+from .results import ChildResult
 from .writer import Results
 
 OUTPUT_LINES = 20  # as process.Output keeps
@@ -77,16 +76,9 @@ def run_in_process(job: Job, timeout: float | None = None, capture: bool = False
 def _run(job: Job, results: MemoryResults) -> int:
     """child.main's part: the job's return code, its failures written as results."""
     try:
-        job.run(results)
-    except GpusyncError as e:
-        results.write({"status": Status.FAILED.value, "message": str(e),
-                       "exit_code": e.exit_code})
-    except KeyboardInterrupt:
-        results.write({"status": Status.INTERRUPTED.value})
-        return 130
+        return run_job(job, results)
     except _ProcessEnded as e:
         return e.status
-    return 0
 
 
 def _on_a_stack_of_its_own(run: Callable[[], None]) -> None:

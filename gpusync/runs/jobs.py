@@ -121,6 +121,20 @@ class ScanJob(_Job):
             write_atomic(self.trace, json.dumps(doc))
 
 
+def run_job(job: Job, results: Results) -> int:
+    """Run `job`, its gpusync errors and a Ctrl-C written as its result: the child's return
+    code (0, or 130 after an interrupt), in the child and in this process alike."""
+    try:
+        job.run(results)
+    except GpusyncError as e:
+        results.write({"status": Status.FAILED.value, "message": str(e),
+                       "exit_code": e.exit_code})
+    except KeyboardInterrupt:
+        results.write({"status": Status.INTERRUPTED.value})
+        return 130
+    return 0
+
+
 def _counting_steps(results: Results, run: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """Write run(live)'s result; while it runs, snapshots carry live["steps"] (the whole steps
     done, for the parent's progress), and an os._exit leaves what it had."""
