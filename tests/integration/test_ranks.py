@@ -123,7 +123,7 @@ TUNED = textwrap.dedent('''
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     m = torch.nn.Linear(3, 1)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    opt = torch.optim.Rprop(m.parameters())  # no fused form: the candidates are the --knob ones
     for step in range(16):
         loss = m(torch.ones(4, 3)).sum()
         opt.zero_grad(); loss.backward(); opt.step()
