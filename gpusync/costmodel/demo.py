@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpusync.costmodel.adapter import record_op
+from gpusync.costmodel.host import median_gap_s
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
 # Ops whose result the host reads on CUDA: the scalar read and data-dependent output shapes.
@@ -81,9 +82,7 @@ def recorder_gap_s(calls: int = 300) -> float:
     with recorder:
         for _ in range(calls):
             torch.add(a, b)
-    ops = recorder.ops[calls // 10:]  # past the first calls' one-off set-up
-    gaps = sorted(nxt.host_start_s - op.end_s for op, nxt in zip(ops[:-1], ops[1:], strict=True))
-    return gaps[len(gaps) // 2] if gaps else 0.0
+    return median_gap_s(recorder.ops[calls // 10:])  # past the first calls' one-off set-up
 
 
 def record_step(fn: Callable[..., Any], *args: Any, index: int = 0, **kwargs: Any) -> StepTrace:

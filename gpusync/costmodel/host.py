@@ -112,3 +112,11 @@ def calibrate_host(path: str | None = None, force: bool = False) -> HostModel:
                                                                    time.gmtime())}
     _write(path, data)
     return HostModel(dispatch_s=dispatch)
+
+
+def median_gap_s(ops: list[OpRecord]) -> float:
+    """The median host time between one recorded op's end and the next one's start: a
+    recorder's own cost outside each op's interval, when nothing else runs between them
+    (HostModel.gap_overhead_s); 0.0 for fewer than two ops."""
+    gaps = sorted(nxt.host_start_s - op.end_s for op, nxt in zip(ops[:-1], ops[1:], strict=True))
+    return gaps[len(gaps) // 2] if gaps else 0.0

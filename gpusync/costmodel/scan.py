@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpusync.costmodel.adapter import record_op
 from gpusync.costmodel.annotate import annotate, site_key, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
-from gpusync.costmodel.host import HostModel, calibrate_host
+from gpusync.costmodel.host import HostModel, calibrate_host, median_gap_s
 from gpusync.costmodel.predict import Prediction, predict_steps
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
@@ -78,9 +78,7 @@ def stream_gap_s(calls: int = 300) -> float:
     with stream:
         for _ in range(calls):
             torch.add(a, a)
-    ops = stream.ops[calls // 10:]  # past the first calls' one-off set-up
-    gaps = sorted(nxt.host_start_s - op.end_s for op, nxt in zip(ops[:-1], ops[1:], strict=True))
-    return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
+    return max(0.0, median_gap_s(stream.ops[calls // 10:]))  # past the one-off set-up
 
 
 class CostScan:
