@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Any
 
+from .fileio import replace_json
+
 _PLAIN = "from multiprocessing.spawn import spawn_main; spawn_main("
 
 
@@ -74,10 +76,7 @@ def _save(folder: str, session) -> None:
 
 
 def _write(folder: str, data: dict[str, Any]) -> None:
-    path = os.path.join(folder, f"{os.getpid()}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(data, f)
-    os.replace(path + ".tmp", path)  # the parent never reads half a file
+    replace_json(os.path.join(folder, f"{os.getpid()}.json"), data)
 
 
 def read(folder: str) -> list[dict[str, Any]]:

@@ -6,11 +6,13 @@ character device (/dev/null, a terminal), a FIFO, and this process's own streams
 (/dev/stdout, /dev/stderr, /dev/fd/N) are written on the open stream itself, so that the
 shell's `2>> build.log` appends instead of being replaced or truncated."""
 import errno
+import json
 import os
 import re
 import stat
 import sys
 import tempfile
+from typing import Any
 
 from .errors import BadInput
 
@@ -187,3 +189,12 @@ def read_user_bytes(path, what: str) -> bytes:
             return f.read()
     except OSError as e:
         raise BadInput(f"cannot read {what} {path}: {e.strerror or e}") from None
+
+
+def replace_json(path: str, data: Any) -> None:
+    """gpusync's own files between its processes (a job's result, a spawned child's report):
+    written beside, then renamed over, so a reader never sees half a file. No fsync: they
+    live only as long as the run, and are written about once a second."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.replace(path + ".tmp", path)

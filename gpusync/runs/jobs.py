@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar
 from .. import verbosity
 from ..errors import GpusyncError
 from .results import Status
-from .writer import Results, describe, report_of, saving_on_exit, snapshots
+from .writer import Results, describe, report_snapshot, saving_on_exit, snapshots
 
 
 def _level() -> int:
@@ -65,18 +65,18 @@ class ScanJob(_Job):
         live: dict[str, Any] = {"session": None}
 
         def snapshot() -> dict[str, Any] | None:
-            report = report_of(live["session"])
+            report = report_snapshot(live["session"])
             return {"report": report} if report is not None else None
 
         with snapshots(results, snapshot) as stop:
             def last_words() -> dict[str, Any]:  # what it measured until the code ended it
                 stop.set()
-                return {"report": report_of(live["session"])}
+                return {"report": report_snapshot(live["session"])}
 
             def clean_end() -> dict[str, Any]:  # a script's os._exit(0): its own normal end
                 stop.set()
                 self._write_trace(live["session"], cost)
-                return {"status": Status.DONE.value, "report": report_of(live["session"])}
+                return {"status": Status.DONE.value, "report": report_snapshot(live["session"])}
 
             ends = clean_end if parse_target(self.target).exit_zero_is_an_end else None
             with saving_on_exit(results, last_words, ends), self._cost_recording() as cost:

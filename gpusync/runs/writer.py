@@ -5,12 +5,12 @@ in-process runner keeps the result in memory (inprocess.py)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 from typing import Any, Callable, Iterator, NoReturn
 
 from ..errors import one_line
+from ..fileio import replace_json
 from .results import Status
 
 JOB, RESULT = "job.json", "result.json"
@@ -48,10 +48,7 @@ class FileResults(Results):
         self.real_exit = real_exit
 
     def save(self, data: dict[str, Any]) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        replace_json(self.path, data)
 
     def end_process(self, status: int) -> NoReturn:
         self.real_exit(status)
@@ -62,11 +59,11 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def report_of(session) -> dict | None:
-    from ..report import report_of as build
+def report_snapshot(session) -> dict | None:
+    from ..report import report_of
 
     try:
-        return build(session).to_dict() if session is not None else None
+        return report_of(session).to_dict() if session is not None else None
     except Exception:  # a snapshot must never break the run it describes
         return None
 
