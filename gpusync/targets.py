@@ -12,6 +12,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -229,13 +230,52 @@ def check_workload(obj, spec: str):
 def compile_script(path: Path):
     """The script's code, compiled from its bytes as `python path` does: a UTF-8 BOM and a
     PEP 263 coding cookie are read, not taken for text."""
-    source = read_user_bytes(path, "script")
+    source: str | bytes = _PATCHED.get(str(path)) or read_user_bytes(path, "script")
     try:
         return compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as e:
         raise BadInput(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
     except ValueError as e:  # null bytes
         raise BadInput(f"cannot compile {path}: {e}") from None
+
+
+# path -> text: a file run in place of the user's, while `gpusync fix` verifies an edit of it
+_PATCHED: dict[str, str] = {}
+
+
+class _PatchedLoader(importlib.machinery.SourceFileLoader):
+    def get_code(self, fullname):  # the patched text, never a cached .pyc of the user's
+        return compile(_PATCHED[self.path], self.path, "exec", dont_inherit=True)
+
+
+class _PatchedFinder(importlib.abc.MetaPathFinder):
+    """Finds modules as the path finder does; those with a patched text load it."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.origin not in _PATCHED:
+            return None
+        spec.loader = _PatchedLoader(fullname, spec.origin)
+        return spec
+
+
+@contextlib.contextmanager
+def patched_sources(sources: dict[str, str]) -> Iterator[None]:
+    """While inside, the files at the paths of `sources` run with these texts instead: the
+    script itself (compile_script) and the user's modules it imports. File names stay the
+    user's, so frames, sites and __file__ are theirs."""
+    if not sources:
+        yield
+        return
+    finder = _PatchedFinder()
+    _PATCHED.update(sources)
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
+        for path in sources:
+            _PATCHED.pop(path, None)
 
 
 def script_dir(path: Path) -> str:

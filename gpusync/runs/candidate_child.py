@@ -3,6 +3,7 @@
 backward() on for parity, peak GPU memory)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -18,10 +19,11 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
     live["steps"] follows the whole steps done (for progress; read by another thread)."""
     import torch
 
-    from .. import knobs
+    from .. import knobs, remedies, targets
     from ..detect import patches
     from ..knobs import user
     from ..scan import run_scan
+    from .parity import Record, recording
 
     losses: list = []
     builds: dict = {}
@@ -29,10 +31,14 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
     live["steps"] = 0
     clock = _Clock(job, live)
 
+    record, facts = Record(), remedies.Facts()
+
     def capture(call, roots, *args, **kwargs):
         if len(losses) < 64:
             losses.extend(t.detach().clone() for t in roots
                           if isinstance(t, torch.Tensor) and t.numel() == 1)
+        if job.record:
+            record.loss(roots)
         return call(roots, *args, **kwargs)
 
     def on_session(session) -> None:
@@ -41,7 +47,13 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
 
     handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
     try:
-        with knobs.applied(job.settings, builds):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(knobs.applied(job.settings, builds))
+            stack.enter_context(targets.patched_sources(job.sources))
+            if job.observe:
+                stack.enter_context(remedies.observing(facts))
+            if job.record:
+                stack.enter_context(recording(record))
             args = user.script_args(job.settings, tuple(job.script_args))
             if job.seed is not None:
                 seed_everything(job.seed)
@@ -50,11 +62,14 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
                               cycle=True)
     finally:
         handle.remove()
+    if job.record:
+        record.save(job.record)
     data: dict[str, Any] = {
         "status": Status.DONE.value, "builds": builds,
         "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": clock.samples(),
         "steps_run": live["steps"], **_peak_memory(job.mode == "cuda"),
-        "report": result.report.to_dict() if job.scan else None}
+        "report": result.report.to_dict() if job.scan else None,
+        "facts": facts.to_json() if job.observe else None}
     if result.error is not None:
         data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "
                     f"{result.error}", traceback=result.traceback)

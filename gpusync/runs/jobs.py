@@ -217,6 +217,12 @@ class CandidateJob(_Job):
     # tune's runs: the seeds set before the script runs, so that every run of a candidate
     # starts alike (None: the script's own randomness, as a timing run keeps it)
     seed: int | None = None
+    # gpusync fix: texts run in place of the user's files ({path: text}); the remedies'
+    # observers installed (their facts in the result); where to torch.save what parity
+    # compares (every loss, the optimizers' final parameters, what the script printed)
+    sources: dict[str, str] = field(default_factory=dict)
+    observe: bool = False
+    record: str | None = None
 
     def run(self, results: Results) -> None:
         from .candidate_child import run_candidate

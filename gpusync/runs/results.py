@@ -72,6 +72,7 @@ class ChildResult:
     steps: int = 0  # RUNNING: the whole steps done so far (timing and candidate runs)
     output: str = ""  # the last lines it printed, when captured
     at: float = 0.0  # when it ended (torchrun: which rank failed first)
+    facts: list[dict[str, Any]] = field(default_factory=list)  # fix's observers (Facts)
 
     @classmethod
     def decode(cls, data: dict[str, Any] | None, returncode: int, output: str = "",
@@ -88,7 +89,8 @@ class ChildResult:
                    data.get("code"), list(data.get("samples_ms") or []),
                    dict(data.get("builds") or {}), list(data.get("losses") or []),
                    data.get("steps_run", 0), data.get("peak_alloc_mb"),
-                   data.get("peak_reserved_mb"), data.get("steps", 0), output, at)
+                   data.get("peak_reserved_mb"), data.get("steps", 0), output, at,
+                   list(data.get("facts") or []))
 
     def to_json(self) -> dict[str, Any]:
         """For torchrun's store (a rank's run, read by rank 0)."""

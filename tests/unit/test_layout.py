@@ -92,9 +92,9 @@ def test_detection_core_imports_nothing_above_it():
 # README's Layout, top to bottom: a module imports only from its own layer or those below it.
 # (gpusync.errors, _version, api and pytest_plugin, the package's face, stand outside.)
 LAYERS = [
-    "cli", "commands", "reporters", "tune_script", "tune", "gate", "baseline", "bench",
-    "examples", "runs", "knobs", "integrations", "techniques", "scan", "_spawned", "costmodel",
-    "outputs", "trace", "report", "targets", "profiles", "workload", "stats", "fileio",
+    "cli", "commands", "reporters", "fix", "tune_script", "tune", "gate", "baseline", "bench",
+    "examples", "runs", "knobs", "remedies", "integrations", "techniques", "scan", "_spawned",
+    "costmodel", "outputs", "trace", "report", "targets", "profiles", "workload", "stats", "fileio",
     "yamlfile", "progress", "verbosity", "processes", "schemas", "devtools", "detect",
 ]
 

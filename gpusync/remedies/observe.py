@@ -1,0 +1,76 @@
+"""Facts a run observed at the user's lines, for the remedies: noted in the scan's process while
+the script runs (`note`), sent back as JSON, read by the remedies in gpusync's process (`at`)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+_VALUES_KEPT = 16  # distinct values kept per (kind, line): enough to say "constant" or not
+
+
+@dataclass
+class Observed:
+    calls: int = 0
+    values: list[Any] = field(default_factory=list)  # the distinct values, first seen first
+    more: bool = False  # more distinct values were seen than are kept
+
+    @property
+    def constant(self) -> bool:
+        """Every call saw the same value."""
+        return self.calls > 0 and len(self.values) == 1 and not self.more
+
+    @property
+    def value(self) -> Any:
+        return self.values[0] if self.constant else None
+
+
+class Facts:
+    """{(kind, file, line): Observed}. `kind` is a remedy's own name for what it notes."""
+
+    def __init__(self, data: dict[tuple[str, str, int], Observed] | None = None):
+        self.data: dict[tuple[str, str, int], Observed] = data or {}
+
+    def note(self, kind: str, value: Any, where: tuple[str, int] | None = None) -> None:
+        """Note `value` (JSON-able) for `kind` at `where`, by default the user's innermost
+        line on the stack (the line that called into the layer)."""
+        where = where or user_line()
+        if where is None:
+            return
+        seen = self.data.setdefault((kind, *where), Observed())
+        seen.calls += 1
+        if value not in seen.values:
+            if len(seen.values) < _VALUES_KEPT:
+                seen.values.append(value)
+            else:
+                seen.more = True
+
+    def at(self, kind: str, file: str, line: int) -> Observed | None:
+        return self.data.get((kind, file, line))
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [{"kind": k, "file": f, "line": n, "calls": o.calls, "values": o.values,
+                 "more": o.more} for (k, f, n), o in self.data.items()]
+
+    @classmethod
+    def from_json(cls, rows: list[dict[str, Any]]) -> Facts:
+        return cls({(r["kind"], r["file"], r["line"]): Observed(r["calls"], r["values"],
+                                                                 r["more"]) for r in rows})
+
+
+def user_line(skip: int = 2) -> tuple[str, int] | None:
+    """(file, line) of the user's innermost frame, as the scan places its sites."""
+    from ..detect import frames
+
+    for file, line, _ in frames.raw_stack(skip):
+        if frames.is_users(file):
+            return file, line
+    return None
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON keeps it (a tuple becomes a list), or its repr."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)

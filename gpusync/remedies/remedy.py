@@ -1,0 +1,76 @@
+"""What a remedy is: for one kind of sync site, the source edit that removes it, proposed from
+the site (where the scan saw it), the user's source and the facts the run observed there.
+`gpusync fix` (gpusync/fix/) then verifies each proposal by running it, or drops it."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .observe import Facts
+from .source import Edit, Source
+
+
+@dataclass(frozen=True)
+class Site:
+    """A sync site of the scan's report (its JSON fields that a remedy needs)."""
+
+    op: str
+    file: str
+    line: int
+    per_step: float
+    count: int
+    phase: str
+    setup: bool = False
+    library: str | None = None  # the library line that synced under the user's, if any
+
+    @classmethod
+    def from_report(cls, site: dict[str, Any]) -> Site:
+        return cls(op=site["op"], file=site["file"], line=site["line"],
+                   per_step=site["per_step"], count=site["count"], phase=site["phase"],
+                   setup=bool(site.get("setup")), library=site.get("library"))
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Edits that remove the sync at `site`. `summary`: one line for the diff's header
+    ("one_hot(y) -> one_hot(y, num_classes=NUM_CLASSES): 10, the module constant").
+    `output_matters`: the run's printed output must stay identical (a remedy that moves a
+    print's value), not only its losses and parameters."""
+
+    remedy: str
+    site: Site
+    edits: tuple[Edit, ...]
+    summary: str
+    output_matters: bool = False
+    also: tuple[Site, ...] = field(default=())  # other sites the same edits remove
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why `remedy` offers nothing for `site` (listed in the report, never silent)."""
+
+    remedy: str
+    site: Site
+    reason: str
+
+
+class Remedy(Protocol):
+    """A module of gpusync/remedies/ (one per kind of fix)."""
+
+    NAME: str  # "one_hot.num_classes": in the diff's header, the JSON, --only/--skip
+
+    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
+        """Layers (detect/patches.py add_layer) that note in `facts`, while the script runs,
+        what this remedy needs to know at the user's lines (facts.note); removed on exit.
+        Observing must not change what the code computes, nor sync."""
+        ...
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        """The edit for `site` in `source` (the file the site is in), a Refusal saying why
+        none is safe, or None when the site is not this remedy's kind."""
+        ...
