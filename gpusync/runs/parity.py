@@ -68,7 +68,7 @@ def recording(record: Record) -> Iterator[Record]:
 
     handle = patches.add_layer(torch.optim.Optimizer, "__init__", init)
     stdout = sys.stdout
-    sys.stdout = _Tee(stdout, record.printed)  # type: ignore[assignment]
+    sys.stdout = _Tee(stdout, record.printed)
     try:
         yield record
     finally:
