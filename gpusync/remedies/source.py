@@ -29,7 +29,8 @@ class EditError(ValueError):
 @dataclass
 class Source:
     path: str
-    text: str
+    text: str  # with the file's own line endings
+    encoding: str = "utf-8"  # as Python reads the file: its BOM ("utf-8-sig") or coding cookie
     tree: ast.Module = field(init=False, repr=False)
     lines: list[str] = field(init=False, repr=False)  # each with its line ending
     _parents: dict[int, ast.AST] = field(init=False, repr=False, default_factory=dict)
@@ -43,8 +44,18 @@ class Source:
 
     @classmethod
     def read(cls, path: str | Path) -> Source:
-        with tokenize.open(path) as f:  # its coding cookie / BOM, as Python reads it
-            return cls(str(path), f.read())
+        with open(path, "rb") as f:
+            data = f.read()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return cls(str(path), data.decode(encoding), encoding)
+
+    def encode(self, text: str) -> bytes:
+        """`text` (this file edited) as the bytes to write, in the file's encoding."""
+        return text.encode(self.encoding)
+
+    @property
+    def newline(self) -> str:
+        return "\r\n" if self.lines and self.lines[0].endswith("\r\n") else "\n"
 
     # -- positions ----------------------------------------------------------------------------
     def column(self, line: int, byte_col: int) -> int:
@@ -112,7 +123,8 @@ class Source:
     def insert_before(self, stmt: ast.stmt, code: str) -> Edit:
         """Lines of `code` put before `stmt` at its indentation."""
         indent = self.indent(stmt.lineno)
-        body = "".join(f"{indent}{line}\n" if line else "\n" for line in code.splitlines())
+        nl = self.newline
+        body = "".join(f"{indent}{line}{nl}" if line else nl for line in code.splitlines())
         return self.insert((stmt.lineno, 0), body)
 
     def set_keyword(self, call: ast.Call, name: str, value: str) -> Edit:

@@ -208,7 +208,7 @@ class CandidateJob(_Job):
     target: str | None
     mode: str
     warmup: int
-    steps: int
+    steps: int | None  # None: the script runs to its end (fix's runs)
     block: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
     scan: bool = False

@@ -18,6 +18,7 @@ VERSIONS = {
     "gpusync-overhead": 1,
     "gpusync-tune": 2,
     "gpusync-tune-profile": 1,
+    "gpusync-fix": 1,
 }
 _SHARED = ("technique",)  # parts other schemas refer to by $id
 

@@ -1,0 +1,102 @@
+"""`gpusync fix`: a verified patch for every sync of a script that has a mechanical remedy."""
+from __future__ import annotations
+
+import shlex
+import tempfile
+
+import click
+
+from ..detect.session import MODES
+from ..errors import BadInput
+from ..reporters import render_as
+from .common import under_torchrun
+from .options import Finite, format_option, verbosity_options
+
+
+def _remedy_names() -> list[str]:
+    from ..remedies import REMEDIES
+
+    return [r.NAME for r in REMEDIES]
+
+
+@click.command("fix")
+@verbosity_options
+@click.argument("target")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--apply", "apply_", is_flag=True,
+              help="Write the verified changes into the files, keeping each as FILE.orig.")
+@format_option("fix", "diff")
+@click.option("--output", "-o", type=click.Path(dir_okay=False),
+              help="Write the patch (or the JSON) here.")
+@click.option("--steps", type=click.IntRange(min=1),
+              help="Measured steps of each run (after warm-up); default: the whole script.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Steps run first and not averaged.")
+@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
+              help="simulate: run on the virtual CUDA device; cuda: on the GPU.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seeds set before each run (torch, random, numpy).")
+@click.option("--rtol", type=Finite(min=0), default=0.0, show_default=True,
+              help="Relative difference of losses and parameters a patch may make.")
+@click.option("--atol", type=Finite(min=0), default=0.0, show_default=True,
+              help="Absolute difference of losses and parameters a patch may make.")
+@click.option("--only", multiple=True, metavar="REMEDY",
+              help="Try only this remedy (repeatable; the names are in docs/fix.md).")
+@click.option("--timeout", type=Finite(min=1), default=900, show_default=True,
+              help="Seconds one run of the script may take before it is stopped as failed.")
+@under_torchrun
+def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, seed, rtol, atol,
+                only, timeout, torchrun):
+    """Print a verified patch for each sync of the script TARGET that has a mechanical remedy.
+
+    Each candidate change is applied to a copy, scanned (its site must go, and no new one
+    appear) and run against the original with the same seeds (the losses and final
+    parameters must be identical, or within --rtol / --atol); what fails is dropped, with why.
+    The patch's paths are relative to the current directory (`git apply` takes it).
+    """
+    from .. import outputs
+    from ..fix import Plan, fix_script
+    from ..targets import ScriptTarget, parse_target
+
+    if torchrun.env is not None:
+        raise BadInput("gpusync fix runs in one process: run it without torchrun")
+    unknown = sorted(set(only) - set(_remedy_names()))
+    if unknown:
+        raise BadInput(f"unknown remedy {unknown[0]!r}; known: {', '.join(_remedy_names())}")
+    outputs.check(target, output=output)
+    script = parse_target(target)
+    if not isinstance(script, ScriptTarget):
+        raise BadInput(f"gpusync fix edits a script (train.py); {target!r} is not one")
+    with tempfile.TemporaryDirectory(prefix="gpusync-fix-") as folder:
+        plan = Plan(target, str(script.path), tuple(script_args), _mode(mode), steps, warmup,
+                    seed, rtol, atol, timeout, folder)
+        result = fix_script(plan, tuple(only))
+    result.command = "gpusync fix " + shlex.join([target, *(["--", *script_args]
+                                                          if script_args else [])])
+    if apply_ and result.texts:
+        from ..fix.write import apply_patches
+
+        result.applied = apply_patches(result)
+        for done in result.applied:
+            click.echo(f"gpusync fix: patched {done['file']} (the original is "
+                       f"{done['backup']})", err=True)
+    text = render_as("fix", result, fmt)
+    if output:
+        outputs.deliver(output, text, "patch" if fmt == "diff" else "report")
+    elif not (apply_ and fmt == "diff"):
+        click.echo(text, nl=False)
+
+
+def _mode(mode: str) -> str:
+    if mode == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "simulate"
+    if mode == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput("--mode cuda needs a CUDA device, and torch sees none")
+    return mode
+
+

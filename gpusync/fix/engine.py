@@ -1,0 +1,194 @@
+"""`gpusync fix`: scan the script with the remedies' observers, ask each remedy for the edit of
+each site, and keep only the edits a run proves: the patched copy, scanned, no longer has the
+site and has no new one, and, run with the same seeds, computes what the original computes."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from .. import remedies as remedies_pkg
+from ..progress import Progress
+from ..remedies import Proposal, Refusal
+from ..remedies.source import EditError, Source, apply, check
+from . import compare, sites
+from .result import Check, Dropped, FixResult, Verified
+from .runner import Plan, Run, Runner
+
+
+class _Original:
+    """The original's run, and (only when a difference needs it) a second run of it: whether
+    its results repeat under the same seeds."""
+
+    def __init__(self, runner: Runner):
+        self.runner = runner
+        self.run = runner.original()
+        self._again: Run | None = None
+        self._ran_again = False
+
+    def again(self) -> Run | None:
+        if not self._ran_again:
+            self._ran_again = True
+            self._again, _ = self.runner.run({})
+        return self._again
+
+
+def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None = None
+               ) -> FixResult:
+    progress = progress or Progress("gpusync fix")
+    runner = Runner(plan)
+    progress.stage("scanning the script as it is")
+    original = _Original(runner)
+    result = FixResult(plan.target, "", plan.mode, plan.seed, plan.steps,
+                       original.run.syncs_per_step)
+    files: dict[str, Source] = {}
+    candidates = _propose(original.run, files, only, result)
+    for k, group in enumerate(candidates, 1):
+        for proposal in group:  # a site's proposals in the remedies' order: the first proved
+            progress.stage(f"verifying {k}/{len(candidates)}: {proposal.remedy} at "
+                           f"{os.path.relpath(proposal.site.file)}:{proposal.site.line}")
+            outcome = _verify([proposal], original, runner, files, plan)
+            if outcome.failure is None:
+                result.patches.append(Verified(proposal, outcome))
+                break
+            result.dropped.append(Dropped(proposal, outcome.failure))
+    _combine(result, original, runner, files, plan, progress)
+    progress.close()
+    return result
+
+
+def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
+             result: FixResult) -> list[list[Proposal]]:
+    """Per site that syncs every step, the proposals of the remedies that know it, in the
+    remedies' order. A proposal whose edits another site's proposal made already (two copies of
+    one DataLoader's batch) counts once: that site is added to the first one's `also`."""
+    chosen = [r for r in remedies_pkg.REMEDIES if not only or r.NAME in only]
+    groups: list[list[Proposal]] = []
+    where: dict[tuple, tuple[int, int]] = {}  # (remedy, edits) -> (group, position)
+    for site in sites.per_step(original.sites):
+        source = _source(site.file, files)
+        fresh: list[Proposal] = []
+        answered = False
+        for remedy in chosen if source is not None else []:
+            answer = remedy.propose(site, source, original.facts)  # type: ignore[arg-type]
+            answered = answered or answer is not None
+            if isinstance(answer, Refusal):
+                result.refused.append(answer)
+            elif answer is not None and (answer.remedy, answer.edits) in where:
+                g, k = where[(answer.remedy, answer.edits)]
+                first = groups[g][k]
+                if site != first.site and site not in first.also:
+                    groups[g][k] = dataclasses.replace(first, also=(*first.also, site))
+            elif answer is not None:
+                where[(answer.remedy, answer.edits)] = (len(groups), len(fresh))
+                fresh.append(answer)
+        if fresh:
+            groups.append(fresh)
+        if not answered:
+            result.unremedied.append(site)
+    return groups
+
+
+def _source(path: str, files: dict[str, Source]) -> Source | None:
+    """The user's file, parsed once; None for what is not a Python file of theirs on disk."""
+    if path not in files:
+        try:
+            files[path] = Source.read(path)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            return None
+    return files[path]
+
+
+def patched(proposals: list[Proposal], files: dict[str, Source]) -> dict[str, str]:
+    """{path: patched text} of every file the proposals edit (EditError: they conflict)."""
+    edits: dict[str, list] = {}
+    for p in proposals:
+        for e in p.edits:
+            edits.setdefault(e.path, []).append(e)
+    out = {}
+    for path, file_edits in edits.items():
+        out[path] = apply(files[path].text, file_edits)
+        check(path, out[path])
+    return out
+
+
+def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
+            files: dict[str, Source], plan: Plan) -> Check:
+    try:
+        texts = patched(proposals, files)
+    except EditError as e:
+        return Check(failure=str(e))
+    run, failure = runner.run(texts)
+    if run is None:
+        return Check(failure=f"the patched script {failure}")
+    maps = {path: sites.LineMap.of(files[path].text, text) for path, text in texts.items()}
+    targets = [s for p in proposals for s in (p.site, *p.also)]
+    why, removed, moved = sites.compare(targets, original.run.sites, run.sites, maps)
+    if why is not None:
+        return Check(run.syncs_per_step, failure=why)
+    output = any(p.output_matters for p in proposals)
+    why, compared = _parity(original, run, plan, output)
+    return Check(run.syncs_per_step, removed, moved, compared, why)
+
+
+def _parity(original: _Original, run: Run, plan: Plan, output: bool) -> tuple[str | None,
+                                                                                list[str]]:
+    """Losses and final parameters (and what it printed) as the original's; a difference
+    counts only if the original repeats its own results under the same seeds."""
+    base = original.run.record
+    why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=True)
+    if why is None:
+        return None, compared
+    again = original.again()
+    if again is None:
+        return f"differs from the original: {why}", compared
+    own, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=True)
+    if own is None:
+        return f"differs from the original: {why}", compared
+    numbers, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=False)
+    if numbers is not None:
+        return ("the script does not repeat its own results under the same seeds "
+                f"({numbers}): parity cannot be proved (a tolerance: --rtol / --atol)"), compared
+    if output:
+        return ("the script's printed output varies from run to run: a patch that changes "
+                "what it prints cannot be checked"), compared
+    why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=False)
+    return (None if why is None else f"differs from the original: {why}"), \
+        [*compared, "printed output not compared (it varies from run to run)"]
+
+
+def _combine(result: FixResult, original: _Original, runner: Runner,
+             files: dict[str, Source], plan: Plan, progress: Progress) -> None:
+    """Every verified patch at once, verified again; when together they fail, they are added
+    one by one, each kept only if the whole still passes."""
+    kept = result.patches
+    if len(kept) > 1:
+        progress.stage(f"verifying the {len(kept)} patches together")
+        together = _verify([v.proposal for v in kept], original, runner, files, plan)
+        if together.failure is not None:
+            kept = _one_by_one(result, original, runner, files, plan, progress)
+            together = _verify([v.proposal for v in kept], original, runner, files, plan) \
+                if kept else together
+        result.combined = together
+    elif kept:
+        result.combined = kept[0].check
+    result.patches = kept
+    if result.combined is not None and result.combined.failure is None:
+        result.syncs_after = result.combined.syncs_per_step
+    texts = patched([v.proposal for v in kept], files) if kept else {}
+    result.texts = {path: (files[path].text, text) for path, text in texts.items()}
+
+
+def _one_by_one(result: FixResult, original: _Original, runner: Runner,
+                files: dict[str, Source], plan: Plan, progress: Progress) -> list[Verified]:
+    kept: list[Verified] = []
+    for v in result.patches:
+        progress.stage(f"verifying {v.proposal.remedy} at {v.proposal.site.where} with the "
+                       "patches kept so far")
+        outcome = _verify([*(k.proposal for k in kept), v.proposal], original, runner, files,
+                          plan)
+        if outcome.failure is None:
+            kept.append(v)
+        else:
+            result.dropped.append(Dropped(v.proposal, "with the other patches: "
+                                          + outcome.failure))
+    return kept

@@ -1,0 +1,64 @@
+"""One run of the script for `gpusync fix`: the original or a patched copy, scanned, seeded,
+recording what parity compares (runs.CandidateJob with sources / observe / record)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .. import runs
+from ..errors import UserCodeError
+from ..remedies import Facts, Site
+from . import compare
+
+
+@dataclass(frozen=True)
+class Plan:
+    target: str  # the script's path as the user typed it
+    script: str  # its absolute path
+    script_args: tuple[str, ...]
+    mode: str  # "simulate" or "cuda"
+    steps: int | None
+    warmup: int
+    seed: int
+    rtol: float
+    atol: float
+    timeout: float
+    folder: str  # where each run's record is written (a temporary folder)
+
+
+@dataclass
+class Run:
+    sites: list[Site]
+    syncs_per_step: float
+    record: dict[str, Any]
+    facts: Facts
+
+
+class Runner:
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.count = 0
+
+    def run(self, sources: dict[str, str], observe: bool = False) -> tuple[Run | None, str]:
+        """(the run, "") or (None, why it failed)."""
+        plan = self.plan
+        self.count += 1
+        path = os.path.join(plan.folder, f"run{self.count}.pt")
+        job = runs.CandidateJob(plan.target, plan.mode, plan.warmup,
+                                plan.steps, 1, {}, True,
+                                plan.script_args, seed=plan.seed, sources=sources,
+                                observe=observe, record=path)
+        result, failure = runs.candidate(job, plan.timeout)
+        if failure is not None or result.report is None or not os.path.exists(path):
+            return None, failure or "it ended before its report was written"
+        report = result.report
+        sites = [Site.from_report(s) for s in report["sites"]]
+        return Run(sites, float(report.get("syncs_per_step") or 0.0), compare.load(path),
+                   Facts.from_json(result.facts)), ""
+
+    def original(self) -> Run:
+        run, failure = self.run({}, observe=True)
+        if run is None:
+            raise UserCodeError(f"the script as it is {failure}")
+        return run

@@ -1,0 +1,77 @@
+"""Which of the original's sync sites a patched copy still has: lines mapped through the edit
+(difflib's matching of the two texts), and the sites at lines the edit wrote told apart from
+new ones."""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+
+from ..remedies import Site
+
+
+@dataclass
+class LineMap:
+    """Original line -> patched line of one file, and the patched lines the edit wrote."""
+
+    old_to_new: dict[int, int]
+    written: set[int]
+
+    @classmethod
+    def of(cls, before: str, after: str) -> LineMap:
+        old, new = before.splitlines(), after.splitlines()
+        matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+        mapping: dict[int, int] = {}
+        written: set[int] = set()
+        for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+            for k in range(i2 - i1):
+                # equal: line for line; replaced or deleted lines: where their text went
+                mapping[i1 + k + 1] = j1 + (k if tag == "equal" else min(k, max(j2 - j1 - 1,
+                                                                                 0))) + 1
+            if tag in ("replace", "insert"):
+                written.update(range(j1 + 1, j2 + 1))
+        return cls(mapping, written)
+
+
+def per_step(sites: list[Site]) -> list[Site]:
+    return [s for s in sites if s.per_step > 0 and not s.setup]
+
+
+def label(site: Site, per_step: float | None = None) -> str:
+    value = site.per_step if per_step is None else per_step
+    return f"{site.op} at {os.path.relpath(site.file)}:{site.line} ({value:g}/step)"
+
+
+def compare(targets: list[Site], before: list[Site], after: list[Site],
+            maps: dict[str, LineMap]) -> tuple[str | None, list[str], list[str]]:
+    """(why the patch fails, the targets removed, the sites moved). A target must be gone from
+    its mapped line; a site of the patched copy at a line the edit wrote is the target moved
+    (kept only if it now syncs less often per step); any other site the original did not have
+    at that line, or has more often now, is new: the patch fails."""
+    def mapped(site: Site) -> tuple[str, str, int]:
+        lines = maps.get(site.file)
+        return site.op, site.file, lines.old_to_new.get(site.line, -1) if lines else site.line
+
+    now = {(s.op, s.file, s.line): s for s in per_step(after)}
+    removed: list[str] = []
+    for target in targets:
+        left = now.get(mapped(target))
+        if left is not None:
+            return f"{label(target)} is still there ({left.per_step:g}/step)", [], []
+        removed.append(label(target))
+    old = {mapped(s): s for s in per_step(before)}
+    budget = sum(t.per_step for t in targets)
+    moved: list[str] = []
+    for key, site in now.items():
+        was = old.get(key)
+        if was is not None and site.per_step <= was.per_step:
+            continue
+        if site.file in maps and site.line in maps[site.file].written:
+            moved.append(label(site))
+            budget -= site.per_step
+            continue
+        return f"a new sync: {label(site)}" if was is None else \
+            f"{label(site)} syncs more often than before ({was.per_step:g}/step)", [], []
+    if budget <= 0:
+        return "the syncs it moves happen as often as those it removes", [], []
+    return None, removed, moved

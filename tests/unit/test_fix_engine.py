@@ -1,0 +1,114 @@
+"""gpusync fix's engine with stand-in remedies (the real ones have tests of their own): a
+proposal is kept only when its patched copy, scanned and run with the original's seeds, loses
+the site, gains none and computes the same; the patch is one `git apply` takes."""
+import contextlib
+import json
+import shutil
+import subprocess
+import textwrap
+import types
+
+import pytest
+
+from gpusync import remedies
+from gpusync.remedies import Proposal, Refusal
+from tests.conftest import check_contract, run_main
+
+pytestmark = pytest.mark.usefixtures("in_process")
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+
+    NUM_CLASSES = 10
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, NUM_CLASSES).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        x = torch.randn(16, 8, device="cuda")
+        y = torch.arange(16, device="cuda") % NUM_CLASSES
+        target = F.one_hot(y).float()
+        loss = ((model(x) - target) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print("done", round(loss.item(), 6))
+''')
+
+
+def _stand_in(name, value=None, keep=False, refuse=None):
+    """A remedy for the one_hot line: num_classes=`value`, or an edit that keeps the sync."""
+    def propose(site, source, facts):
+        calls = source.calls_at(site.line, "one_hot")
+        if site.op != "item" or not calls:
+            return None
+        if refuse:
+            return Refusal(name, site, refuse)
+        edit = (source.insert((site.line, len(source.lines[site.line - 1].rstrip())),
+                              "  # reviewed") if keep else
+                source.set_keyword(calls[0], "num_classes", value))
+        return Proposal(name, site, (edit,), f"num_classes={value}")
+
+    return types.SimpleNamespace(NAME=name, observe=lambda facts: contextlib.nullcontext(),
+                                 propose=propose)
+
+
+@pytest.fixture
+def script(tmp_path, monkeypatch):
+    (tmp_path / "train.py").write_text(SCRIPT)
+    monkeypatch.setattr(remedies, "REMEDIES", (
+        _stand_in("wrong", "NUM_CLASSES + 1"), _stand_in("kept", keep=True),
+        _stand_in("refuses", refuse="no constant holds it"), _stand_in("right", "NUM_CLASSES")))
+    return tmp_path
+
+
+def test_only_the_proposal_that_removes_the_site_and_keeps_the_results_is_offered(script):
+    proc = run_main("fix", "train.py", "--format", "json", cwd=script)
+    assert proc.returncode == 0, proc.stderr
+    data = check_contract(json.loads(proc.stdout))
+    [patch] = data["patches"]
+    assert patch["remedy"] == "right" and patch["sites"][0]["line"] == 12
+    [removed] = patch["verification"]["removed"]
+    assert removed.startswith("item at train.py:12 (")
+    assert "final parameters identical" in " ".join(patch["verification"]["parity"])
+    dropped = {d["remedy"]: d["reason"] for d in data["dropped"]}
+    assert set(dropped) == {"wrong", "kept"}
+    assert dropped["kept"].startswith(f"{removed} is still there")
+    assert "raised RuntimeError" in dropped["wrong"] or "differs" in dropped["wrong"]
+    assert data["refused"] == [{"remedy": "refuses", "reason": "no constant holds it",
+                                "site": patch["sites"][0]}]
+    assert data["syncs_per_step"]["after"] < data["syncs_per_step"]["before"]
+    assert [h["remedies"] for h in data["hunks"]] == [["right"]]
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_diff_applies_with_git_and_says_what_each_hunk_removes(script):
+    proc = run_main("fix", "train.py", cwd=script)
+    assert proc.returncode == 0, proc.stderr
+    (script / "fix.patch").write_text(proc.stdout)
+    assert "@@ -9,7 +9,7 @@ removes item at line 12 (right)" in proc.stdout
+    assert "# dropped: wrong at train.py:12" in proc.stdout
+    subprocess.run(["git", "init", "-q"], cwd=script, check=True)
+    subprocess.run(["git", "apply", "fix.patch"], cwd=script, check=True)
+    assert "F.one_hot(y, num_classes=NUM_CLASSES).float()" in (script / "train.py").read_text()
+
+
+def test_apply_writes_the_file_and_keeps_the_original_and_never_overwrites_a_backup(script):
+    proc = run_main("fix", "train.py", "--apply", cwd=script)
+    assert proc.returncode == 0, proc.stderr
+    assert (script / "train.py.orig").read_text() == SCRIPT
+    assert "num_classes=NUM_CLASSES" in (script / "train.py").read_text()
+    assert "patched train.py (the original is train.py.orig)" in proc.stderr
+    (script / "train.py").write_text(SCRIPT)
+    proc = run_main("fix", "train.py", "--apply", cwd=script)
+    assert proc.returncode == 2 and "train.py.orig exists" in proc.stderr
+    assert (script / "train.py").read_text() == SCRIPT  # nothing written
+
+
+def test_bad_input_is_one_line_and_exit_2(script, tmp_path):
+    for args, words in ((["fix", "missing.py"], "not found"),
+                        (["fix", "train.py", "--only", "nope"], "unknown remedy 'nope'"),
+                        (["fix", "sparsenn"], "edits a script")):
+        proc = run_main(*args, cwd=script)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
