@@ -230,7 +230,8 @@ def check_workload(obj, spec: str):
 def compile_script(path: Path):
     """The script's code, compiled from its bytes as `python path` does: a UTF-8 BOM and a
     PEP 263 coding cookie are read, not taken for text."""
-    source: str | bytes = _PATCHED.get(str(path)) or read_user_bytes(path, "script")
+    source: str | bytes = _PATCHED.get(os.path.realpath(path)) or read_user_bytes(path,
+                                                                                "script")
     try:
         return compile(source, str(path), "exec", dont_inherit=True)
     except SyntaxError as e:
@@ -253,10 +254,16 @@ class _PatchedFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname, path=None, target=None):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.origin not in _PATCHED:
+        origin = os.path.realpath(spec.origin) if spec is not None and spec.origin else None
+        if spec is None or origin not in _PATCHED:
             return None
-        spec.loader = _PatchedLoader(fullname, spec.origin)
+        spec.loader = _PatchedLoader(fullname, origin)
         return spec
+
+
+def _file_of(module) -> str | None:
+    file = getattr(module, "__file__", None)
+    return os.path.realpath(file) if isinstance(file, str) else None
 
 
 @contextlib.contextmanager
@@ -268,7 +275,13 @@ def patched_sources(sources: dict[str, str]) -> Iterator[None]:
         yield
         return
     finder = _PatchedFinder()
+    sources = {os.path.realpath(path): text for path, text in sources.items()}
     _PATCHED.update(sources)
+    # a module of these files imported already (a run in this process before) is imported
+    # again, patched; the one imported before is put back after
+    loaded = {name: m for name, m in list(sys.modules.items()) if _file_of(m) in sources}
+    for name in loaded:
+        del sys.modules[name]
     sys.meta_path.insert(0, finder)
     try:
         yield
@@ -276,6 +289,9 @@ def patched_sources(sources: dict[str, str]) -> Iterator[None]:
         sys.meta_path.remove(finder)
         for path in sources:
             _PATCHED.pop(path, None)
+        for name in [n for n, m in sys.modules.items() if _file_of(m) in sources]:
+            del sys.modules[name]
+        sys.modules.update(loaded)
 
 
 def script_dir(path: Path) -> str:

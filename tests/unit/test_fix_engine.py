@@ -112,3 +112,25 @@ def test_bad_input_is_one_line_and_exit_2(script, tmp_path):
         proc = run_main(*args, cwd=script)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_an_imported_module_of_the_users_is_patched_and_its_bytes_kept(tmp_path, monkeypatch):
+    """The one_hot is in model.py (CRLF line endings, a latin-1 coding cookie): the patched
+    copy runs in place of the module the script imports, and --apply keeps its encoding and
+    line endings."""
+    lines = SCRIPT.replace("    target = F.one_hot(y).float()\n",
+                           "    target = model_lib.targets(y)\n").replace(
+        "import torch.nn.functional as F\n", "import torch.nn.functional as F\nimport model_lib\n")
+    (tmp_path / "train.py").write_text(lines)
+    module = ("# -*- coding: latin-1 -*-\r\nimport torch.nn.functional as F\r\nNUM_CLASSES = 10"
+              "\r\n\r\ndef targets(y):  # caf\xe9\r\n    return F.one_hot(y).float()\r\n")
+    (tmp_path / "model_lib.py").write_bytes(module.encode("latin-1"))
+    monkeypatch.setattr(remedies, "REMEDIES", (_stand_in("right", "NUM_CLASSES"),))
+    proc = run_main("fix", "train.py", "--apply", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["patches"][0]["files"] == ["model_lib.py"]
+    assert data["applied"] == [{"file": "model_lib.py", "backup": "model_lib.py.orig"}]
+    assert (tmp_path / "model_lib.py").read_bytes() == module.replace(
+        "F.one_hot(y)", "F.one_hot(y, num_classes=NUM_CLASSES)").encode("latin-1")
+    assert (tmp_path / "model_lib.py.orig").read_bytes() == module.encode("latin-1")
