@@ -58,12 +58,13 @@ def hunks(result: FixResult) -> list[Hunk]:
 def _removes(hunk: Hunk) -> str:
     names = dict.fromkeys(f"{v.proposal.site.op} at line {v.proposal.site.line} "
                           f"({v.proposal.remedy})" for v in hunk.patches)
-    return f" removes {'; '.join(names)}" if names else ""
+    return f" removes {'; '.join(names)}: verified (see above)" if names else ""
 
 
 def render(result: FixResult) -> str:
     """The whole patch: the verification as comment lines, then each file's hunks."""
-    lines = [f"# gpusync fix {result.target}: {len(result.patches)} patch(es), syncs per "
+    lines = [f"# {result.command or 'gpusync fix ' + result.target}: {len(result.patches)} "
+             "patch(es), syncs per "
              f"step {result.syncs_before:g} -> {_after(result)}"]
     for v in result.patches:
         site = v.proposal.site

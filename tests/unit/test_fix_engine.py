@@ -86,7 +86,7 @@ def test_the_diff_applies_with_git_and_says_what_each_hunk_removes(script):
     proc = run_main("fix", "train.py", cwd=script)
     assert proc.returncode == 0, proc.stderr
     (script / "fix.patch").write_text(proc.stdout)
-    assert "@@ -9,7 +9,7 @@ removes item at line 12 (right)" in proc.stdout
+    assert "@@ -9,7 +9,7 @@ removes item at line 12 (right): verified" in proc.stdout
     assert "# dropped: wrong at train.py:12" in proc.stdout
     subprocess.run(["git", "init", "-q"], cwd=script, check=True)
     subprocess.run(["git", "apply", "fix.patch"], cwd=script, check=True)
