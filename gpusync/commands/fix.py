@@ -44,9 +44,11 @@ def _remedy_names() -> list[str]:
               help="Try only this remedy (repeatable; the names are in docs/fix.md).")
 @click.option("--timeout", type=Finite(min=1), default=900, show_default=True,
               help="Seconds one run of the script may take before it is stopped as failed.")
+@click.option("--tuned", type=click.Path(dir_okay=False),
+              help="Settings `gpusync tune -o` chose: also write them into the script.")
 @under_torchrun
 def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, seed, rtol, atol,
-                only, timeout, torchrun):
+                only, timeout, tuned, torchrun):
     """Print a verified patch for each sync of the script TARGET that has a mechanical remedy.
 
     Each candidate change is applied to a copy, scanned (its site must go, and no new one
@@ -67,9 +69,14 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
     script = parse_target(target)
     if not isinstance(script, ScriptTarget):
         raise BadInput(f"gpusync fix edits a script (train.py); {target!r} is not one")
+    settings = {}
+    if tuned:
+        from ..tune_script import load_tuned
+
+        settings = load_tuned(tuned)
     with tempfile.TemporaryDirectory(prefix="gpusync-fix-") as folder:
         plan = Plan(target, str(script.path), tuple(script_args), _mode(mode), steps, warmup,
-                    seed, rtol, atol, timeout, folder)
+                    seed, rtol, atol, timeout, folder, settings)
         result = fix_script(plan, tuple(only))
     result.command = "gpusync fix " + shlex.join([target, *(["--", *script_args]
                                                           if script_args else [])])

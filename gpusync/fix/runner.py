@@ -3,7 +3,7 @@ recording what parity compares (runs.CandidateJob with sources / observe / recor
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import runs
@@ -25,6 +25,7 @@ class Plan:
     atol: float
     timeout: float
     folder: str  # where each run's record is written (a temporary folder)
+    tuned: dict[str, Any] = field(default_factory=dict)  # --tuned FILE's settings
 
 
 @dataclass
@@ -61,4 +62,5 @@ class Runner:
         run, failure = self.run({}, observe=True)
         if run is None:
             raise UserCodeError(f"the script as it is {failure}")
+        run.facts.settings = dict(self.plan.tuned)
         return run

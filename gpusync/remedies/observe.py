@@ -30,6 +30,9 @@ class Facts:
 
     def __init__(self, data: dict[tuple[str, str, int], Observed] | None = None):
         self.data: dict[tuple[str, str, int], Observed] = data or {}
+        # the knob settings `gpusync tune -o` chose ({"torchrec.pipeline": "fused", ...}),
+        # given to `gpusync fix --tuned FILE`; set by the engine, not observed in the run
+        self.settings: dict[str, Any] = {}
 
     def note(self, kind: str, value: Any, where: tuple[str, int] | None = None) -> None:
         """Note `value` (JSON-able) for `kind` at `where`, by default the user's innermost
