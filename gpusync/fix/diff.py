@@ -84,4 +84,6 @@ def render(result: FixResult) -> str:
 
 
 def _after(result: FixResult) -> str:
+    if not result.patches:
+        return f"{result.syncs_before:g} (no patch)"
     return "not verified" if result.syncs_after is None else f"{result.syncs_after:g}"

@@ -3,10 +3,11 @@ recording what parity compares (runs.CandidateJob with sources / observe / recor
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import runs
+from .. import runs, verbosity
 from ..errors import UserCodeError
 from ..remedies import Facts, Site
 from . import compare
@@ -51,6 +52,8 @@ class Runner:
                                 plan.script_args, seed=plan.seed, sources=sources,
                                 observe=observe, record=path)
         result, failure = runs.candidate(job, plan.timeout)
+        if failure is not None and verbosity.verbose() and result.output:
+            sys.stderr.write(f"gpusync fix: run {self.count} {failure}:\n{result.output}\n")
         if failure is not None or result.report is None or not os.path.exists(path):
             return None, failure or "it ended before its report was written"
         report = result.report
