@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import textwrap
 from typing import Iterator
 
@@ -58,10 +59,9 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
         return None
     form = {"item": ".item()", "float()": "float(x)", "int()": "int(x)"}[site.op]
     reads = scope.reads_at(source, site.line, site.op)
-    if len(reads) != 1:
-        return Refusal(NAME, site, f"{len(reads)} {form} calls on line {site.line}" + (
-            ": the read is implicit (a format or a math function converts the tensor)"
-            if not reads else ": each would need its own edit"))
+    if not reads:
+        return Refusal(NAME, site, f"no {form} call on line {site.line}: the read is implicit "
+                                   "(a format or a math function converts the tensor)")
     read = reads[0]
     loop = source.loop(read.call)
     if loop is None:
@@ -71,11 +71,14 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
     if block is not None:
         return Refusal(NAME, site, f"already read only when `{scope.first_line(source, block)}`"
                                    " holds, the script's own interval")
-    seen = facts.at(KIND, site.file, site.line)
-    if seen is None or not seen.values:
-        return Refusal(NAME, site, "the run noted no read at this line")
+    seen = _seen(facts, site)
     stmt = source.statement(read.call)
     try:
+        if len(reads) > 1 and isinstance(stmt, (ast.Assign, ast.AugAssign)):
+            raise Refused(f"{len(reads)} {form} calls on line {site.line}: each would need "
+                          "its own edit")
+        if seen is None or not seen.values:
+            raise Refused("the run noted no read at this line")
         if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
             edits, summary = logging_sum.accumulate(source, read, stmt, loop, seen)
         elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
@@ -88,14 +91,26 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
     return Proposal(NAME, site, tuple(edits), summary, output_matters=True)
 
 
+def _seen(facts: Facts, site: Site) -> Observed | None:
+    """What the run noted at the site's line (its file named as the scan names it, or as
+    the script's frames did)."""
+    seen = facts.at(KIND, site.file, site.line)
+    if seen is None:
+        same = [o for (kind, file, line), o in facts.data.items() if kind == KIND and
+                line == site.line and os.path.abspath(file) == os.path.abspath(site.file)]
+        seen = same[0] if len(same) == 1 else None
+    return seen
+
+
 def every_step(source: Source, stmt: ast.stmt) -> str:
     text = scope.first_line(source, stmt)
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         from .source import callee_name
 
         if callee_name(stmt.value) in _LOGGERS:
-            return (f"`{text}` logs it every step: the script has no interval of its own to "
-                    "read it at (gpusync does not invent one)")
+            return (f"`{text}` logs it every step, and what it prints must stay the same: "
+                    "the script has no step of its own to read it at instead (gpusync does "
+                    "not invent a logging interval)")
         return f"the value is passed to `{text}` every step"
     return f"the value is used every step by `{text}`"
 

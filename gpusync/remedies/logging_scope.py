@@ -6,10 +6,14 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .source import Source
+from .source import Source, callee_name
 
 # The scan's op for each read, and the callee that makes it.
 READS = {"item": "item", "float()": "float", "int()": "int"}
+# Contexts whose end changes nothing about reading a tensor later (not a stream's, say).
+_HARMLESS = {"no_grad", "inference_mode", "enable_grad", "set_grad_enabled", "autocast",
+             "record_function", "nullcontext"}
+_SHOWN = 60  # characters of a line quoted in a reason
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
@@ -67,6 +71,10 @@ def path_to(source: Source, stmt: ast.stmt, loop: ast.For | ast.While) -> list[a
         parent = source.parent(path[-1])
         if not isinstance(parent, (ast.With, ast.AsyncWith)) or path[-1] not in parent.body:
             return None
+        if not all(isinstance(item.context_expr, ast.Call) and
+                   callee_name(item.context_expr) in _HARMLESS for item in parent.items):
+            raise Refused(f"inside `{first_line(source, parent)}`: reading it later, outside "
+                          "that context (a stream's, say), may read it differently")
         path.append(parent)
     return path
 
@@ -189,8 +197,14 @@ def first_line(source: Source, node: ast.AST) -> str:
     """The source of `node`'s first line, for a reason or a summary."""
     if isinstance(node, (ast.If, ast.While)):
         return f"{'if' if isinstance(node, ast.If) else 'while'} {source.segment(node.test)}:"
-    text = source.segment(node).splitlines()
-    return text[0].rstrip(":") + (" ..." if len(text) > 1 else "") if text else ""
+    if isinstance(node, (ast.With, ast.AsyncWith)):
+        items = [source.segment(i.context_expr) + (f" as {source.segment(i.optional_vars)}"
+                                                    if i.optional_vars else "")
+                 for i in node.items]  # a withitem has no position of its own
+        return f"with {', '.join(items)}:"
+    text = source.segment(node).splitlines() or [""]
+    line = text[0].rstrip(":")
+    return line[:_SHOWN] + " ..." if len(line) > _SHOWN or len(text) > 1 else line
 
 
 def atom(source: Source, node: ast.expr) -> str:

@@ -128,6 +128,26 @@ def test_a_value_used_only_in_the_logging_block_moves_into_it_with_its_comment()
     """)
 
 
+def test_a_read_under_no_grad_or_autocast_moves_out_of_it_into_the_block():
+    src = """\
+    for i in r:
+        with torch.no_grad(), torch.autocast("cuda"):
+            acc = (model(x).argmax(1) == y).float().mean().item()
+            print("evaluated")
+        if i % 10 == 0:
+            print(acc)
+    """
+    out = patched(src, 3)
+    assert out == textwrap.dedent("""\
+    for i in r:
+        with torch.no_grad(), torch.autocast("cuda"):
+            print("evaluated")
+        if i % 10 == 0:
+            acc = (model(x).argmax(1) == y).float().mean().item()
+            print(acc)
+    """)
+
+
 DCGAN = """\
 for i, data in enumerate(dataloader, 0):
     output = netD(real_cpu)
@@ -153,7 +173,10 @@ def test_a_value_whose_tensor_is_rebound_before_the_block_is_held_detached_until
 
 @pytest.mark.parametrize("src, line, reason", [
     ("for i in r:\n    print(f'{loss.item():.4f}')\n", 2,
-     "logs it every step: the script has no interval of its own"),
+     "logs it every step, and what it prints must stay the same: the script has no step of"),
+    ("for i in r:\n    with torch.cuda.stream(s):\n        v = loss.item()\n"
+     "    if i % 9 == 0:\n        print(v)\n", 3,
+     "inside `with torch.cuda.stream(s):`: reading it later, outside that context"),
     ("for i in r:\n    losses.update(loss.item(), n)\n", 2,
      "passed to `losses.update(loss.item(), n)` every step"),
     ("for i in r:\n    v = loss.item()\n    history.append(v)\n    if i % 9 == 0:\n"
@@ -173,7 +196,8 @@ def test_a_value_whose_tensor_is_rebound_before_the_block_is_held_detached_until
      "starts as a float and sums integers"),
     ("for i in r:\n    v = loss.item()\n    if verbose:\n        print(v)\n", 2,
      "read every step, line 4"),
-    ("for i in r:\n    print(loss.item(), acc.item())\n", 2, "2 .item() calls on line 2"),
+    ("for i in r:\n    print(loss.item(), acc.item())\n", 2, "logs it every step"),
+    ("for i in r:\n    v = a.item() + b.item()\n", 2, "2 .item() calls on line 2"),
     ("for i in r:\n    print('%.4f' % loss)\n", 2, "the read is implicit"),
 ])
 def test_reads_used_every_step_or_not_exactly_movable_are_refused_with_the_reason(
