@@ -108,8 +108,7 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
                 isinstance(holder.op, ast.Div):
             found.divides.append(holder)
             continue
-        value = literal(holder.value) if isinstance(holder, ast.Assign) and \
-            holder.targets == [store] else None
+        value = _assigned(holder, store)
         if value is None or (inside and block not in following):
             raise Refused(f"`{acc}` is also set by `{scope.first_line(source, holder)}`"
                                        f" (line {holder.lineno})" + (
@@ -156,6 +155,19 @@ def _read(source: Source, load: ast.Name, loop: ast.For | ast.While,
                                    f"line {load.lineno}: {convert}() of it would print "
                                    "differently")
     return source.replace(load, f"{convert}({acc})")
+
+
+def _assigned(holder: ast.stmt, store: ast.Name) -> int | float | None:
+    """The number `total = 0` or `correct, total = 0, 0` gives `store`, if it is one."""
+    if not isinstance(holder, ast.Assign) or len(holder.targets) != 1:
+        return None
+    target, value = holder.targets[0], holder.value
+    if target is store:
+        return literal(value)
+    if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and \
+            len(target.elts) == len(value.elts) and store in target.elts:
+        return literal(value.elts[target.elts.index(store)])
+    return None
 
 
 def _after_divide(source: Source, load: ast.Name, divides: list[ast.AugAssign]) -> bool:

@@ -107,6 +107,22 @@ def test_a_sum_that_starts_as_the_int_0_is_converted_only_where_float_cannot_sho
     assert "format(float(train_loss) / len(train_loader.dataset))" in out
 
 
+def test_a_count_started_in_a_tuple_assignment_is_summed_in_int64():
+    snli = """\
+    n_correct, n_total = 0, 0
+    for batch_idx, batch in enumerate(train_iter):
+        n_correct += (torch.max(answer, 1)[1].view(batch.label.size()) == batch.label).sum().item()
+        n_total += batch.batch_size
+        if iterations % args.log_every == 0:
+            print(100. * n_correct / n_total)
+            n_correct, n_total = 0, 0
+    """
+    out = patched(snli, 3, dtype="int64")
+    assert "n_correct += (torch.max(answer, 1)[1].view(batch.label.size()) == " \
+           "batch.label).sum()\n" in out
+    assert "print(100. * n_correct.item() / n_total)" in out
+
+
 def test_a_value_used_only_in_the_logging_block_moves_into_it_with_its_comment():
     src = """\
     for i, data in enumerate(trainloader):
