@@ -125,22 +125,24 @@ def deferred(site: Site, source: Source, read: Read, stmt: ast.Assign,
     alias = any(v.get("alias") for v in seen.values if isinstance(v, dict))
     moved = scope.changed(between, scope.names_in(stmt.value))
     test = scope.first_line(source, block)
-    if moved is None and not alias and scope.owns_lines(source, stmt):
+    pure = scope.pure(stmt.value, read.call)
+    if moved is None and pure and not alias and scope.owns_lines(source, stmt):
         return _move(source, stmt, block), (
             f"`{scope.first_line(source, stmt)}` moved into `{test}`: read only at the steps "
             "the script uses it; nothing it reads changes in between")
     if stmt.value is not read.call:
-        culprit = moved or stmt
-        raise Refused(f"`{scope.first_line(source, culprit)}` (line {culprit.lineno}) "  # type: ignore[attr-defined]
-                      "changes what it reads before the block, and the read is part of an "
-                      "expression")
+        raise Refused(f"the read is part of `{scope.first_line(source, stmt.value)}`, which "
+                      + ("computes more than the read" if not pure else
+                         f"reads what line {getattr(moved, 'lineno', '?')} changes")
+                      + ": moved to the block it could give another value")
     in_place = alias or scope.changed(between, {scope.root(read.receiver) or ""},
                                       rebinding=False) is not None
     keep = f"{atom(source, read.receiver)}.detach()" + (".clone()" if in_place else "")
     again = {"item": f"{name}.item()", "float()": f"float({name})",
              "int()": f"int({name})"}[site.op]
     why = "a view or a parameter, which may change in place" if alias else \
-        "changed in place before the block" if in_place else "rebound before the block"
+        "changed in place before the block" if in_place else \
+        "rebound before the block" if moved is not None else "computed at its line"
     return [source.replace(read.call, keep),
             source.insert_before(block.body[0], f"{name} = {again}")], (
         f"`{name}` holds `{keep}` (what it reads is {why}) and is read in `{test}`, the only "

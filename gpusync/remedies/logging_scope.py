@@ -13,6 +13,7 @@ READS = {"item": "item", "float()": "float", "int()": "int"}
 # Contexts whose end changes nothing about reading a tensor later (not a stream's, say).
 _HARMLESS = {"no_grad", "inference_mode", "enable_grad", "set_grad_enabled", "autocast",
              "record_function", "nullcontext"}
+_PURE_CALLS = {"len", "abs", "round", "min", "max", "float", "int"}
 _SHOWN = 60  # characters of a line quoted in a reason
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
@@ -179,6 +180,21 @@ def _in_place(node: ast.AST, names: set[str]) -> bool:
             return True
         return any(kw.arg == "out" and root(kw.value) in names for kw in node.keywords)
     return False
+
+
+def pure(expr: ast.AST, read: ast.Call) -> bool:
+    """`expr` only reads what is there (names, attributes, indexes, numbers, arithmetic, the
+    read itself, len()): moved later, it computes nothing that ran at its line before (a
+    forward pass under no_grad or autocast, a draw from the random stream)."""
+    for node in ast.walk(expr):
+        if isinstance(node, ast.Call):
+            if node is not read and callee_name(node) not in _PURE_CALLS:
+                return False
+        elif not isinstance(node, (ast.Name, ast.Attribute, ast.Subscript, ast.Constant,
+                                   ast.BinOp, ast.UnaryOp, ast.Tuple, ast.operator,
+                                   ast.unaryop, ast.expr_context)):
+            return False
+    return True
 
 
 def names_in(expr: ast.AST) -> set[str]:

@@ -144,24 +144,25 @@ def test_a_value_used_only_in_the_logging_block_moves_into_it_with_its_comment()
     """)
 
 
-def test_a_read_under_no_grad_or_autocast_moves_out_of_it_into_the_block():
+def test_what_is_computed_for_the_read_stays_where_it_ran_only_the_read_moves():
     src = """\
     for i in r:
         with torch.no_grad(), torch.autocast("cuda"):
             acc = (model(x).argmax(1) == y).float().mean().item()
-            print("evaluated")
+            loss = crit(model(x), y)
+            v = loss.item()
         if i % 10 == 0:
-            print(acc)
+            print(acc, v)
     """
-    out = patched(src, 3)
-    assert out == textwrap.dedent("""\
-    for i in r:
-        with torch.no_grad(), torch.autocast("cuda"):
-            print("evaluated")
-        if i % 10 == 0:
-            acc = (model(x).argmax(1) == y).float().mean().item()
-            print(acc)
-    """)
+    # model(x) runs under no_grad and autocast, every step, as before; `loss.item()` is a
+    # pure read: it moves out of the `with` (whose end changes nothing about reading it)
+    assert patched(src, 3) == textwrap.dedent(src).replace(
+        "float().mean().item()", "float().mean().detach()").replace(
+        "0:\n", "0:\n        acc = acc.item()\n")
+    assert patched(src, 5) == textwrap.dedent(src).replace(
+        "        v = loss.item()\n", "").replace("0:\n", "0:\n        v = loss.item()\n")
+    assert "computes more than the read" in refused(
+        src.replace("mean().item()", "mean().item() * 100"), 3)
 
 
 DCGAN = """\
