@@ -42,8 +42,9 @@ def accumulate(source: Source, read: Read, stmt: ast.AugAssign, loop: ast.For | 
         if not _after_divide(source, load, found.divides):  # then a Python float already
             edits.append(_read(source, load, loop, following, found, convert))
     for store in found.divides:
-        edits.append(source.replace(store, f"{acc} = {convert}({acc}) / "
-                                           f"{atom(source, store.value)}"))
+        if isinstance(store, ast.AugAssign):  # `total /= n`: its read made explicit
+                edits.append(source.replace(store, f"{acc} = {convert}({acc}) / "
+                      f"{atom(source, store.value)}"))
     where = [f"in `{scope.first_line(source, b)}`" for b in found.blocks]
     if any(loop not in source.ancestors(load) for load in used.loads):
         where.append("after the loop")
@@ -87,7 +88,7 @@ class _Starts:
         self.literals: list[int | float] = []
         self.resets: list[ast.Name] = []
         self.blocks: list[ast.If] = []
-        self.divides: list[ast.AugAssign] = []
+        self.divides: list[ast.stmt] = []
 
 
 def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
@@ -95,8 +96,7 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
             is_float: bool) -> _Starts:
     acc = stmt.target.id  # type: ignore[union-attr]
     if used.other:
-        raise Refused(f"`{acc}` is also used by "
-                                   f"`{scope.first_line(source, used.other[0])}`")
+        raise Refused(f"`{acc}` is also used by `{scope.first_line(source, used.other[0])}`")
     found, outside = _Starts(), False
     for store in used.stores:
         if store is stmt.target:
@@ -104,16 +104,15 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
         holder = source.statement(store)
         inside = loop in source.ancestors(store)
         block = scope.guard(source, store, loop) if inside else None
-        if isinstance(holder, ast.AugAssign) and not inside and is_float and \
-                isinstance(holder.op, ast.Div):
+        if not inside and is_float and _divides(holder, acc):
             found.divides.append(holder)
             continue
         value = _assigned(holder, store)
         if value is None or (inside and block not in following):
-            raise Refused(f"`{acc}` is also set by `{scope.first_line(source, holder)}`"
-                                       f" (line {holder.lineno})" + (
-                                           ", in the loop outside the logging block"
-                                           if value is not None else ""))
+            raise Refused(f"`{acc}` is also set by `{scope.first_line(source, holder)}` "
+                          f"(line {holder.lineno})" + (
+                              ", in the loop outside the logging block"
+                              if value is not None else ""))
         found.literals.append(value)
         outside = outside or not inside
         if inside:
@@ -121,8 +120,8 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
     if not outside:
         raise Refused(f"`{acc}` has no starting number in its scope")
     if not is_float and any(isinstance(v, float) for v in found.literals):
-        raise Refused(f"`{acc}` starts as a float and sums integers: the "
-                                   "script's sum is a float, an int64 one would not be")
+        raise Refused(f"`{acc}` starts as a float and sums integers: the script's sum is a "
+                      "float, an int64 one would not be")
     return found
 
 
@@ -136,13 +135,13 @@ def _read(source: Source, load: ast.Name, loop: ast.For | ast.While,
         block = scope.guard(source, load, loop)
         if block is None or block not in following:
             raise Refused(f"`{acc}` is read every step, line {load.lineno}: "
-                                       f"`{scope.first_line(source, source.statement(load))}`")
+                          f"`{scope.first_line(source, source.statement(load))}`")
         if block not in found.blocks:
             found.blocks.append(block)
         nested = any(isinstance(a, (ast.For, ast.While)) for a in
                      _between(source, load, block))
-        reset_before = any(scope.guard(source, r, loop) is block and
-                           (r.lineno, r.col_offset) < (load.lineno, load.col_offset)
+        # every reset is in a block after the sum: one above the read may have run
+        reset_before = any((r.lineno, r.col_offset) < (load.lineno, load.col_offset)
                            for r in found.resets)
         if not nested and not reset_before:
             return source.replace(load, f"{acc}.item()")
@@ -151,9 +150,8 @@ def _read(source: Source, load: ast.Name, loop: ast.For | ast.While,
         parent.left is load
     if not numerator and any(type(v) is not (float if convert == "float" else int)
                              for v in found.literals):
-        raise Refused(f"`{acc}` may still be the script's {found.literals} at "
-                                   f"line {load.lineno}: {convert}() of it would print "
-                                   "differently")
+        raise Refused(f"`{acc}` may still be the script's {found.literals} at line "
+                      f"{load.lineno}: {convert}() of it would print differently")
     return source.replace(load, f"{convert}({acc})")
 
 
@@ -170,7 +168,16 @@ def _assigned(holder: ast.stmt, store: ast.Name) -> int | float | None:
     return None
 
 
-def _after_divide(source: Source, load: ast.Name, divides: list[ast.AugAssign]) -> bool:
+def _divides(holder: ast.stmt, acc: str) -> bool:
+    """`total /= n` or `total = total / n` (after the loop: a Python float from then on)."""
+    if isinstance(holder, ast.AugAssign):
+        return isinstance(holder.op, ast.Div)
+    return isinstance(holder, ast.Assign) and len(holder.targets) == 1 and \
+        isinstance(holder.value, ast.BinOp) and isinstance(holder.value.op, ast.Div) and \
+        isinstance(holder.value.left, ast.Name) and holder.value.left.id == acc
+
+
+def _after_divide(source: Source, load: ast.Name, divides: list[ast.stmt]) -> bool:
     """`load` runs after one of `divides` (`total = float(total) / n` once edited) in the
     same list of statements: then `total` is that Python float."""
     for divide in divides:

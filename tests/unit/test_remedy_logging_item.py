@@ -107,6 +107,24 @@ def test_a_sum_that_starts_as_the_int_0_is_converted_only_where_float_cannot_sho
     assert "format(float(train_loss) / len(train_loader.dataset))" in out
 
 
+def test_a_sum_a_block_above_may_have_reset_is_read_with_float_and_total_n_divides_it():
+    src = """\
+    total = 0.
+    for i in r:
+        total += loss.item()
+        if i % 10 == 0:
+            total = 0.
+        if i % 5 == 0:
+            print(total)
+    total = total / n
+    print(total)
+    """
+    out = patched(src, 3)
+    assert "if i % 5 == 0:\n        print(float(total))\n" in out
+    # total / n is a Python float: what follows reads it as it is
+    assert out.endswith("total = float(total) / n\nprint(total)\n")
+
+
 def test_a_count_started_in_a_tuple_assignment_is_summed_in_int64():
     snli = """\
     n_correct, n_total = 0, 0
