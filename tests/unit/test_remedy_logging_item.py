@@ -269,8 +269,9 @@ def train(epoch):
         last = loss.item()  # for the log
         running_loss += loss.item()
         correct += out.argmax(1).eq(y).sum().item()
+        acc = float(out.argmax(1).eq(y).float().mean())
         if (step + 1) % LOG_INTERVAL == 0:
-            print(f"{epoch} {step + 1} loss {last:.6f} avg {running_loss / LOG_INTERVAL}")
+            print(f"{epoch} {step + 1} loss {last:.6f} avg {running_loss / LOG_INTERVAL}", acc)
             running_loss = 0.0
     print("correct", correct, 100. * correct / 40)
 
@@ -297,26 +298,31 @@ def test_the_patched_script_reads_only_at_logging_steps_and_prints_the_same(tmp_
     facts = Facts.from_json(result.facts)
     seen = {(f["line"], f["values"][0]["dtype"], f["calls"]) for f in facts.to_json()
             if f["kind"] == logging_item.KIND}
-    assert seen == {(20, "float32", 10), (21, "float32", 10), (22, "int64", 10)}
+    assert seen == {(20, "float32", 10), (21, "float32", 10), (22, "int64", 10),
+                    (23, "float32", 10)}
     sites = [Site.from_report(s) for s in result.report["sites"]]
     assert {(s.op, s.line) for s in sites if s.per_step == 1} == {
-        ("item", 20), ("item", 21), ("item", 22)}
+        ("item", 20), ("item", 21), ("item", 22), ("float()", 23)}
     source = Source.read(path)
     proposals = [logging_item.propose(s, source, facts) for s in sites]
     edits = [e for p in proposals if isinstance(p, Proposal) for e in p.edits]
-    assert len([p for p in proposals if isinstance(p, Proposal)]) == 3
+    assert len([p for p in proposals if isinstance(p, Proposal)]) == 4
     text = apply(SCRIPT, edits)
     after_result, after = _run(path, tmp_path, "after", {str(path): text})
     after_sites = {(s["op"], s["line"]): s["count"] for s in after_result.report["sites"]
                    if s["op"] != "H2D copy"}
     # the loss is read at the 2 logging steps of each epoch's 5, the count once per epoch
-    assert text.splitlines()[22:26] == [
+    assert text.splitlines()[21:28] == [
+        "        acc = out.argmax(1).eq(y).float().mean().detach()",
+        "        if (step + 1) % LOG_INTERVAL == 0:",
+        "            acc = float(acc)",
         "            last = loss.item()  # for the log",
         '            print(f"{epoch} {step + 1} loss {last:.6f} avg '
-        '{running_loss.item() / LOG_INTERVAL}")',
+        '{running_loss.item() / LOG_INTERVAL}", acc)',
         "            running_loss = 0.0",
         '    print("correct", int(correct), 100. * int(correct) / 40)']
-    assert after_sites == {("item", 23): 4, ("item", 24): 4, ("int()", 26): 4}
+    assert after_sites == {("float()", 24): 4, ("item", 25): 4, ("item", 26): 4,
+                           ("int()", 28): 4}
     assert after["printed"] == before["printed"] and "correct" in before["printed"]
     assert after["losses"] == before["losses"] and len(before["losses"]) == 10
     assert all(torch.equal(a, b) for a, b in zip(after["parameters"], before["parameters"],
