@@ -327,3 +327,23 @@ def test_the_patched_script_reads_only_at_logging_steps_and_prints_the_same(tmp_
     assert after["losses"] == before["losses"] and len(before["losses"]) == 10
     assert all(torch.equal(a, b) for a, b in zip(after["parameters"], before["parameters"],
                                                  strict=True))
+
+
+def test_observe_notes_the_dtype_and_whether_the_tensor_may_change_in_place_then_leaves():
+    import sys
+
+    original = (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__)
+    facts, x = Facts(), torch.arange(4.)
+    here = sys._getframe().f_code.co_filename
+    with logging_item.observe(facts):
+        line = sys._getframe().f_lineno
+        x.sum().item()
+        float(x[0])
+        int(torch.nn.Parameter(torch.ones(())))
+        len([1.0])  # no tensor read: nothing noted
+    values = {n: facts.at(logging_item.KIND, here, n) for n in range(line + 1, line + 5)}
+    assert values[line + 1].values == [{"dtype": "float32", "alias": False}]
+    assert values[line + 2].values == [{"dtype": "float32", "alias": True}]  # a view
+    assert values[line + 3].values == [{"dtype": "float32", "alias": True}]  # a parameter
+    assert values[line + 4] is None
+    assert (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__) == original
