@@ -58,6 +58,9 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
     if site.op not in scope.READS:
         return None
     form = {"item": ".item()", "float()": "float(x)", "int()": "int(x)"}[site.op]
+    if site.library:
+        return Refusal(NAME, site, f"the read is the library's ({site.library}), under this "
+                                   "line: not the script's own to move")
     reads = scope.reads_at(source, site.line, site.op)
     if not reads:
         return Refusal(NAME, site, f"no {form} call on line {site.line}: the read is implicit "

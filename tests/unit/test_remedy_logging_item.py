@@ -242,6 +242,16 @@ def test_reads_used_every_step_or_not_exactly_movable_are_refused_with_the_reaso
     assert reason in refused(src, line, op=op, dtype=dtype)
 
 
+def test_a_read_a_library_makes_under_the_scripts_line_is_not_the_scripts_to_move():
+    site = Site("item", "t.py", 2, 1.0, 4, "other", library="torch/amp/grad_scaler.py:460")
+    facts = Facts()
+    facts.note(logging_item.KIND, {"dtype": "float32", "alias": False}, where=("t.py", 2))
+    refusal = logging_item.propose(site, Source("t.py", "for i in r:\n    scaler.step(opt)\n"),
+                                   facts)
+    assert isinstance(refusal, Refusal)
+    assert refusal.reason.startswith("the read is the library's (torch/amp/grad_scaler.py:460)")
+
+
 def test_sites_of_other_ops_are_not_this_remedys():
     assert propose("x.to('cuda')\n", 1, op="H2D copy") is None
 
