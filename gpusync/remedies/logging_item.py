@@ -170,15 +170,18 @@ def _block(source: Source, stmt: ast.Assign, loop: ast.For | ast.While,
     if not used.loads:
         raise Refused(f"`{name}` is never read")
     block = scope.guard(source, used.loads[0], loop)
+    top = scope.holder_in(source, block, following) if block is not None else None
     for load in used.loads:
-        if block is None or block not in following or scope.guard(source, load, loop) \
-                is not block:
+        if top is None or scope.guard(source, load, loop) is not block:
             raise Refused(f"`{name}` is read every step, line {load.lineno}: "
                           f"`{scope.first_line(source, source.statement(load))}`")
-    assert block is not None
+    assert block is not None and top is not None
     if block.body[0].lineno == block.lineno:
         raise Refused("the block is a one-line `if`: no line of its own to read it on")
-    return block, following[:following.index(block)]
+    # what runs before the block: up to its statement in the loop, all of it when the
+    # block is nested in it
+    index = following.index(top)
+    return block, following[:index + (top is not block)]
 
 
 def _move(source: Source, stmt: ast.stmt, block: ast.If) -> list[Edit]:

@@ -90,6 +90,16 @@ def after(source: Source, path: list[ast.stmt], loop: ast.For | ast.While) -> li
     return out
 
 
+def holder_in(source: Source, node: ast.AST, stmts: list[ast.stmt]) -> ast.stmt | None:
+    """The statement of `stmts` that is `node` or holds it (a block nested in an `if` that
+    follows the read holds the reads in it too)."""
+    ids = {id(s) for s in stmts}
+    for candidate in (node, *source.ancestors(node)):
+        if id(candidate) in ids:
+            return candidate
+    return None
+
+
 @dataclass
 class Uses:
     """Where a name is used in a scope."""

@@ -108,7 +108,8 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
             found.divides.append(holder)
             continue
         value = _assigned(holder, store)
-        if value is None or (inside and block not in following):
+        if value is None or (inside and (block is None or
+                                         scope.holder_in(source, block, following) is None)):
             raise Refused(f"`{acc}` is also set by `{scope.first_line(source, holder)}` "
                           f"(line {holder.lineno})" + (
                               ", in the loop outside the logging block"
@@ -133,13 +134,13 @@ def _read(source: Source, load: ast.Name, loop: ast.For | ast.While,
         raise Refused(f"`{acc}` at line {load.lineno} has no exact position")
     if loop in source.ancestors(load):
         block = scope.guard(source, load, loop)
-        if block is None or block not in following:
+        if block is None or scope.holder_in(source, block, following) is None:
             raise Refused(f"`{acc}` is read every step, line {load.lineno}: "
                           f"`{scope.first_line(source, source.statement(load))}`")
         if block not in found.blocks:
             found.blocks.append(block)
         nested = any(isinstance(a, (ast.For, ast.While)) for a in
-                     _between(source, load, block))
+                     _between(source, load, loop))
         # every reset is in a block after the sum: one above the read may have run
         reset_before = any((r.lineno, r.col_offset) < (load.lineno, load.col_offset)
                            for r in found.resets)

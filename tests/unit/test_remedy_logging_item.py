@@ -125,6 +125,35 @@ def test_a_sum_a_block_above_may_have_reset_is_read_with_float_and_total_n_divid
     assert out.endswith("total = float(total) / n\nprint(total)\n")
 
 
+def test_a_logging_block_nested_in_the_gradient_accumulation_block_reads_the_sum():
+    hf = """\
+    tr_loss, logging_loss = 0.0, 0.0
+    for step, batch in enumerate(epoch_iterator):
+        loss = model(**batch)[0]
+        loss.backward()
+        tr_loss += loss.item()
+        v = loss.item()
+        if (step + 1) % args.gradient_accumulation_steps == 0:
+            optimizer.step()
+            global_step += 1
+            if args.logging_steps > 0 and global_step % args.logging_steps == 0:
+                logs["loss"] = (tr_loss - logging_loss) / args.logging_steps
+                logging_loss = tr_loss
+                print(v)
+    print(global_step, tr_loss / global_step)
+    """
+    out = patched(hf, 5)
+    assert "logs[\"loss\"] = (tr_loss.item() - logging_loss) / args.logging_steps\n" in out
+    assert "logging_loss = tr_loss.item()\n" in out
+    assert "print(global_step, float(tr_loss) / global_step)" in out
+    # v: nothing before the nested block names `loss`: the read moves into it
+    assert "global_step % args.logging_steps == 0:\n            v = loss.item()\n" in \
+        patched(hf, 6)
+    # the statements of the enclosing `if` run before the nested block: `loss` rebound there
+    rebound = patched(hf.replace("global_step += 1", "loss = None"), 6)
+    assert "    v = loss.detach()\n" in rebound and "            v = v.item()\n" in rebound
+
+
 def test_a_count_started_in_a_tuple_assignment_is_summed_in_int64():
     snli = """\
     n_correct, n_total = 0, 0
