@@ -6,10 +6,15 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from . import sizes
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
-REMEDIES: tuple[Remedy, ...] = ()  # each remedy module, in the order their proposals are tried
+REMEDIES: tuple[Remedy, ...] = (
+    sizes.ONE_HOT,
+    sizes.REPEAT_INTERLEAVE,
+    sizes.NONZERO,
+)  # each remedy, in the order their proposals are tried
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
 
