@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import sizes
+from . import causal, flags, optimizers, sizes
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
@@ -14,6 +14,10 @@ REMEDIES: tuple[Remedy, ...] = (
     sizes.ONE_HOT,
     sizes.REPEAT_INTERLEAVE,
     sizes.NONZERO,
+    flags.CLIP_GRAD_NORM,
+    flags.VALIDATE_ARGS,
+    optimizers.FUSED,
+    causal.IS_CAUSAL,
 )  # each remedy, in the order their proposals are tried
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]

@@ -51,6 +51,42 @@ def user_frame(skip: int = 2) -> FrameType | None:
     return None
 
 
+def innermost_user_frame(skip: int = 2) -> FrameType | None:
+    """The user's innermost frame on the stack, library frames above it or not (where the
+    scan places a site that a library's code makes)."""
+    from ..detect import frames
+
+    frame: FrameType | None = sys._getframe(skip)
+    while frame is not None and not frames.is_users(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def call_span(frame: FrameType) -> list[int] | None:
+    """[line, col, end_line, end_col] (columns in UTF-8 bytes, as ast's) of the expression
+    `frame` is running now: the call it is in (a CALL's position is its call's span)."""
+    positions = getattr(frame.f_code, "co_positions", None)  # Python 3.11 on
+    if positions is None:
+        return None
+    try:
+        line, end, col, end_col = list(positions())[frame.f_lasti // 2]
+    except (IndexError, ValueError):
+        return None
+    if None in (line, end, col, end_col):
+        return None
+    return [line, col, end, end_col]
+
+
+def call_at(source: Source, span: list[int]) -> ast.Call | None:
+    """The call of `source` whose span is `span` (call_span's)."""
+    line, col, end, end_col = span
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.Call) and (node.lineno, node.col_offset, node.end_lineno,
+                                           node.end_col_offset) == (line, col, end, end_col):
+            return node
+    return None
+
+
 def _is_int(value: Any) -> bool:
     return type(value) is int  # not bool, not an IntEnum, not a numpy or symbolic int
 
