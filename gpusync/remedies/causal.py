@@ -121,7 +121,7 @@ class _IsCausal:
         causal = mask in masks and len(shape) == 2 and shape[0] == shape[1] and \
             (size is None or size == shape[0])
         facts.note(self.NAME, {"causal": causal, "keyword": _keyword_of(sys._getframe(1)),
-                               "span": scope.call_span(user), "size": shape[0]},
+                               "span": scope.call_span(user)},
                    where=(user.f_code.co_filename, user.f_lineno))
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
@@ -149,12 +149,11 @@ class _IsCausal:
             if given is not None and literal(given.value) is not None:
                 return Refusal(self.NAME, site, f"{name}={source.segment(given.value)} is given")
             edits.append(source.set_keyword(call, name, "True"))
-        sizes = sorted({v["size"] for v in seen.values})
         written = ", ".join(f"{k}=True" for k in keywords)
         return Proposal(self.NAME, site, tuple(edits), (
             f"{written}: the mask passed is the causal mask generate_square_subsequent_mask "
-            f"made ({' / '.join(map(str, sizes))} square, unchanged) in each of the "
-            f"{seen.calls} calls observed, so torch no longer compares it with one on the host; "
+            f"made (unchanged, of the sequence's length) in each of the {seen.calls} calls "
+            "observed, so torch no longer compares it with one on the host; "
             "attention may then apply the causality itself rather than add the mask (the same "
             "positions masked)"))
 

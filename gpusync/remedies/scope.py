@@ -16,10 +16,12 @@ the hidden size as the number of classes, so writing it would be a guess."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import re
 import sys
 import types
+import weakref
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Mapping
@@ -110,15 +112,16 @@ def _holds(value: Any) -> Mapping[str, Any] | None:
     return space if isinstance(space, (dict, types.MappingProxyType)) else None
 
 
-def _lookup(frame: FrameType, expr: str) -> Any:
-    """The value `expr` ("name" or "base.attr") has in `frame`, or a sentinel when unbound."""
+def _lookup(frame: FrameType, expr: str) -> tuple[Any, Any]:
+    """(the value `expr` ("name" or "base.attr") has in `frame`, the base object or None);
+    the value is _UNBOUND when it has none."""
     base, _, attr = expr.partition(".")
     scope = frame.f_locals
     value = scope[base] if base in scope else frame.f_globals.get(base, _UNBOUND)
     if not attr or value is _UNBOUND:
-        return value
+        return value, None
     space = _holds(value)
-    return space.get(attr, _UNBOUND) if space is not None else _UNBOUND
+    return (space.get(attr, _UNBOUND) if space is not None else _UNBOUND), value
 
 
 _UNBOUND = object()
@@ -148,18 +151,30 @@ def names_equal(frame: FrameType, n: int) -> set[str]:
 
 class Names:
     """Per user line, the names that held the op's size in every call so far: the first call
-    looks through the frame, later ones only re-check those still in the running."""
+    looks through the frame, later ones only re-check those still in the running. A
+    `base.attr` stays only while `base` is the very object it was (`self`, `args`, a config),
+    not a new one each call (a batch whose attribute held the size by chance)."""
 
     def __init__(self) -> None:
-        self._left: dict[tuple[str, int], set[str]] = {}
+        # where -> {expr: a weak reference to its base object, None for a plain name}
+        self._left: dict[tuple[str, int], dict[str, weakref.ref | None]] = {}
 
     def note(self, facts: Any, kind: str, frame: FrameType, n: int) -> None:
         where = (frame.f_code.co_filename, frame.f_lineno)
         left = self._left.get(where)
         if left is None:
-            left = names_equal(frame, n)
+            left = {}
+            for expr in names_equal(frame, n):
+                base = _lookup(frame, expr)[1]
+                with contextlib.suppress(TypeError):  # a base no weak reference can name
+                    left[expr] = None if base is None else weakref.ref(base)
         else:
-            left = {e for e in left if _is_int(v := _lookup(frame, e)) and v == n}
+            kept = {}
+            for expr, ref in left.items():
+                value, base = _lookup(frame, expr)
+                if _is_int(value) and value == n and (ref is None or ref() is base):
+                    kept[expr] = ref
+            left = kept
         self._left[where] = left
         facts.note(kind, sorted(left), where=where)
 
@@ -220,9 +235,15 @@ def _declared_global(source: Source, name: str) -> bool:
 
 
 def _bound_once(source: Source, scope: ast.AST, store: ast.AST) -> bool:
-    """`store` is a plain assignment's target, outside any loop of `scope`."""
+    """`store` is a plain assignment's target (or an import, a class or function definition),
+    outside any loop of `scope`."""
     stmt = source.statement(store)
-    if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or stmt.value is None:
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if stmt.value is None or not any(n is store for t in targets for n in ast.walk(t)):
+            return False  # bound inside the value (a walrus), not by the assignment
+    elif not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.ClassDef, ast.FunctionDef,
+                               ast.AsyncFunctionDef)):
         return False
     for parent in source.ancestors(stmt):
         if parent is scope:

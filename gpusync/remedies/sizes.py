@@ -178,6 +178,12 @@ class _OneHot(SizeRemedy):
     def _no_call(self, site):
         return None  # an "item" site of another kind (a .item() call)
 
+    def propose(self, site, source, facts):
+        if site.op == self.OP and not any(map(self.editable, source.calls_at(
+                site.line, *self.CALLEES))):
+            return None  # one_hot given its num_classes syncs nowhere: an item of another kind
+        return super().propose(site, source, facts)
+
     def editable(self, call):
         if len(call.args) > 1:
             return _literal(call.args[1], -1)

@@ -126,7 +126,7 @@ def _causal(values, line=1):
 
 
 def test_is_causal_is_written_only_for_the_mask_torch_made():
-    seen = {"causal": True, "keyword": "is_causal", "span": [1, 4, 1, 23], "size": 5}
+    seen = {"causal": True, "keyword": "is_causal", "span": [1, 4, 1, 23]}
     out = _causal([seen, seen])
     assert _applied(out, CAUSAL).splitlines()[0] == "h = enc(pos(x), mask=m, is_causal=True)"
     own = _causal([seen, {**seen, "causal": False}])

@@ -79,8 +79,7 @@ def test_one_hot_leaves_item_sites_of_other_kinds_to_other_remedies():
     source = Source("t.py", "x = y.item()\nz = F.one_hot(y, num_classes=3)\n")
     assert ONE_HOT.propose(_site("item", 1), source, Facts()) is None
     assert ONE_HOT.propose(_site("nonzero", 2), source, Facts()) is None
-    given = ONE_HOT.propose(_site("item", 2), source, Facts())
-    assert isinstance(given, Refusal) and "not one this remedy edits" in given.reason
+    assert ONE_HOT.propose(_site("item", 2), source, Facts()) is None
 
 
 REPEAT_SRC = '''import torch
@@ -158,6 +157,7 @@ class Cfg:
 
 cfg = Cfg()
 for i in range(3):
+    batch = Cfg()  # a new object each call: its attribute held 4 by chance
     y = torch.arange(N)
     a = F.one_hot(y)
     b = F.one_hot(y, num_classes=N)
@@ -179,14 +179,16 @@ def test_observe_notes_each_size_and_the_names_holding_it_at_the_users_line(tmp_
     seen = {(kind, line): (o.calls, o.values) for (kind, f, line), o in facts.data.items()
             if f == file}
     assert seen == {
-        ("one_hot.num_classes", 14): (3, [4]),
-        ("one_hot.num_classes:names", 14): (3, [["N", "cfg.classes"]]),
-        ("repeat_interleave.output_size", 16): (3, [8]),
-        ("repeat_interleave.output_size:names", 16): (3, [[]]),
-        ("nonzero.static", 18): (3, [4, 3, 2]),
-        ("nonzero.static:names", 18): (3, [["N", "cfg.classes"], []]),  # later calls: none
-        ("nonzero.static", 19): (3, [4]),
-        ("nonzero.static:names", 19): (3, [["N", "cfg.classes"]]),
+        ("one_hot.num_classes", 15): (3, [4]),
+        ("one_hot.num_classes:names", 15): (3, [["N", "batch.classes", "cfg.classes"],
+                                                ["N", "cfg.classes"]]),
+        ("repeat_interleave.output_size", 17): (3, [8]),
+        ("repeat_interleave.output_size:names", 17): (3, [[]]),
+        ("nonzero.static", 19): (3, [4, 3, 2]),
+        ("nonzero.static:names", 19): (3, [["N", "batch.classes", "cfg.classes"], []]),
+        ("nonzero.static", 20): (3, [4]),
+        ("nonzero.static:names", 20): (3, [["N", "batch.classes", "cfg.classes"],
+                                           ["N", "cfg.classes"]]),
     }
 
 
@@ -257,3 +259,53 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     assert patched["losses"] == original["losses"] and len(original["losses"]) == 4
     assert all(torch.equal(a, b) for a, b in zip(original["parameters"],
                                                  patched["parameters"], strict=True))
+
+
+SCOPES = '''import config
+N, M = 10, 20
+G = 10
+if (W := 10):
+    pass
+
+
+class Net:
+    K = 10
+
+    def __init__(self, classes):
+        self.classes = classes
+        self.steps = 0
+
+    def forward(self, y, n, m):
+        local = 10
+        m = m + 0
+        self.steps = 10
+        out = f(y)
+        after = 10
+        return out
+
+
+def bump():
+    global G
+    G += 1
+'''
+
+
+@pytest.mark.parametrize("expr, kind", [
+    ("n", "the argument"), ("local", "the local constant"), ("self.classes", "the attribute"),
+    ("N", "the module constant"), ("M", "the module constant"), ("config.CLASSES",
+                                                                 "the attribute"),
+    ("Net.K", "the attribute"),
+    ("m", None),  # an argument rebound
+    ("after", None),  # bound after the call: in a loop, the value a previous pass left
+    ("self.steps", None),  # assigned outside __init__
+    ("G", None),  # rebound by a function (global G)
+    ("W", None),  # bound by a walrus
+    ("undefined", None),
+])
+def test_what_counts_as_a_constant_at_the_call(expr, kind):
+    from gpusync.remedies import scope
+
+    source = Source("t.py", SCOPES)
+    call = source.calls_at(19, "f")[0]
+    found = scope.constant(source, call, expr)
+    assert (found.kind if found else None) == kind
