@@ -14,6 +14,7 @@ builds in the mask's dtype), not modified in place since (its version counter), 
 the sequence length torch compares it at. Any other mask, in any call: refused."""
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import sys
@@ -27,6 +28,7 @@ from .remedy import Proposal, Refusal, Site
 from .source import Source
 
 _TRANSFORMER = "torch/nn/modules/transformer.py"
+_MASKS = ("mask", "src_mask", "tgt_mask")
 _KEYWORDS = {  # (the forward that detected, called through nn.Transformer) -> the keyword
     ("TransformerEncoder.forward", False): "is_causal",
     ("TransformerDecoder.forward", False): "tgt_is_causal",
@@ -68,6 +70,17 @@ def _keyword_of(frame: Any) -> str | None:
             return None
         frame = frame.f_back
     return _KEYWORDS.get((detected, through))
+
+
+def _the_call(source: Source, line: int, spans: set[tuple]) -> ast.Call | None:
+    """The call that the run saw at `line` (by its span); before Python 3.11, which has no
+    spans, the one call at the line given a mask by keyword."""
+    if spans == {()}:
+        masked = [c for c in ast.walk(source.tree) if isinstance(c, ast.Call)
+                  and c.lineno <= line <= (c.end_lineno or c.lineno)
+                  and any(k.arg in _MASKS for k in c.keywords)]
+        return masked[0] if len(masked) == 1 else None
+    return scope.call_at(source, list(spans.pop())) if len(spans) == 1 else None
 
 
 class _IsCausal:
@@ -139,7 +152,7 @@ class _IsCausal:
         if None in keywords:
             return Refusal(self.NAME, site, "the transformer is called through other code "
                            "than torch's")
-        call = scope.call_at(source, list(spans.pop())) if len(spans) == 1 else None
+        call = _the_call(source, site.line, spans)
         if call is None:
             return Refusal(self.NAME, site, "the call of the transformer at this line is not "
                            "known")

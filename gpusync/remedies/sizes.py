@@ -79,8 +79,7 @@ class SizeRemedy:
         """`call` is one this remedy edits (no size given yet)."""
         raise NotImplementedError
 
-    def edits(self, source: Source, found: _Found) -> list[Edit] | str:
-        """The edits, or why none is safe."""
+    def edits(self, source: Source, found: _Found) -> list[Edit]:
         raise NotImplementedError
 
     def summary(self, source: Source, found: _Found) -> str:
@@ -95,10 +94,8 @@ class SizeRemedy:
         found = self._find(site, source, facts, calls)
         if isinstance(found, str):
             return Refusal(self.NAME, site, found)
-        edits = self.edits(source, found)
-        if isinstance(edits, str):
-            return Refusal(self.NAME, site, edits)
-        return Proposal(self.NAME, site, tuple(edits), self.summary(source, found))
+        return Proposal(self.NAME, site, tuple(self.edits(source, found)),
+                        self.summary(source, found))
 
     def _no_call(self, site: Site) -> Refusal | None:
         return Refusal(self.NAME, site, f"no {'/'.join(self.CALLEES)} call at line {site.line}")

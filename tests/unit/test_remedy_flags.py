@@ -133,6 +133,8 @@ def test_is_causal_is_written_only_for_the_mask_torch_made():
     assert isinstance(own, Refusal) and "not known without reading it" in own.reason
     wrapped = _causal([{**seen, "keyword": None}])
     assert isinstance(wrapped, Refusal) and "other code than torch's" in wrapped.reason
+    unspanned = _causal([{**seen, "span": None}])  # before Python 3.11: the masked call
+    assert unspanned.edits == out.edits
     given = _causal([{**seen, "keyword": "tgt_is_causal", "span": [2, 4, 2, 48]}], line=2)
     assert isinstance(given, Refusal) and "tgt_is_causal=False is given" in given.reason
 
@@ -207,3 +209,37 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     assert patched["losses"] == original["losses"] and len(original["losses"]) == 4
     assert all(torch.equal(a, b) for a, b in zip(original["parameters"],
                                                  patched["parameters"], strict=True))
+
+
+OBSERVED = '''import torch
+from torch.distributions import Normal
+m = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+scaler = torch.amp.GradScaler("cpu")
+for i in range(2):
+    d = Normal(torch.zeros(2), torch.ones(2))
+    q = Normal(torch.zeros(2), torch.ones(2), validate_args=False)
+    loss = -d.log_prob(m(torch.ones(2))).sum() - q.log_prob(torch.zeros(2)).sum()
+    opt.zero_grad()
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+'''
+
+
+def test_observe_notes_the_validating_distributions_and_the_stepped_optimizer(tmp_path):
+    import runpy
+
+    path = tmp_path / "t.py"
+    path.write_text(OBSERVED)
+    facts, file = Facts(), str(path)
+    with VALIDATE_ARGS.observe(facts), FUSED.observe(facts), IS_CAUSAL.observe(facts):
+        runpy.run_path(file)
+    assert not hasattr(torch.optim.Optimizer.__init__, "__wrapped__")  # the layers are gone
+    seen = {(kind, line): (o.calls, o.values) for (kind, f, line), o in facts.data.items()
+            if f == file}
+    assert seen == {  # nothing for q, built with validate_args=False
+        (VALIDATE_ARGS.NAME, 7): (2, ["Normal"]),
+        (VALIDATE_ARGS.SAMPLE, 9): (2, [[file, 7, "Normal"]]),
+        (FUSED.NAME, 12): (2, [{"class": "SGD", "why_not": None, "built": [file, 4]}]),
+    }
