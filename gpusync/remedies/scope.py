@@ -93,14 +93,23 @@ def _is_int(value: Any) -> bool:
     return type(value) is int  # not bool, not an IntEnum, not a numpy or symbolic int
 
 
+def _class_file(cls: type) -> str:
+    """The file a class was defined in: its methods' (the script's classes belong to a module
+    named __main__ that is not the script), else its module's."""
+    for member in vars(cls).values():
+        code = getattr(member, "__code__", None)
+        if isinstance(code, types.CodeType):
+            return code.co_filename
+    return getattr(sys.modules.get(cls.__module__), "__file__", "") or ""
+
+
 def _holds(value: Any) -> Mapping[str, Any] | None:
     """The attributes one level into `value` (its instance dict; a user module's or class's
     namespace), read without running any of its code (no properties, no __getattr__)."""
     from ..detect import frames
 
     if isinstance(value, (types.ModuleType, type)):
-        file = getattr(sys.modules.get(getattr(value, "__module__", "") or ""), "__file__", "") \
-            if isinstance(value, type) else getattr(value, "__file__", "")
+        file = _class_file(value) if isinstance(value, type) else getattr(value, "__file__", "")
         if not file or not frames.is_users(file):
             return None
     elif isinstance(value, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):

@@ -151,6 +151,8 @@ N = 4
 
 
 class Cfg:
+    LABELS = 4
+
     def __init__(self):
         self.classes = 4
 
@@ -178,17 +180,17 @@ def test_observe_notes_each_size_and_the_names_holding_it_at_the_users_line(tmp_
     assert not hasattr(torch.Tensor.nonzero, "__wrapped__")  # the layers are gone
     seen = {(kind, line): (o.calls, o.values) for (kind, f, line), o in facts.data.items()
             if f == file}
+    four, five = ["Cfg.LABELS", "N", "cfg.classes"], ["Cfg.LABELS", "N", "batch.classes",
+                                                     "cfg.classes"]  # sorted, as noted
     assert seen == {
-        ("one_hot.num_classes", 15): (3, [4]),
-        ("one_hot.num_classes:names", 15): (3, [["N", "batch.classes", "cfg.classes"],
-                                                ["N", "cfg.classes"]]),
-        ("repeat_interleave.output_size", 17): (3, [8]),
-        ("repeat_interleave.output_size:names", 17): (3, [[]]),
-        ("nonzero.static", 19): (3, [4, 3, 2]),
-        ("nonzero.static:names", 19): (3, [["N", "batch.classes", "cfg.classes"], []]),
-        ("nonzero.static", 20): (3, [4]),
-        ("nonzero.static:names", 20): (3, [["N", "batch.classes", "cfg.classes"],
-                                           ["N", "cfg.classes"]]),
+        ("one_hot.num_classes", 17): (3, [4]),
+        ("one_hot.num_classes:names", 17): (3, [five, four]),
+        ("repeat_interleave.output_size", 19): (3, [8]),
+        ("repeat_interleave.output_size:names", 19): (3, [[]]),
+        ("nonzero.static", 21): (3, [4, 3, 2]),
+        ("nonzero.static:names", 21): (3, [five, []]),
+        ("nonzero.static", 22): (3, [4]),
+        ("nonzero.static:names", 22): (3, [five, four]),
     }
 
 
