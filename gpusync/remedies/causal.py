@@ -147,11 +147,11 @@ class _IsCausal:
             return Refusal(self.NAME, site, "a mask compared here is not one that "
                            "generate_square_subsequent_mask made (unchanged, of the sequence's "
                            "length): whether it is causal is not known without reading it")
-        keywords = sorted({v["keyword"] for v in seen.values})
-        spans = {tuple(v["span"] or ()) for v in seen.values}
-        if None in keywords:
+        if any(v["keyword"] is None for v in seen.values):
             return Refusal(self.NAME, site, "the transformer is called through other code "
                            "than torch's")
+        keywords = sorted({v["keyword"] for v in seen.values})
+        spans = {tuple(v["span"] or ()) for v in seen.values}
         call = _the_call(source, site.line, spans)
         if call is None:
             return Refusal(self.NAME, site, "the call of the transformer at this line is not "

@@ -131,7 +131,7 @@ def test_is_causal_is_written_only_for_the_mask_torch_made():
     assert _applied(out, CAUSAL).splitlines()[0] == "h = enc(pos(x), mask=m, is_causal=True)"
     own = _causal([seen, {**seen, "causal": False}])
     assert isinstance(own, Refusal) and "not known without reading it" in own.reason
-    wrapped = _causal([{**seen, "keyword": None}])
+    wrapped = _causal([seen, {**seen, "keyword": None}])
     assert isinstance(wrapped, Refusal) and "other code than torch's" in wrapped.reason
     unspanned = _causal([{**seen, "span": None}])  # before Python 3.11: the masked call
     assert unspanned.edits == out.edits
