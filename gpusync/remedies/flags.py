@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import os
 import weakref
 from typing import Any, Iterator
 
@@ -34,6 +35,10 @@ def library(site: Site) -> tuple[str, str]:
     if isinstance(lib, dict):
         return str(lib.get("file") or "").replace("\\", "/"), str(lib.get("function") or "")
     return (str(lib or "").replace("\\", "/"), "")
+
+
+def same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def literal(node: ast.AST | None) -> Any:
@@ -135,15 +140,16 @@ class _ValidateArgs:
                 return Refusal(self.NAME, site, "the distributions whose values were checked "
                                "here were not all built at one line")
             path, line, _ = seen.value
-            if path != source.path:
+            if not same_file(path, site.file):
                 return Refusal(self.NAME, site, f"the distribution is built in {path}:{line}: "
                                "the edit is that line's")
-            return self._at(site, source, facts, line, f" (built at line {line})")
-        return self._at(site, source, facts, site.line, "")
+            return self._at(site, source, facts, (path, line), f" (built at line {line})")
+        return self._at(site, source, facts, (site.file, site.line), "")
 
-    def _at(self, site: Site, source: Source, facts: Facts, line: int, built: str
-            ) -> Proposal | Refusal:
-        seen = facts.at(self.NAME, source.path, line)
+    def _at(self, site: Site, source: Source, facts: Facts, where: tuple[str, int],
+            built: str) -> Proposal | Refusal:
+        line = where[1]
+        seen = facts.at(self.NAME, *where)
         names = [n for n in (seen.values if seen else []) if "." not in n]
         if seen is None or seen.more or len(names) != len(seen.values):
             return Refusal(self.NAME, site, "no torch.distributions class built with "

@@ -18,7 +18,7 @@ import contextlib
 import weakref
 from typing import Any, Iterator
 
-from .flags import keyword, library, literal
+from .flags import keyword, library, literal, same_file
 from .observe import Facts
 from .remedy import Proposal, Refusal, Site
 from .source import Source
@@ -93,7 +93,7 @@ class _Fused:
             return Refusal(self.NAME, site, f"the {what['class']} stepped here was built "
                            "outside the user's code")
         path, line = what["built"]
-        if path != source.path:
+        if not same_file(path, site.file):
             return Refusal(self.NAME, site, f"the {what['class']} is built in {path}:{line}: "
                            "not this file")
         calls = source.calls_at(line, what["class"])
