@@ -52,6 +52,10 @@ def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None
                 break
             result.dropped.append(Dropped(proposal, outcome.failure))
     _combine(result, original, runner, files, plan, progress)
+    removed = {s for v in result.patches for s in (v.proposal.site, *v.proposal.also)}
+    # a remedy that refuses a site another one removed (an `item` of a one_hot, not a
+    # logging read) has nothing to tell the user
+    result.refused = [r for r in result.refused if r.site not in removed]
     progress.close()
     return result
 

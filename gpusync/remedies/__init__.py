@@ -6,13 +6,20 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import logging_item
+from . import causal, flags, logging_item, optimizers, sizes
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
 REMEDIES: tuple[Remedy, ...] = (
+    sizes.ONE_HOT,
+    sizes.REPEAT_INTERLEAVE,
+    sizes.NONZERO,
+    flags.CLIP_GRAD_NORM,
+    flags.VALIDATE_ARGS,
+    optimizers.FUSED,
+    causal.IS_CAUSAL,
     logging_item,
-)  # each remedy module, in the order their proposals are tried
+)  # each remedy, in the order their proposals are tried
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
 

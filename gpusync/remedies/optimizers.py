@@ -1,0 +1,115 @@
+""""optimizer.fused": GradScaler.step reads found_inf on the host before stepping an optimizer
+that is not fused (torch/amp/grad_scaler.py `_maybe_opt_step`: `sum(v.item() for v in
+found_inf_per_device.values())`). An optimizer built with fused=True sets
+_step_supports_amp_scaling, and GradScaler hands it found_inf (and the scale, where unscale_
+was not called) on the device: its fused kernel skips the update where found_inf is set and
+takes back the step count, reading nothing (torch/optim/adam.py _fused_adam, sgd.py, adagrad.py).
+
+The edit is fused=True at the optimizer's constructor call, the line the run saw build the
+optimizer that this scaler.step stepped; offered only for the classes that have a fused
+kernel (detect/libraries/pytorch.py FUSED_OPTIMIZERS), not built with differentiable=True or
+foreach=True (fused refuses both), whose parameters are floating point (not complex) and
+whose gradients were dense in every step observed. Fused SGD computes the same update as the
+foreach one; fused Adam, AdamW and Adagrad compute the same formula in one kernel, which may
+round differently in the last bit."""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Iterator
+
+from .flags import keyword, library, literal, same_file
+from .observe import Facts
+from .remedy import Proposal, Refusal, Site
+from .source import Source
+
+
+def _why_not(opt: Any) -> str | None:
+    """Why fused=True would not do for `opt` (None: it would)."""
+    from ..detect.libraries.pytorch import FUSED_OPTIMIZERS
+
+    cls = type(opt)
+    if not cls.__module__.startswith("torch.optim") or cls.__name__ not in FUSED_OPTIMIZERS:
+        return f"{cls.__module__}.{cls.__qualname__} has no fused implementation in torch"
+    for group in opt.param_groups:
+        for flag in ("differentiable", "foreach"):
+            if group.get(flag):
+                return f"built with {flag}=True, which fused refuses"
+        for p in group["params"]:
+            if not p.is_floating_point() or p.is_complex():
+                return f"a parameter is {p.dtype}: fused takes floating point only"
+            if p.grad is not None and p.grad.is_sparse:
+                return "a gradient is sparse: fused takes dense ones only"
+    return None
+
+
+class _Fused:
+    NAME = "optimizer.fused"
+
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        import torch
+        from torch.amp.grad_scaler import GradScaler
+
+        from ..detect import patches
+        from .observe import user_line
+
+        built: dict[int, tuple[weakref.ref, list]] = {}  # id -> (the optimizer, its line)
+
+        def init(call, opt, *args, **kwargs):
+            out = call(opt, *args, **kwargs)
+            line = user_line()
+            if line is not None:
+                key = id(opt)
+                built[key] = (weakref.ref(opt, lambda _: built.pop(key, None)), list(line))
+            return out
+
+        def opt_step(call, scaler, opt, *args, **kwargs):
+            ref, line = built.get(id(opt), (None, None))
+            facts.note(self.NAME, {"class": type(opt).__name__, "why_not": _why_not(opt),
+                                   "built": line if ref is not None and ref() is opt else None})
+            return call(scaler, opt, *args, **kwargs)
+
+        handles = [patches.add_layer(torch.optim.Optimizer, "__init__", init),
+                   patches.add_layer(GradScaler, "_maybe_opt_step", opt_step)]
+        try:
+            yield facts
+        finally:
+            for handle in reversed(handles):
+                handle.remove()
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        file, function = library(site)
+        if not file.endswith("torch/amp/grad_scaler.py") or "_maybe_opt_step" not in function:
+            return None
+        seen = facts.at(self.NAME, site.file, site.line)
+        if seen is None or not seen.constant:
+            return Refusal(self.NAME, site, "not one optimizer, built at one line, stepped "
+                           "here in every step observed")
+        what = seen.value
+        if what["why_not"]:
+            return Refusal(self.NAME, site, f"{what['class']}: {what['why_not']}")
+        if what["built"] is None:
+            return Refusal(self.NAME, site, f"the {what['class']} stepped here was built "
+                           "outside the user's code")
+        path, line = what["built"]
+        if not same_file(path, site.file):
+            return Refusal(self.NAME, site, f"the {what['class']} is built in {path}:{line}: "
+                           "not this file")
+        calls = source.calls_at(line, what["class"])
+        if len(calls) != 1:
+            return Refusal(self.NAME, site, f"{len(calls)} calls of {what['class']} at line "
+                           f"{line}: the one building the optimizer is not known")
+        given = keyword(calls[0], "fused")
+        if given is not None and literal(given.value) not in (None, False):
+            return Refusal(self.NAME, site, f"fused={source.segment(given.value)} is given")
+        edit = source.set_keyword(calls[0], "fused", "True")
+        exact = "the same update" if what["class"] == "SGD" else \
+            "the same update formula in one kernel (it may round differently in the last bit)"
+        return Proposal(self.NAME, site, (edit,), (
+            f"{what['class']}(..., fused=True) at line {line}: GradScaler hands found_inf to "
+            f"the fused step on the device instead of reading it on the host; {exact}, and "
+            "the step is still skipped where the gradients hold inf/nan"))
+
+
+FUSED = _Fused()
