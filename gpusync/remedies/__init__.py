@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from . import tuned
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
-REMEDIES: tuple[Remedy, ...] = ()  # each remedy module, in the order their proposals are tried
+REMEDIES: tuple[Remedy, ...] = (
+    tuned,
+)  # each remedy module, in the order their proposals are tried
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
 
