@@ -19,6 +19,7 @@ syncs per step and parity there are exact (tune relies on it too).
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import inspect
@@ -267,15 +268,26 @@ def _pipeline(site: Site, source: Source, facts: Facts, settings: dict) -> Refus
 
 
 def _render(source: Source, edits: list[Edit]) -> str:
-    """The lines the edits write, as `line N: text` (what a refusal asks to do by hand)."""
-    after = apply(source.text, edits).splitlines()
-    before = source.text.splitlines()
-    out = []
-    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    """The statements the edits change or add, as `line N: text` (N the original's line; a
+    statement over several lines on one), for a refusal to say what to write by hand."""
+    text = apply(source.text, edits)
+    after, tree = text.splitlines(), ast.parse(text)
+    matcher = difflib.SequenceMatcher(None, source.text.splitlines(), after, autojunk=False)
+    out: list[str] = []
     for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
-        if tag in ("replace", "insert"):
-            verb = "line" if tag == "replace" else "after line"
-            at = i1 + 1 if tag == "replace" else i1
-            text = " / ".join(line.strip() for line in after[j1:j2])
-            out.append(f"{verb} {at}: `{text}`")
-    return "; ".join(out)
+        if tag not in ("replace", "insert"):
+            continue
+        spans = sorted({_span(tree, line) for line in range(j1 + 1, j2 + 1)})
+        for start, end in spans:
+            code = " ".join(line.strip() for line in after[start - 1:end])
+            where = f"line {start - (j1 - i1)}" if tag == "replace" else f"after line {i1}"
+            out.append(f"{where}: `{code}`")
+    return "; ".join(dict.fromkeys(out))
+
+
+def _span(tree: ast.Module, line: int) -> tuple[int, int]:
+    """(first, last) line of the innermost simple statement holding `line`."""
+    found = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+             if isinstance(n, ast.stmt) and not hasattr(n, "body")
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return min(found, key=lambda s: s[1] - s[0], default=(line, line))

@@ -219,8 +219,9 @@ def test_precompute_writeback_is_refused_with_the_edit_to_make():
     answer = tuned.propose(hook_site(), Source(PATH, TRAIN), facts)
     assert isinstance(answer, Refusal)
     assert "into the TBE's forward, where it syncs as often" in answer.reason
-    assert "line 8: `writeback_first_feature_only=True, precompute_writeback=True)`" \
-        in answer.reason
+    assert ("By hand: line 7: `writeback = UserEnabledConfigDefinition(use_writeback_bwd_"
+            "prehook=True, writeback_first_feature_only=True, precompute_writeback=True)` (or "
+            "`gpusync run tuned.yaml`)") in answer.reason
     # the script's own value already
     assert tuned.propose(hook_site(), Source(PATH, TRAIN),
                          facts_for({"fbgemm.precompute_writeback": True},
