@@ -290,3 +290,44 @@ def test_observed_and_proved_on_the_torchrec_example(tmp_path):
     assert len(a["parameters"]) == len(b["parameters"])
     assert all(torch.equal(x, y) for x, y in zip(a["parameters"], b["parameters"], strict=True))
     assert a["printed"] == b["printed"]
+
+
+@pytest.mark.usefixtures("in_process")
+def test_observed_on_a_tbe_the_script_builds_itself(tmp_path):
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        SplitTableBatchedEmbeddingBagsCodegen as TBE,
+    )
+    from fbgemm_gpu.tbe.config import UserEnabledConfigDefinition
+
+    from gpusync.examples import fbgemm_train
+
+    inits = (TBE.__init__, UserEnabledConfigDefinition.__init__)
+    path = str(tmp_path / "train.py")
+    text = open(fbgemm_train.__file__).read()
+    unused = "    spare = UserEnabledConfigDefinition(use_writeback_bwd_prehook=True)\n"
+    text = text.replace("    tower = ", unused + "    tower = ")  # built, used by no TBE
+    open(path, "w").write(text)
+    job = CandidateJob(target=path, mode="simulate", warmup=1, steps=None, scan=True, seed=0,
+                       observe=True, script_args=("--steps", "3", "--rows", "500",
+                                                  "--batch-size", "16", "--dim", "8"))
+    result, failure = runs.candidate(job, timeout=300)
+    assert failure is None
+    assert (TBE.__init__, UserEnabledConfigDefinition.__init__) == inits  # layers removed
+    facts = Facts.from_json(result.facts)
+    noted = {(k, n) for (k, f, n) in facts.data if k.startswith("tuned.")}
+    assert noted == {(tuned.TBE_BUILT, line_of(text, "tables = SplitTable")),
+                     (tuned.CONFIG_BUILT, line_of(text, "extra_optimizer_config=User"))}
+    facts.settings = {"fbgemm.precompute_writeback": True}
+    hook = next(Site.from_report(s) for s in result.report["sites"] if s["op"] == "unique")
+    answer = tuned.propose(hook, Source.read(path), facts)
+    assert isinstance(answer, Refusal)
+    assert ("`tables = SplitTableBatchedEmbeddingBagsCodegen( embedding_specs=[(args.rows, "
+            "args.dim, location, compute)] * 2, optimizer=EmbOptimType.EXACT_SGD, learning_"
+            "rate=0.05, device=device, extra_optimizer_config=UserEnabledConfigDefinition("
+            "use_writeback_bwd_prehook=True, writeback_first_feature_only=True, "
+            "precompute_writeback=True))`") in answer.reason
+    facts.settings = {"gpusync.writeback": "syncfree"}
+    answer = tuned.propose(hook, Source.read(path), facts)
+    assert isinstance(answer, Proposal)
+    assert "                                                           writeback_first_feature_" \
+        "only=True))\n    use_syncfree_writeback(tables)\n" in apply(text, list(answer.edits))
