@@ -133,7 +133,8 @@ def test_pipeline_edits_refused(text, own, reason):
 
 def test_a_subclass_of_the_users_is_refused():
     mine = {**seen(), "subclass": "MyPipeline"}
-    with pytest.raises(Unsafe, match="own subclass MyPipeline"):
+    with pytest.raises(Unsafe, match="builds MyPipeline, a subclass of TrainPipelineSparseDist, "
+                       "which tune's pipeline knob does not replace"):
         pipeline_edits(Source(PATH, TRAIN), 10, mine, "TrainPipelineFusedSparseDist", {})
 
 
