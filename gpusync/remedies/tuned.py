@@ -13,7 +13,7 @@ setting applied, torchrec 1.9.2 / fbgemm-gpu 1.8.0):
   batch_copy) and overlap them with compute on CUDA streams: no site goes, which is what
   `gpusync fix` verifies, so these are refused, the refusal spelling the edit to make by hand
   (tune chose them for their speed; `gpusync run` applies them without an edit). Semi-sync
-  trains each batch on parameters one update older: its losses differ by design.
+  may train a batch on embeddings one update older: its losses can differ by design.
 On a CPU the fused and semi-sync pipelines run on the virtual device's stand-in streams, so
 syncs per step and parity there are exact (tune relies on it too).
 """
@@ -257,8 +257,8 @@ def _pipeline(site: Site, source: Source, facts: Facts, settings: dict) -> Refus
     if not edits:
         return None
     kind = settings[PIPELINE]
-    semi = (" Semi-sync trains each batch on parameters one update older: its losses differ "
-            "from the original's by design (parity only within --rtol / --atol)."
+    semi = (" Semi-sync may train a batch on embeddings one update older (torchrec's design): "
+            "its losses can differ from the original's (parity then needs --rtol / --atol)."
             if kind == "semi_sync" else "")
     return Refusal(NAME, site, (
         f"torchrec.pipeline={kind} (tuned) keeps this sync of the pipeline's "
