@@ -189,8 +189,28 @@ def use_syncfree_writeback(model) -> int:
     )
 
     changed = 0
-    for module in model.modules():
+    for module in _modules(model):
         if isinstance(module, TBE) and getattr(module, "use_writeback_bwd_prehook", False):
             _swap_hook(module)
             changed += 1
     return changed
+
+
+def _modules(model):
+    """Every module under `model`, also those held in plain lists: torchrec 1.9.2's sharded
+    EmbeddingBagCollection keeps its lookups (which hold the TBEs) in a list, out of
+    model.modules()."""
+    import torch
+
+    seen: set[int] = set()
+    todo = [model]
+    while todo:
+        module = todo.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        yield module
+        todo.extend(module.children())
+        for value in vars(module).values():
+            if isinstance(value, (list, tuple)):
+                todo.extend(v for v in value if isinstance(v, torch.nn.Module))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import causal, flags, logging_item, optimizers, sizes
+from . import causal, flags, logging_item, optimizers, sizes, tuned
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
@@ -19,6 +19,7 @@ REMEDIES: tuple[Remedy, ...] = (
     optimizers.FUSED,
     causal.IS_CAUSAL,
     logging_item,
+    tuned,
 )  # each remedy, in the order their proposals are tried
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
