@@ -125,8 +125,15 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
     if run is None:
         return Check(failure=f"the patched script {failure}")
     maps = {path: sites.LineMap.of(files[path].text, text) for path, text in texts.items()}
-    targets = [s for p in proposals for s in (p.site, *p.also)]
-    why, removed, moved = sites.compare(targets, original.run.sites, run.sites, maps)
+    targets = [s for p in proposals if not p.keeps_syncs for s in (p.site, *p.also)]
+    if any(p.keeps_syncs for p in proposals):
+        why, removed = sites.gone(targets, run.sites, maps)
+        moved: list[str] = []
+        before = original.run.syncs_per_step
+        if why is None and run.syncs_per_step > before + 1e-9:
+            why = f"syncs per step rise from {before:g} to {run.syncs_per_step:g}"
+    else:
+        why, removed, moved = sites.compare(targets, original.run.sites, run.sites, maps)
     if why is not None:
         return Check(run.syncs_per_step, failure=why)
     output = any(p.output_matters for p in proposals)

@@ -42,24 +42,39 @@ def label(site: Site, per_step: float | None = None) -> str:
     return f"{site.op} at {os.path.relpath(site.file)}:{site.line} ({value:g}/step)"
 
 
+def key(site: Site, maps: dict[str, LineMap] | None = None) -> tuple:
+    """A site's identity: its op, its line (mapped into the patched text when `maps` has its
+    file) and the library line that synced under it (one user line may lead to several)."""
+    lines = (maps or {}).get(site.file)
+    line = lines.old_to_new.get(site.line, -1) if lines else site.line
+    lib = site.library if isinstance(site.library, dict) else {}
+    return site.op, site.file, line, lib.get("file"), lib.get("line")
+
+
+def gone(targets: list[Site], after: list[Site], maps: dict[str, LineMap]
+         ) -> tuple[str | None, list[str]]:
+    """(why a target is still there, or None; the targets removed)."""
+    now = {key(s): s for s in per_step(after)}
+    removed: list[str] = []
+    for target in targets:
+        left = now.get(key(target, maps))
+        if left is not None:
+            return f"{label(target)} is still there ({left.per_step:g}/step)", []
+        removed.append(label(target))
+    return None, removed
+
+
 def compare(targets: list[Site], before: list[Site], after: list[Site],
             maps: dict[str, LineMap]) -> tuple[str | None, list[str], list[str]]:
     """(why the patch fails, the targets removed, the sites moved). A target must be gone from
     its mapped line; a site of the patched copy at a line the edit wrote is the target moved
     (kept only if it now syncs less often per step); any other site the original did not have
     at that line, or has more often now, is new: the patch fails."""
-    def mapped(site: Site) -> tuple[str, str, int]:
-        lines = maps.get(site.file)
-        return site.op, site.file, lines.old_to_new.get(site.line, -1) if lines else site.line
-
-    now = {(s.op, s.file, s.line): s for s in per_step(after)}
-    removed: list[str] = []
-    for target in targets:
-        left = now.get(mapped(target))
-        if left is not None:
-            return f"{label(target)} is still there ({left.per_step:g}/step)", [], []
-        removed.append(label(target))
-    old = {mapped(s): s for s in per_step(before)}
+    why, removed = gone(targets, after, maps)
+    if why is not None:
+        return why, [], []
+    now = {key(s): s for s in per_step(after)}
+    old = {key(s, maps): s for s in per_step(before)}
     budget = sum(t.per_step for t in targets)
     moved: list[str] = []
     for key, site in now.items():

@@ -11,6 +11,13 @@ from .observe import Facts
 from .source import Edit, Source
 
 
+class LibraryLine(dict):
+    """The report's {"file", "line", "function"} of a library line, hashable (a Site is a key)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(tuple(sorted(self.items())))
+
+
 @dataclass(frozen=True)
 class Site:
     """A sync site of the scan's report (its JSON fields that a remedy needs)."""
@@ -22,13 +29,15 @@ class Site:
     count: int
     phase: str
     setup: bool = False
-    library: str | None = None  # the library line that synced under the user's, if any
+    library: dict[str, Any] | None = None  # the library line that synced under the user's
+    # ({"file", "line", "function"}), if any
 
     @classmethod
     def from_report(cls, site: dict[str, Any]) -> Site:
         return cls(op=site["op"], file=site["file"], line=site["line"],
                    per_step=site["per_step"], count=site["count"], phase=site["phase"],
-                   setup=bool(site.get("setup")), library=site.get("library"))
+                   setup=bool(site.get("setup")),
+                   library=LibraryLine(site["library"]) if site.get("library") else None)
 
     @property
     def where(self) -> str:
@@ -48,6 +57,10 @@ class Proposal:
     summary: str
     output_matters: bool = False
     also: tuple[Site, ...] = field(default=())  # other sites the same edits remove
+    # a setting `gpusync tune` chose for its speed (a train pipeline that overlaps its syncs
+    # with compute): its sites may stay or move; verified by parity and by the syncs per step
+    # not rising, not by a site gone
+    keeps_syncs: bool = False
 
 
 @dataclass(frozen=True)

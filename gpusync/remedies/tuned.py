@@ -223,11 +223,11 @@ def _writeback(site: Site, source: Source, facts: Facts, settings: dict
                      f"{bool(settings[PRECOMPUTE])}) where it is")
     _in_file(source, configs, "the TBEs' UserEnabledConfigDefinition")
     edits = [precompute_edit(source, line, bool(settings[PRECOMPUTE])) for _, line, _ in configs]
-    return Refusal(NAME, site, (
-        f"fbgemm.precompute_writeback={bool(settings[PRECOMPUTE])} (tuned) moves fbgemm's "
-        "writeback dedup from the backward hook into the TBE's forward, where it syncs as "
-        "often: no sync goes, which is what fix verifies; tune chose it for its speed. "
-        f"By hand: {_render(source, edits)} (or `gpusync run tuned.yaml`)"))
+    return Proposal(NAME, site, tuple(sorted(set(edits))), (
+        f"fbgemm.precompute_writeback={bool(settings[PRECOMPUTE])} (tuned for its speed) in the "
+        "TBEs' UserEnabledConfigDefinition: fbgemm's writeback dedup moves from the backward "
+        "hook into the TBE's forward, where it syncs as often (verified: parity, and no more "
+        "syncs per step)"), keeps_syncs=True)
 
 
 def _syncfree(site: Site, source: Source, tbes: list[tuple[str, int, Any]]) -> Proposal:
@@ -243,7 +243,7 @@ def _syncfree(site: Site, source: Source, tbes: list[tuple[str, int, Any]]) -> P
         "without an edit)"))
 
 
-def _pipeline(site: Site, source: Source, facts: Facts, settings: dict) -> Refusal | None:
+def _pipeline(site: Site, source: Source, facts: Facts, settings: dict) -> Proposal | None:
     if PIPELINE not in settings:
         return None
     built = _built(facts, PIPELINE_BUILT)
@@ -260,11 +260,10 @@ def _pipeline(site: Site, source: Source, facts: Facts, settings: dict) -> Refus
     semi = (" Semi-sync may train a batch on embeddings one update older (torchrec's design): "
             "its losses can differ from the original's (parity then needs --rtol / --atol)."
             if kind == "semi_sync" else "")
-    return Refusal(NAME, site, (
-        f"torchrec.pipeline={kind} (tuned) keeps this sync of the pipeline's "
-        f"{site.phase} stage and overlaps it with compute on CUDA streams: no sync goes, which "
-        f"is what fix verifies; tune chose it for its speed.{semi} By hand: "
-        f"{_render(source, edits)} (or `gpusync run tuned.yaml`)"))
+    return Proposal(NAME, site, tuple(sorted(set(edits))), (
+        f"torchrec.pipeline={kind} (tuned for its speed): the pipeline's {site.phase} syncs "
+        "stay, overlapped with compute on CUDA streams (verified: parity, and no more syncs "
+        f"per step).{semi}"), keeps_syncs=True)
 
 
 def _render(source: Source, edits: list[Edit]) -> str:

@@ -200,29 +200,30 @@ def test_no_settings_or_other_sites_are_not_its_kind():
     assert tuned.propose(other, source, facts_for({"gpusync.writeback": "syncfree"})) is None
 
 
-def test_a_pipeline_class_is_refused_with_the_edit_to_make():
+def test_a_pipeline_class_is_swapped_and_verified_by_parity_not_by_a_site_gone():
     facts = facts_for({"torchrec.pipeline": "fused", "torchrec.emb_lookup_stream": "new"})
     answer = tuned.propose(stage_site("batch_copy"), Source(PATH, TRAIN), facts)
-    assert isinstance(answer, Refusal)
-    assert "keeps this sync of the pipeline's batch_copy stage" in answer.reason
-    assert ("line 3: `from torchrec.distributed.train_pipeline import "
-            "TrainPipelineFusedSparseDist`; line 10: `pipeline = TrainPipelineFusedSparseDist("
-            'model, optimizer, device, emb_lookup_stream="new")  # the loop\'s pipeline`'
-            ) in answer.reason
+    assert isinstance(answer, Proposal) and answer.keeps_syncs
+    assert "the pipeline's batch_copy syncs stay, overlapped" in answer.summary
+    text = apply(TRAIN, list(answer.edits))
+    assert "from torchrec.distributed.train_pipeline import TrainPipelineFusedSparseDist\n" \
+        in text
+    assert ('pipeline = TrainPipelineFusedSparseDist(model, optimizer, device, '
+            'emb_lookup_stream="new")  # the loop\'s pipeline\n') in text
     semi = tuned.propose(stage_site(), Source(PATH, TRAIN),
                          facts_for({"torchrec.pipeline": "semi_sync"}))
-    assert isinstance(semi, Refusal) and "losses can differ from the original's" \
-        in semi.reason
+    assert isinstance(semi, Proposal) and "losses can differ from the original's" \
+        in semi.summary
 
 
-def test_precompute_writeback_is_refused_with_the_edit_to_make():
+def test_precompute_writeback_is_set_where_the_script_builds_its_config():
     facts = facts_for({"fbgemm.precompute_writeback": True})
     answer = tuned.propose(hook_site(), Source(PATH, TRAIN), facts)
-    assert isinstance(answer, Refusal)
-    assert "into the TBE's forward, where it syncs as often" in answer.reason
-    assert ("By hand: line 7: `writeback = UserEnabledConfigDefinition(use_writeback_bwd_"
-            "prehook=True, writeback_first_feature_only=True, precompute_writeback=True)` (or "
-            "`gpusync run tuned.yaml`)") in answer.reason
+    assert isinstance(answer, Proposal) and answer.keeps_syncs
+    assert "into the TBE's forward, where it syncs as often" in answer.summary
+    assert ("    writeback = UserEnabledConfigDefinition(use_writeback_bwd_prehook=True,\n"
+            "                                            writeback_first_feature_only=True, "
+            "precompute_writeback=True)\n") in apply(TRAIN, list(answer.edits))
     # the script's own value already
     assert tuned.propose(hook_site(), Source(PATH, TRAIN),
                          facts_for({"fbgemm.precompute_writeback": True},
@@ -321,12 +322,9 @@ def test_observed_on_a_tbe_the_script_builds_itself(tmp_path):
     facts.settings = {"fbgemm.precompute_writeback": True}
     hook = next(Site.from_report(s) for s in result.report["sites"] if s["op"] == "unique")
     answer = tuned.propose(hook, Source.read(path), facts)
-    assert isinstance(answer, Refusal)
-    assert ("`tables = SplitTableBatchedEmbeddingBagsCodegen( embedding_specs=[(args.rows, "
-            "args.dim, location, compute)] * 2, optimizer=EmbOptimType.EXACT_SGD, learning_"
-            "rate=0.05, device=device, extra_optimizer_config=UserEnabledConfigDefinition("
-            "use_writeback_bwd_prehook=True, writeback_first_feature_only=True, "
-            "precompute_writeback=True))`") in answer.reason
+    assert isinstance(answer, Proposal)
+    assert "writeback_first_feature_only=True, precompute_writeback=True)" in apply(
+        text, list(answer.edits))
     facts.settings = {"gpusync.writeback": "syncfree"}
     answer = tuned.propose(hook, Source.read(path), facts)
     assert isinstance(answer, Proposal)
