@@ -77,8 +77,8 @@ def compare(targets: list[Site], before: list[Site], after: list[Site],
     old = {key(s, maps): s for s in per_step(before)}
     budget = sum(t.per_step for t in targets)
     moved: list[str] = []
-    for key, site in now.items():
-        was = old.get(key)
+    for identity, site in now.items():
+        was = old.get(identity)
         if was is not None and site.per_step <= was.per_step:
             continue
         if site.file in maps and site.line in maps[site.file].written:
