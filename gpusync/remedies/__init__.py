@@ -6,10 +6,14 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from . import dataloader, tensor_list
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
-REMEDIES: tuple[Remedy, ...] = ()  # each remedy module, in the order their proposals are tried
+REMEDIES: tuple[Remedy, ...] = (  # each remedy module, in the order their proposals are tried
+    dataloader,
+    tensor_list,
+)
 
 __all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
 
