@@ -211,17 +211,14 @@ def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, 
     indent = source.indent(loop.lineno)
     if name is not None and _movable(source, source.statement(call), loop, name):
         stmt = source.statement(call)
-        text = _reindent(source, stmt.lineno, stmt.end_lineno or stmt.lineno, indent)
-        return HOIST, [source.insert((at, 0), text),
-                       Edit(source.path, (stmt.lineno, 0), ((stmt.end_lineno or 0) + 1, 0), "")], \
+        last = stmt.end_lineno or stmt.lineno
+        text = _shifted("".join(source.lines[stmt.lineno - 1:last])[len(source.indent(
+            stmt.lineno)):], len(indent) - len(source.indent(stmt.lineno)))
+        return HOIST, [source.insert((at, 0), indent + text.rstrip("\r\n") + "\n"),
+                       Edit(source.path, (stmt.lineno, 0), (last + 1, 0), "")], \
             f"{name} = torch.tensor(...) moved before the loop at line {loop.lineno}: {why}"
     new = scope.fresh_name(source, f"{name}_const" if name else "const_tensor")
-    first = call.lineno
-    value = _reindent(source, first, call.end_lineno or first, indent)
-    value = value[len(indent) + source.column(first, call.col_offset) - len(
-        source.indent(first)):]
-    value = value[:len(value) - (len(source.lines[(call.end_lineno or first) - 1].rstrip("\r\n"))
-                                 - source.end(call)[1]) - 1]
+    value = _shifted(source.segment(call), len(indent) + len(new) + 3 - source.start(call)[1])
     return HOIST, [source.insert((at, 0), f"{indent}{new} = {value}\n"),
                    source.replace(call, new)], \
         f"torch.tensor(...) at line {call.lineno} built once, before the loop at line " \
@@ -255,13 +252,12 @@ def _movable(source: Source, stmt: ast.stmt, loop: ast.For | ast.While, name: st
                and not isinstance(n.ctx, ast.Load)) == 1
 
 
-def _reindent(source: Source, first: int, last: int, indent: str) -> str:
-    """Lines first..last of the file, their common indentation (the first line's) replaced by
-    `indent`."""
-    own = source.indent(first)
-    out = []
-    for text in source.lines[first - 1:last]:
-        body = text[len(own):] if text.startswith(own) else text.lstrip(" \t")
-        out.append(indent + body if body.strip() else body)
-    text = "".join(out)
-    return text if text.endswith("\n") else text + "\n"
+def _shifted(text: str, by: int) -> str:
+    """`text` (code that moves `by` columns) with its continuation lines moved alike, so that
+    what they line up with stays lined up."""
+    first, *rest = text.split("\n")
+    out = [first]
+    for line in rest:
+        spaces = len(line) - len(line.lstrip(" "))
+        out.append(" " * by + line if by >= 0 else line[min(-by, spaces):])
+    return "\n".join(out)
