@@ -190,19 +190,23 @@ def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Cal
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
     out = []
     for end, group in by_end.items():
-        where = f"line {line}" + (f", column {end[1]}" if end else "")
-        if not all(v.get("built") for v in group):
-            raise _Refused(f"the copy at {where} also copies tensors that no DataLoader yielded "
-                           "as is: they are not pinned, and the line would still sync")
-        if not all(v["direct"] for v in group):
-            raise _Refused(f"the copy at {where} is made by library code this line calls, not "
-                           "by a .to(...)/.cuda(...) of its own")
-        if any(v["non_blocking"] for v in group):
-            raise _Refused(f"the copy at {where} passes non_blocking itself: the script chose it")
         call = call_ending(source.tree, line, end, ("to", "cuda"))
+        what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
+        if not any(v.get("built") for v in group):
+            raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
+                           "DataLoader yielded as is: it is not pinned, and the line would "
+                           "still sync")
+        if not all(v.get("built") for v in group):
+            raise _Refused(f"{what} also copies tensors no DataLoader yielded as is: they are "
+                           "not pinned, and the line would still sync")
+        if not all(v["direct"] for v in group):
+            raise _Refused(f"{what} copies by library code it calls, not by a .to(...)/"
+                           ".cuda(...) of its own")
+        if any(v["non_blocking"] for v in group):
+            raise _Refused(f"{what} passes non_blocking itself: the script chose it")
         if call is None or not isinstance(call.func, ast.Attribute):
-            raise _Refused(f"the copy at {where} is not a .to(...)/.cuda(...) call that can be "
-                           "told apart on the line")
+            raise _Refused(f"the copy at line {line} is not a .to(...)/.cuda(...) call that can "
+                           "be told apart on the line")
         _not_written_after(source, call)
         out.append((call, {tuple(v["built"]) for v in group}))
     return out

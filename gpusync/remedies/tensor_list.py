@@ -209,17 +209,18 @@ def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, 
     name = _target(source, call)
     at = scope.insertion_line(source, loop)
     indent = source.indent(loop.lineno)
+    nl = "\r\n" if source.lines and source.lines[0].endswith("\r\n") else "\n"  # the file's
     if name is not None and _movable(source, source.statement(call), loop, name):
         stmt = source.statement(call)
         last = stmt.end_lineno or stmt.lineno
         text = _shifted("".join(source.lines[stmt.lineno - 1:last])[len(source.indent(
             stmt.lineno)):], len(indent) - len(source.indent(stmt.lineno)))
-        return HOIST, [source.insert((at, 0), indent + text.rstrip("\r\n") + "\n"),
+        return HOIST, [source.insert((at, 0), indent + text.rstrip("\r\n") + nl),
                        Edit(source.path, (stmt.lineno, 0), (last + 1, 0), "")], \
             f"{name} = torch.tensor(...) moved before the loop at line {loop.lineno}: {why}"
     new = scope.fresh_name(source, f"{name}_const" if name else "const_tensor")
     value = _shifted(source.segment(call), len(indent) + len(new) + 3 - source.start(call)[1])
-    return HOIST, [source.insert((at, 0), f"{indent}{new} = {value}\n"),
+    return HOIST, [source.insert((at, 0), f"{indent}{new} = {value}{nl}"),
                    source.replace(call, new)], \
         f"torch.tensor(...) at line {call.lineno} built once, before the loop at line " \
         f"{loop.lineno}, as {new}: {why}"
