@@ -47,9 +47,33 @@ def assigned(block: ast.AST) -> set[str]:
     return out
 
 
-def loads(node: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)
-            and isinstance(n.ctx, ast.Load)}
+def loads(node: ast.AST, skip: ast.AST | None = None) -> set[str]:
+    """The names `node` reads (outside `skip`, a block within it)."""
+    out, stack = set(), [node]
+    while stack:
+        item = stack.pop()
+        if item is skip:
+            continue
+        if isinstance(item, ast.Name) and isinstance(item.ctx, ast.Load):
+            out.add(item.id)
+        stack.extend(ast.iter_child_nodes(item))
+    return out
+
+
+def handed_on(block: ast.AST, names: set[str]) -> dict[str, ast.Call]:
+    """Of `names`, those whose object a call in `block` could change: a method called on it
+    (`sched.step()`) or the object passed to a function (`update(cfg)`); with that call."""
+    out: dict[str, ast.Call] = {}
+    for node in ast.walk(block):
+        if not isinstance(node, ast.Call):
+            continue
+        roots = [_root(a) for a in (*node.args, *(k.value for k in node.keywords))]
+        if isinstance(node.func, ast.Attribute):
+            roots.append(_root(node.func.value))
+        for root in roots:
+            if root in names:
+                out.setdefault(root, node)
+    return out
 
 
 def changed_in_place(block: ast.AST, name: str, after: int = 0) -> int | None:

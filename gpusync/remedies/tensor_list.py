@@ -39,6 +39,7 @@ HOIST, PINNED = "tensor.hoist", "tensor.pinned"
 NAMES = (HOIST, PINNED)  # the two kinds of proposal this module makes
 KIND = "tensor.data"
 _DIGEST_CHARS = 200  # data whose repr is longer is noted by its hash
+_MODULES = {"torch", "math", "np", "numpy"}  # attributes of modules: constants, not state
 _PURE = {"float", "int", "bool", "complex", "len", "range", "list", "tuple", "abs", "min", "max",
          "round", "sum"}
 
@@ -155,7 +156,7 @@ def _pinned(source: Source, call: ast.Call, device: ast.keyword) -> list[Edit]:
 
 
 def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
-    """Why the same data seen in every call does not make the tensor a constant of the loop
+    """Why the same data seen in every call does not make the tensor a constant of its loop
     (None: it is one)."""
     loop = scope.loop_of(source, call)
     if loop is None:
@@ -163,10 +164,6 @@ def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
                 "(the function is called every step): built pinned instead of hoisted")
     if scope.in_comprehension(source, call, loop):
         return "the same data in every call, but one tensor per element of a comprehension"
-    clash = sorted(scope.loads(call) & scope.assigned(loop))
-    if clash:
-        return (f"the same data in every call so far, but it reads {', '.join(clash)}, which "
-                f"the loop at line {loop.lineno} assigns")
     for inner in ast.walk(call):
         if isinstance(inner, ast.Call) and inner is not call and not _pure(inner):
             return (f"the same data in every call so far, but it calls "
@@ -175,12 +172,39 @@ def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
     if isinstance(parent, ast.Attribute) and parent.attr.endswith("_") and \
             not parent.attr.endswith("__"):
         return f"the same data in every call, but .{parent.attr}(...) changes it in place"
+    return _varies_in(source, call, loop)
+
+
+def _varies_in(source: Source, call: ast.Call, loop: ast.For | ast.While) -> str | None:
+    """Why the call's value could change from one iteration of `loop` to the next."""
+    clash = sorted(scope.loads(call) & scope.assigned(loop))
+    if clash:
+        return (f"the same data in every call so far, but it reads {', '.join(clash)}, which "
+                f"the loop at line {loop.lineno} assigns")
+    handed = scope.handed_on(loop, scope.loads(call.args[0]) - _MODULES)
+    if handed:
+        held, by = next(iter(sorted(handed.items())))
+        return (f"the same data in every call so far, but it reads {held}, which the loop "
+                f"hands to {source.segment(by.func)}(...) at line {by.lineno}")
     name = _target(source, call)
     line = scope.changed_in_place(loop, name) if name else None
     if line is not None:
         return (f"the same data in every call, but {name} is changed in place at line {line}: "
                 "built once, the change would carry into the next step")
     return None
+
+
+def _outermost(source: Source, call: ast.Call, name: str | None) -> ast.For | ast.While:
+    """The loop to build the tensor before: its innermost loop, or the loops around that one
+    as long as the value is a constant of them too (and they read `name` nowhere else)."""
+    loop = scope.loop_of(source, call)
+    assert loop is not None
+    while True:
+        outer = scope.loop_of(source, loop)
+        if outer is None or _varies_in(source, call, outer) is not None or (
+                name is not None and name in scope.loads(outer, skip=loop)):
+            return loop
+        loop = outer
 
 
 def _pure(call: ast.Call) -> bool:
@@ -202,15 +226,16 @@ def _target(source: Source, call: ast.Call) -> str | None:
 
 def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, list[Edit],
                                                                            str]:
-    loop = scope.loop_of(source, call)
-    assert loop is not None
+    inner = scope.loop_of(source, call)
+    assert inner is not None
     shown = f" ({data})" if len(data) <= 40 else ""
     why = (f"the same data{shown} in all {calls} calls, from names the loop does not assign")
     name = _target(source, call)
+    loop = _outermost(source, call, name)
     at = scope.insertion_line(source, loop)
     indent = source.indent(loop.lineno)
     nl = "\r\n" if source.lines and source.lines[0].endswith("\r\n") else "\n"  # the file's
-    if name is not None and _movable(source, source.statement(call), loop, name):
+    if name is not None and _movable(source, source.statement(call), inner, name):
         stmt = source.statement(call)
         last = stmt.end_lineno or stmt.lineno
         text = _shifted("".join(source.lines[stmt.lineno - 1:last])[len(source.indent(

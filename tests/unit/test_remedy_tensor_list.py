@@ -80,8 +80,20 @@ def test_a_name_the_loop_also_rebinds_gets_a_new_one_that_clashes_with_none():
     inline = "for x in xs:\n    while go:\n        f(x * torch.tensor([2.0],\n" \
              + " " * 27 + "device=d))\n"  # lined up with the list, as it stays
     out, _ = patched(inline, 3, (4, "device=d)"), ["[2.0]"])
-    assert out == ("for x in xs:\n    const_tensor = torch.tensor([2.0],\n" + " " * 32
-                   + "device=d)\n    while go:\n        f(x * const_tensor)\n")
+    assert out == ("const_tensor = torch.tensor([2.0],\n" + " " * 28 + "device=d)\n"
+                   "for x in xs:\n    while go:\n        f(x * const_tensor)\n")
+
+
+def test_it_leaves_every_loop_it_is_a_constant_of_and_only_those():
+    text = ("for epoch in range(2):\n    k = epoch / 2\n    for s in r:\n"
+            "        w = torch.tensor([k], device=d)\n        f(w)\n")
+    out, proposal = patched(text, 4, "torch.tensor([k], device=d)", ["[0.0]"])
+    assert out == ("for epoch in range(2):\n    k = epoch / 2\n"
+                   "    w = torch.tensor([k], device=d)\n    for s in r:\n        f(w)\n")
+    assert "before the loop at line 3" in proposal.summary
+    text = text.replace("[k]", "[1.0]")
+    out, proposal = patched(text, 4, "torch.tensor([1.0], device=d)", ["[1.0]"])
+    assert out.startswith("w = torch.tensor([1.0], device=d)\nfor epoch in range(2):\n")
 
 
 def test_changing_data_is_built_pinned_and_copied_non_blocking():
@@ -110,6 +122,9 @@ K = "torch.tensor([2.0], device=d)"
      "torch.tensor([read()], device=d)", "it calls read(...) each time"),
     (f"for s in range(3):\n    ws = [{K} for _ in r]\n", 2, K,
      "one tensor per element of a comprehension"),
+    ("for s in range(3):\n    sched.step()\n    w = torch.tensor([sched.lr], device=d)\n", 3,
+     "torch.tensor([sched.lr], device=d)",
+     "it reads sched, which the loop hands to sched.step(...) at line 2"),
 ])
 def test_the_same_data_that_is_no_constant_of_the_loop_is_built_pinned(text, line, call, why):
     proposal = propose(text, line, call, ["[2.0]"])
