@@ -194,11 +194,13 @@ def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Cal
         what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
         if not any(v.get("built") for v in group):
             raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
-                           "DataLoader yielded as is: it is not pinned, and the line would "
-                           "still sync")
+                           "DataLoader yielded as is (computed from a batch, or a view of one): "
+                           "only what a loader yields is made non_blocking, and the line "
+                           "would still sync")
         if not all(v.get("built") for v in group):
-            raise _Refused(f"{what} also copies tensors no DataLoader yielded as is: they are "
-                           "not pinned, and the line would still sync")
+            raise _Refused(f"{what} also copies tensors no DataLoader yielded as is (computed "
+                           "from a batch, or views of one): only what a loader yields is made "
+                           "non_blocking, and the line would still sync")
         if not all(v["direct"] for v in group):
             raise _Refused(f"{what} copies by library code it calls, not by a .to(...)/"
                            ".cuda(...) of its own")
