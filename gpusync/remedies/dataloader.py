@@ -172,14 +172,17 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
 
 
 def _summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
-    pinned = [str(b[1]) for b, e in pins if e is not None]
-    already = [str(b[1]) for b, e in pins if e is None]
-    at = ", ".join(map(str, lines))
-    what = (f"pin_memory=True on the DataLoader at line {', '.join(pinned)}" if pinned else
-            f"the DataLoader at line {', '.join(already)} pins its batches already")
-    return (f"{what}; non_blocking=True on the copies of its batches at line {at}: they copy "
+    pinned = [b[1] for b, e in pins if e is not None]
+    already = [b[1] for b, e in pins if e is None]
+    what = (f"pin_memory=True on the DataLoader at {_lines(pinned)}" if pinned else
+            f"the DataLoader at {_lines(already)} pins its batches already")
+    return (f"{what}; non_blocking=True on the copies of its batches at {_lines(lines)}: they copy "
             "the tensors it yields as it yields them, pinned, so the host no longer waits for "
             "each copy (the device still runs them before the kernels that read them)")
+
+
+def _lines(numbers: list[int]) -> str:
+    return f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
 def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Call, set]]:

@@ -4,11 +4,13 @@ copy (torch.tensor)" at its line): the data is copied from pageable memory and t
 - tensor.hoist: every call saw the same data (and dtype), the expression reads only names the
   enclosing loop does not assign, calls nothing that could change, and the tensor is neither
   requires_grad nor changed in place in the loop: it is built once, before the innermost loop
-  that runs it (the assignment moved there when its name is the loop's only use of it, else a
-  new name holds it).
+  that runs it, or before the loops around that one it is a constant of too (the assignment
+  moved there when its name is the loop's only use of it, else a new name holds it).
 - tensor.pinned: the data changes between calls (or the hoist is unsafe, or the call is in a
-  function called every step, with no loop of its own): `torch.tensor(data, ..., pin_memory=True)
-  .to(device, non_blocking=True)`, the user's other keywords kept.
+  function called every step, with no loop of its own): `torch.tensor(data, ...,
+  pin_memory=torch.cuda.is_available()).to(device, non_blocking=True)`, the user's other
+  keywords kept (pin_memory=True raises where torch has no CUDA: a script that also runs on a
+  CPU keeps running there).
 
 Why the pinned form keeps the result and does not make the host wait (torch's sources):
 torch/csrc/utils/tensor_new.cpp (internal_new_from_data) fills `at::empty(sizes,
@@ -147,12 +149,29 @@ def _plan(source: Source, call: ast.Call, values: list[dict], constant: bool, ca
 
 
 def _pinned(source: Source, call: ast.Call, device: ast.keyword) -> list[Edit]:
-    """torch.tensor(data, device=D, dtype=T) -> torch.tensor(data, pin_memory=True, dtype=T)
-    .to(D, non_blocking=True): the device keyword's place taken by pin_memory."""
-    kw = Edit(source.path, source.start(device), source.end(device.value), "pin_memory=True")
+    """torch.tensor(data, device=D, dtype=T) -> torch.tensor(data, pin_memory=torch.cuda.
+    is_available(), dtype=T).to(D, non_blocking=True): the device keyword's place taken by
+    pin_memory, pinned only where CUDA is (without it pin_memory=True raises, and a script that
+    also runs on a CPU would no longer)."""
+    torch = _torch_name(source, call)
+    kw = Edit(source.path, source.start(device), source.end(device.value),
+              f"pin_memory={torch}.cuda.is_available()")
     to = source.insert(source.end(call), f".to({source.segment(device.value)}, "
                                          "non_blocking=True)")
     return [kw, to]
+
+
+def _torch_name(source: Source, call: ast.Call) -> str:
+    """The name torch goes by where `call` (torch.tensor, th.tensor, tensor) is."""
+    if isinstance(call.func, ast.Attribute):
+        return source.segment(call.func.value)
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "torch":
+                    return alias.asname or "torch"
+    raise _Refused("tensor(...) is called by its bare name and the file imports no torch to "
+                   "ask torch.cuda.is_available() of")
 
 
 def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:

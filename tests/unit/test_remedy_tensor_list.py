@@ -100,8 +100,8 @@ def test_changing_data_is_built_pinned_and_copied_non_blocking():
     text = "for step in range(9):\n    s = torch.tensor([step, 1.0], device=dev, dtype=half)\n"
     out, proposal = patched(text, 2, "torch.tensor([step, 1.0], device=dev, dtype=half)",
                             ["[0, 1.0]", "[1, 1.0]"])
-    assert out == ("for step in range(9):\n    s = torch.tensor([step, 1.0], pin_memory=True, "
-                   "dtype=half).to(dev, non_blocking=True)\n")
+    assert out == ("for step in range(9):\n    s = torch.tensor([step, 1.0], pin_memory=torch."
+                   "cuda.is_available(), dtype=half).to(dev, non_blocking=True)\n")
     assert proposal.remedy == "tensor.pinned"
     assert proposal.summary.endswith("its data changes between calls (2 distinct in 2 calls)")
 
@@ -130,7 +130,19 @@ def test_the_same_data_that_is_no_constant_of_the_loop_is_built_pinned(text, lin
     proposal = propose(text, line, call, ["[2.0]"])
     assert isinstance(proposal, Proposal) and proposal.remedy == "tensor.pinned", proposal
     assert why in proposal.summary
-    assert "pin_memory=True).to(d, non_blocking=True)" in apply(text, list(proposal.edits))
+    assert "pin_memory=torch.cuda.is_available()).to(d, non_blocking=True)" in apply(
+        text, list(proposal.edits))
+
+
+def test_torch_goes_by_the_name_the_file_gives_it():
+    text = "import torch as th\nfrom torch import tensor\nfor s in r:\n" \
+           "    w = tensor([s], device=d)\n"
+    out, _ = patched(text, 4, "tensor([s], device=d)", ["[0]", "[1]"])
+    assert out.endswith("w = tensor([s], pin_memory=th.cuda.is_available()).to(d, "
+                        "non_blocking=True)\n")
+    answer = propose(text.replace("import torch as th\n", ""), 3, "tensor([s], device=d)",
+                     ["[0]", "[1]"])
+    assert isinstance(answer, Refusal) and "the file imports no torch" in answer.reason
 
 
 @pytest.mark.parametrize("call, more, why", [
@@ -221,8 +233,8 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
                                                    "tensor.pinned"]
     text = apply(SCRIPT, [e for p in proposals for e in p.edits])
     assert "weight = torch.tensor([1.0, 2.0, 0.5], device=device)\nfor step," in text
-    assert "torch.tensor([1.0 + step / 10], pin_memory=True).to(device, non_blocking=True)" \
-        in text
+    assert "torch.tensor([1.0 + step / 10], pin_memory=torch.cuda.is_available()).to(device, " \
+        "non_blocking=True)" in text
     after = _run(path, {file: text}, record=str(tmp_path / "after.pt"))
     assert [(s["op"], s["line"]) for s in after.report["sites"] if s["per_step"]] == []
     before, now = torch.load(tmp_path / "before.pt"), torch.load(tmp_path / "after.pt")
