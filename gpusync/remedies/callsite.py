@@ -4,7 +4,9 @@ that a remedy tells `x.to(d), y.to(d)` of one line apart and edits the very call
 from __future__ import annotations
 
 import ast
+import functools
 import itertools
+import os
 import sys
 from dataclasses import dataclass
 from types import CodeType
@@ -37,10 +39,17 @@ def caller(skip: int = 2) -> CallSite | None:
         file = frame.f_code.co_filename
         if frames.is_users(file):
             return CallSite(file, frame.f_lineno, _end(frame.f_code, frame.f_lasti), direct)
-        if not frames.is_internal(file):  # an installed package between: not the user's call
-            direct = False
+        if file.startswith(_torch_dir()) or not frames.is_internal(file):
+            direct = False  # torch or a package between (model.to(d), opt.step()): theirs
         frame = frame.f_back  # type: ignore[assignment]
     return None
+
+
+@functools.cache
+def _torch_dir() -> str:
+    import torch
+
+    return os.path.dirname(torch.__file__) + os.sep
 
 
 def _end(code: CodeType, lasti: int) -> End | None:
