@@ -273,8 +273,8 @@ def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, 
 def _movable(source: Source, stmt: ast.stmt, loop: ast.For | ast.While, name: str) -> bool:
     """The assignment can leave the loop as it is: a statement of the loop's own body on lines
     of its own, not its only one, the loop's only binding of `name`, which nothing in the loop
-    reads before it, and the only binding of `name` in its scope (after a loop that ran no
-    step, `name` is then unbound as it was)."""
+    reads before it, and the only binding of `name` in its scope (no other value of `name` is
+    replaced by it earlier than before)."""
     body = loop.body
     if not any(s is stmt for s in body) or len(body) < 2:
         return False
@@ -287,7 +287,7 @@ def _movable(source: Source, stmt: ast.stmt, loop: ast.For | ast.While, name: st
              and not isinstance(n.ctx, ast.Load)]
     if len(binds) != 1:
         return False
-    earlier = [s for s in body[:body.index(stmt)]] + (
+    earlier = list(body[:body.index(stmt)]) + (
         [loop.test] if isinstance(loop, ast.While) else [])
     if any(name in scope.loads(s) for s in earlier):
         return False
