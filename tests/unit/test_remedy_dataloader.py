@@ -196,3 +196,18 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before["parameters"], now["parameters"],
                                                  strict=True))
     assert before["printed"] == now["printed"]
+
+
+def test_without_code_positions_a_line_of_one_copy_is_still_edited():
+    """Python 3.10 has no code positions: a copy is then known by its line alone."""
+    def positionless(text: str) -> Facts:
+        facts = facts_for(text, {5: [("x.to(device)", True, False, True)]})
+        for v in facts.at(dataloader.COPY, PATH, 5).values:
+            v["end"] = None
+        return facts
+
+    text = TRAIN.replace("x, y = x.to(device), y.to(device)", "x = x.to(device)")
+    proposal = dataloader.propose(site(5), Source(PATH, text), positionless(text))
+    assert "x = x.to(device, non_blocking=True)" in apply(text, list(proposal.edits))
+    answer = dataloader.propose(site(5), Source(PATH, TRAIN), positionless(TRAIN))
+    assert isinstance(answer, Refusal) and "that can be told apart on the line" in answer.reason
