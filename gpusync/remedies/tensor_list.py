@@ -42,6 +42,8 @@ NAMES = (HOIST, PINNED)  # the two kinds of proposal this module makes
 KIND = "tensor.data"
 _DIGEST_CHARS = 200  # data whose repr is longer is noted by its hash
 _MODULES = {"torch", "math", "np", "numpy"}  # attributes of modules: constants, not state
+_HARMLESS_WITH = {"no_grad", "inference_mode", "enable_grad", "set_grad_enabled", "autocast",
+                  "record_function", "profile", "nullcontext"}
 _PURE = {"float", "int", "bool", "complex", "len", "range", "list", "tuple", "abs", "min", "max",
          "round", "sum"}
 
@@ -195,7 +197,12 @@ def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
 
 
 def _varies_in(source: Source, call: ast.Call, loop: ast.For | ast.While) -> str | None:
-    """Why the call's value could change from one iteration of `loop` to the next."""
+    """Why the call's value could change from one iteration of `loop` to the next, or be
+    another outside it."""
+    within = _within(source, call, loop)
+    if within is not None:
+        return (f"the same data in every call so far, but it is built inside `with {within}:`,"
+                " which may choose the device it is built on")
     clash = sorted(scope.loads(call) & scope.assigned(loop))
     if clash:
         return (f"the same data in every call so far, but it reads {', '.join(clash)}, which "
@@ -210,6 +217,21 @@ def _varies_in(source: Source, call: ast.Call, loop: ast.For | ast.While) -> str
     if line is not None:
         return (f"the same data in every call, but {name} is changed in place at line {line}: "
                 "built once, the change would carry into the next step")
+    return None
+
+
+def _within(source: Source, call: ast.Call, loop: ast.AST) -> str | None:
+    """A `with` between `call` and `loop` that could change what torch.tensor builds (a device,
+    a default dtype): any but the autograd, autocast and profiling ones."""
+    for parent in source.ancestors(call):
+        if parent is loop:
+            return None
+        for item in parent.items if isinstance(parent, (ast.With, ast.AsyncWith)) else ():
+            expr = item.context_expr
+            func = expr.func if isinstance(expr, ast.Call) else expr
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in _HARMLESS_WITH:
+                return source.segment(expr)
     return None
 
 

@@ -122,6 +122,8 @@ K = "torch.tensor([2.0], device=d)"
      "torch.tensor([read()], device=d)", "it calls read(...) each time"),
     (f"for s in range(3):\n    ws = [{K} for _ in r]\n", 2, K,
      "one tensor per element of a comprehension"),
+    (f"for s in range(3):\n    with torch.cuda.device(s % 2):\n        w = {K}\n", 3, K,
+     "it is built inside `with torch.cuda.device(s % 2):`, which may choose the device"),
     ("for s in range(3):\n    sched.step()\n    w = torch.tensor([sched.lr], device=d)\n", 3,
      "torch.tensor([sched.lr], device=d)",
      "it reads sched, which the loop hands to sched.step(...) at line 2"),
@@ -242,3 +244,10 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before["parameters"], now["parameters"],
                                                  strict=True))
     assert before["printed"] == now["printed"]
+
+
+def test_under_no_grad_it_is_still_a_constant_and_gets_a_name_outside():
+    text = f"for s in r:\n    with torch.no_grad():\n        keep = {W}\n        f(keep)\n"
+    out, _ = patched(text, 3, W, ["[1.0, 2.0]"])
+    assert out == (f"keep_const = {W}\nfor s in r:\n    with torch.no_grad():\n"
+                   "        keep = keep_const\n        f(keep)\n")
