@@ -75,6 +75,7 @@ def _digest(data: Any) -> str | None:
 @contextlib.contextmanager
 def observe(facts: Facts) -> Iterator[Facts]:
     import torch
+    from torch.utils import _device
 
     from ..detect import patches
 
@@ -91,6 +92,9 @@ def observe(facts: Facts) -> Iterator[Facts]:
                               "requires_grad": bool(out.requires_grad)}, where=site.where)
         return out
 
+    # torch caches the constructors a `with torch.device(...)` applies to on first use: cache
+    # torch's own function, not this layer (the scan does the same before its layers)
+    _device._device_constructors()
     handle = patches.add_layer(torch, "tensor", tensor)
     try:
         yield facts

@@ -179,6 +179,17 @@ def test_the_observers_leave_nothing_behind():
     assert now() == before
 
 
+def test_a_device_context_still_places_torch_tensor_while_observed_and_after():
+    from torch.utils import _device
+
+    _device._device_constructors.cache_clear()  # as in a fresh process: observers come first
+    with remedies.observing(Facts()):
+        with torch.device("meta"):
+            assert torch.tensor([1.0]).device.type == "meta"
+    with torch.device("meta"):
+        assert torch.tensor([1.0]).device.type == "meta"
+
+
 SCRIPT = textwrap.dedent('''
     import torch
     from torch.utils.data import DataLoader, TensorDataset
