@@ -14,9 +14,10 @@ from .options import Finite, format_option, verbosity_options
 
 
 def _remedy_names() -> list[str]:
+    from ..fix.engine import names
     from ..remedies import REMEDIES
 
-    return [r.NAME for r in REMEDIES]
+    return [n for r in REMEDIES for n in names(r)]
 
 
 @click.command("fix")

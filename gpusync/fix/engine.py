@@ -65,7 +65,7 @@ def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
     """Per site that syncs every step, the proposals of the remedies that know it, in the
     remedies' order. A proposal whose edits another site's proposal made already (two copies of
     one DataLoader's batch) counts once: that site is added to the first one's `also`."""
-    chosen = [r for r in remedies_pkg.REMEDIES if not only or r.NAME in only]
+    chosen = [r for r in remedies_pkg.REMEDIES if not only or set(names(r)) & set(only)]
     groups: list[list[Proposal]] = []
     where: dict[tuple, tuple[int, int]] = {}  # (remedy, edits) -> (group, position)
     for site in sites.per_step(original.sites):
@@ -74,6 +74,8 @@ def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
         answered = False
         for remedy in chosen if source is not None else []:
             answer = remedy.propose(site, source, original.facts)  # type: ignore[arg-type]
+            if only and answer is not None and answer.remedy not in only:
+                continue
             answered = answered or answer is not None
             if isinstance(answer, Refusal):
                 result.refused.append(answer)
@@ -90,6 +92,12 @@ def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
         if not answered:
             result.unremedied.append(site)
     return groups
+
+
+def names(remedy) -> tuple[str, ...]:
+    """What a remedy's proposals may be named (tensor_list proposes tensor.hoist and
+    tensor.pinned)."""
+    return tuple(getattr(remedy, "NAMES", (remedy.NAME,)))
 
 
 def _source(path: str, files: dict[str, Source]) -> Source | None:

@@ -30,6 +30,8 @@ class LineMap:
                                                                                  0))) + 1
             if tag in ("replace", "insert"):
                 written.update(range(j1 + 1, j2 + 1))
+            if tag == "delete":  # deleted, or moved: its site is then at a line the edit wrote
+                mapping.update(dict.fromkeys(range(i1 + 1, i2 + 1), 0))
         return cls(mapping, written)
 
 

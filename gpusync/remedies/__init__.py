@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import causal, flags, logging_item, optimizers, sizes, tuned
+from . import causal, dataloader, flags, logging_item, optimizers, sizes, tensor_list, tuned
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy, Site
 
 REMEDIES: tuple[Remedy, ...] = (
+    dataloader,
+    tensor_list,
     sizes.ONE_HOT,
     sizes.REPEAT_INTERLEAVE,
     sizes.NONZERO,

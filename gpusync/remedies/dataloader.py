@@ -1,0 +1,274 @@
+"""dataloader.pin_memory: a DataLoader's batches copied to the GPU with `.to(device)` /
+`.cuda()` ("H2D copy" at the copy's line, every step) -> `pin_memory=True` on the DataLoader(...)
+that built the loader and `non_blocking=True` on those copies.
+
+Why it is safe (torch's sources, aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda): a
+blocking host-to-device copy ends in `at::cuda::memcpy_and_sync`, the host waiting for it; with
+non_blocking it is a `cudaMemcpyAsync` on the current stream followed by the caching host
+allocator's `record_event(ptr, ctx, stream)`, which keeps a pinned block from being reused until
+the copy is done (aten/src/ATen/core/CachingHostAllocator.h: `free` records an event per stream
+the block was used on and returns it to the free list once those events complete). Kernels that
+read the copy run after it on the same stream: the values the device computes with are those
+the blocking copy gave. pin_memory=True pins what the loader yields (the tensors in its tuples,
+lists and dicts: torch/utils/data/_utils/pin_memory.py), so only a copy of a tensor yielded as
+is, pinned, is made non_blocking; a copy of a tensor computed from the batch (`(x / 255).to(d)`)
+is not pinned and is left alone. What the run observes (`observe`): the line and call that built
+each loader, the calls that copy a yielded tensor and which loader yielded it, what the batches
+hold. Writing into the host batch after copying it would race with a non_blocking copy: the
+remedy refuses where the script changes the copied name in place after the copy.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import weakref
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+from . import loop_scope as scope
+from .callsite import call_ending, caller
+from .observe import Facts
+from .remedy import Proposal, Refusal, Site
+from .source import Edit, Source
+
+NAME = "dataloader.pin_memory"
+BUILD, BATCH, COPY = "dataloader.build", "dataloader.batch", "dataloader.copy"
+_PIN_MEMORY_AT = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler,
+#                     num_workers, collate_fn, pin_memory, ...): its position
+_PLAIN = (str, bytes, int, float, complex, bool, type(None))  # pin_memory leaves them as they are
+
+
+class _Refused(Exception):
+    """Why no edit is safe (propose turns it into a Refusal)."""
+
+
+class _Watch:
+    """Loaders, their iterators and the tensors they yielded, each by id and kept weakly, with
+    the build (file, line, end line, end column) of the loader they come from."""
+
+    def __init__(self, facts: Facts):
+        self.facts = facts
+        self.builds: dict[int, tuple[weakref.ref, list]] = {}
+
+    def _keep(self, obj: Any, build: list) -> None:
+        key = id(obj)
+        try:
+            self.builds[key] = (weakref.ref(obj, lambda _r: self.builds.pop(key, None)), build)
+        except TypeError:  # not weakly referable: not followed
+            pass
+
+    def build_of(self, obj: Any) -> list | None:
+        kept = self.builds.get(id(obj))
+        return kept[1] if kept is not None and kept[0]() is obj else None
+
+    def init(self, call, loader, *args, **kwargs):
+        out = call(loader, *args, **kwargs)
+        site = caller()
+        if site is not None:
+            end = list(site.end) if site.end else [None, None]
+            self.facts.note(BUILD, {"end": end, "pin_memory": bool(loader.pin_memory),
+                                    "direct": site.direct}, where=site.where)
+            self._keep(loader, [site.file, site.line, *end])
+        return out
+
+    def iter(self, call, loader, *args, **kwargs):
+        it = call(loader, *args, **kwargs)
+        build = self.build_of(loader)
+        if build is not None:
+            self._keep(it, build)
+        return it
+
+    def next(self, call, it, *args, **kwargs):
+        data = call(it, *args, **kwargs)
+        build = self.build_of(it)
+        if build is not None:
+            odd = self._mark(data, build)
+            self.facts.note(BATCH, {"end": build[2:], "odd": odd}, where=(build[0], build[1]))
+        return data
+
+    def _mark(self, data: Any, build: list) -> list[str]:
+        """Tag the batch's tensors with `build`; the type names of what pin_memory would not
+        pin (anything but tensors in tuples, lists, dicts and plain values)."""
+        import torch
+
+        odd, stack = set(), [data]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, torch.Tensor):
+                self._keep(item, build)
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+            elif isinstance(item, Mapping):
+                stack.extend(item.values())
+            elif not isinstance(item, _PLAIN):
+                odd.add(type(item).__name__)
+        return sorted(odd)
+
+    def copy(self, call, tensor, *args, **kwargs):
+        """Tensor.to / Tensor.cuda: a copy to the device noted at the user's call, with the
+        build of the loader that yielded the tensor as is (None: not a yielded tensor)."""
+        import torch
+
+        out = call(tensor, *args, **kwargs)
+        if out is tensor or not isinstance(out, torch.Tensor) or out.device.type != "cuda" \
+                or tensor.device.type == "cuda":
+            return out
+        site = caller()
+        if site is not None:
+            given = "non_blocking" in kwargs or any(isinstance(a, bool) for a in args)
+            self.facts.note(COPY, {"end": list(site.end) if site.end else None,
+                                   "built": self.build_of(tensor), "non_blocking": given,
+                                   "direct": site.direct}, where=site.where)
+        return out
+
+
+@contextlib.contextmanager
+def observe(facts: Facts) -> Iterator[Facts]:
+    import torch
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from ..detect import patches
+
+    watch = _Watch(facts)
+    handles = [patches.add_layer(DataLoader, "__init__", watch.init),
+               patches.add_layer(DataLoader, "__iter__", watch.iter),
+               patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
+               patches.add_layer(torch.Tensor, "to", watch.copy),
+               patches.add_layer(torch.Tensor, "cuda", watch.copy)]
+    try:
+        yield facts
+    finally:
+        for handle in reversed(handles):
+            handle.remove()
+
+
+def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+    """pin_memory=True on the loader(s) whose yielded tensors this line copies, non_blocking=True
+    on every copy of those tensors in the file (the same edits from each of its copy sites)."""
+    if site.op != "H2D copy":
+        return None
+    seen = facts.at(COPY, site.file, site.line)
+    if seen is None or not any(v.get("built") for v in seen.values):
+        return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
+    try:
+        if seen.more:
+            raise _Refused("more distinct copies were seen at this line than are kept")
+        own = _copies(source, site.line, seen.values)
+        builds = {b for _, bs in own for b in bs}
+        copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
+        for (kind, file, line), other in facts.data.items():
+            if kind == COPY and file == site.file and line != site.line and not other.more:
+                with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
+                    theirs = _copies(source, line, other.values)
+                    if theirs and all(bs <= builds for _, bs in theirs):
+                        copies[line] = [c for c, _ in theirs]
+        pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
+    except _Refused as e:
+        return Refusal(NAME, site, str(e))
+    edits = [e for _, e in pins if e is not None]
+    edits += [source.set_keyword(c, "non_blocking", "True") for cs in copies.values() for c in cs]
+    return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
+
+
+def _summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
+    pinned = [b[1] for b, e in pins if e is not None]
+    already = [b[1] for b, e in pins if e is None]
+    what = (f"pin_memory=True on the DataLoader at {_lines(pinned)}" if pinned else
+            f"the DataLoader at {_lines(already)} pins its batches already")
+    return (f"{what}; non_blocking=True on the copies of its batches at {_lines(lines)}: they copy "
+            "the tensors it yields as it yields them, pinned, so the host no longer waits for "
+            "each copy (the device still runs them before the kernels that read them)")
+
+
+def _lines(numbers: list[int]) -> str:
+    return f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
+
+
+def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Call, set]]:
+    """Each copy call of `line` with the builds of the loaders whose tensors it copies; raises
+    _Refused where one is not safe to make non_blocking."""
+    by_end: dict[Any, list[dict]] = {}
+    for v in values:
+        by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
+    out = []
+    for end, group in by_end.items():
+        call = call_ending(source.tree, line, end, ("to", "cuda"))
+        what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
+        if not any(v.get("built") for v in group):
+            raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
+                           "DataLoader yielded as is (computed from a batch, or a view of one): "
+                           "only what a loader yields is made non_blocking, and the line "
+                           "would still sync")
+        if not all(v.get("built") for v in group):
+            raise _Refused(f"{what} also copies tensors no DataLoader yielded as is (computed "
+                           "from a batch, or views of one): only what a loader yields is made "
+                           "non_blocking, and the line would still sync")
+        if not all(v["direct"] for v in group):
+            raise _Refused(f"{what} copies by library code it calls, not by a .to(...)/"
+                           ".cuda(...) of its own")
+        if any(v["non_blocking"] for v in group):
+            raise _Refused(f"{what} passes non_blocking itself: the script chose it")
+        if call is None or not isinstance(call.func, ast.Attribute):
+            raise _Refused(f"the copy at line {line} is not a .to(...)/.cuda(...) call that can "
+                           "be told apart on the line")
+        _not_written_after(source, call)
+        out.append((call, {tuple(v["built"]) for v in group}))
+    return out
+
+
+def _not_written_after(source: Source, call: ast.Call) -> None:
+    """A non_blocking copy reads the host tensor after the call returns: the script must not
+    write into it (by the name it copied) after the copy, unless that name now holds the copy."""
+    assert isinstance(call.func, ast.Attribute)
+    receiver = call.func.value
+    while isinstance(receiver, (ast.Attribute, ast.Subscript)):
+        receiver = receiver.value
+    if not isinstance(receiver, ast.Name):
+        return
+    stmt = source.statement(call)
+    if receiver.id in scope.assigned(stmt):  # x = x.to(d): x is the device copy from here on
+        return
+    block: ast.AST = scope.loop_of(source, stmt) or next(
+        (a for a in source.ancestors(stmt) if isinstance(a, (ast.FunctionDef,
+                                                              ast.AsyncFunctionDef))),
+        source.tree)
+    line = scope.changed_in_place(block, receiver.id, after=stmt.end_lineno or stmt.lineno)
+    if line is not None:
+        raise _Refused(f"{receiver.id} is changed in place at line {line}, after it is copied at "
+                       f"line {call.lineno}: a non_blocking copy could read the change")
+
+
+def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
+    """pin_memory=True on the DataLoader(...) call of `build` (None: it pins already)."""
+    file, line, *end = build
+    if file != source.path:
+        raise _Refused(f"the DataLoader is built in another file ({file}:{line})")
+    seen = facts.at(BUILD, file, line)
+    infos = [v for v in seen.values if v["end"] == end] if seen else []
+    if not infos or not all(v["direct"] for v in infos):
+        raise _Refused(f"the DataLoader is built by library code that line {line} calls")
+    batches = facts.at(BATCH, file, line)
+    odd = sorted({t for v in (batches.values if batches else []) if v["end"] == end
+                  for t in v["odd"]})
+    if odd:
+        raise _Refused(f"the batches of the DataLoader at line {line} hold {', '.join(odd)} "
+                       "objects (its collate_fn's): pin_memory=True pins only the tensors in "
+                       "tuples, lists and dicts")
+    if all(v["pin_memory"] for v in infos):
+        return None
+    call = call_ending(source.tree, line, tuple(end) if end[0] is not None else None,
+                       ("DataLoader",))
+    if call is None:
+        raise _Refused(f"the DataLoader of line {line} is not built by a DataLoader(...) call "
+                       "there")
+    for kw in call.keywords:
+        if kw.arg == "pin_memory":
+            raise _Refused(f"the DataLoader at line {line} passes pin_memory="
+                           f"{source.segment(kw.value)} itself: the script chose it")
+        if kw.arg is None:
+            raise _Refused(f"the DataLoader at line {line} takes **{source.segment(kw.value)}:"
+                           " pin_memory may be among them")
+    if len(call.args) > _PIN_MEMORY_AT or any(isinstance(a, ast.Starred) for a in call.args):
+        raise _Refused(f"the DataLoader at line {line} may pass pin_memory by position")
+    return source.set_keyword(call, "pin_memory", "True")

@@ -1,0 +1,213 @@
+"""dataloader.pin_memory: pin_memory=True on the DataLoader whose yielded tensors a line copies
+and non_blocking=True on those copies, from what the run observed; refused where unsafe."""
+import textwrap
+
+import pytest
+import torch
+
+from gpusync import runs
+from gpusync.remedies import Facts, Proposal, Refusal, Site, dataloader
+from gpusync.remedies.source import Source, apply, check
+from gpusync.runs.jobs import CandidateJob
+
+pytestmark = pytest.mark.usefixtures("in_process")
+
+PATH = "/w/train.py"
+TRAIN = '''import torch
+from torch.utils.data import DataLoader
+loader = DataLoader(ds, batch_size=8)  # the training set
+for x, y in loader:
+    x, y = x.to(device), y.to(device)
+    loss = model(x, y)
+for x, y in loader:
+    x = x.cuda()
+'''
+
+
+def end(text: str, line: int, call: str) -> list[int]:
+    """[line, column] (UTF-8 bytes) where `call` ends on `line` of `text`."""
+    row = text.splitlines()[line - 1]
+    return [line, len(row[:row.index(call) + len(call)].encode())]
+
+
+def facts_for(text: str, copies: dict[int, list], build=(3, "DataLoader(ds, batch_size=8)"),
+              pinned=False, odd=(), path=PATH) -> Facts:
+    """The facts a run notes: the DataLoader built at build[0], the copies `{line: [(call,
+    yielded, non_blocking, direct)]}` of that line."""
+    facts = Facts()
+    b_end = end(text, *build)
+    built = [path, build[0], *b_end]
+    facts.note(dataloader.BUILD, {"end": b_end, "pin_memory": pinned, "direct": True},
+               where=(path, build[0]))
+    facts.note(dataloader.BATCH, {"end": b_end, "odd": list(odd)}, where=(path, build[0]))
+    for line, calls in copies.items():
+        for call, yielded, given, direct in calls:
+            facts.note(dataloader.COPY, {"end": end(text, line, call),
+                                         "built": built if yielded else None,
+                                         "non_blocking": given, "direct": direct},
+                       where=(PATH, line))
+    return facts
+
+
+def site(line: int, op: str = "H2D copy") -> Site:
+    return Site(op, PATH, line, 2.0, 8, "other")
+
+
+BOTH = {5: [("x.to(device)", True, False, True), ("y.to(device)", True, False, True)],
+        8: [("x.cuda()", True, False, True)]}
+
+
+def test_the_loader_pins_and_every_copy_of_its_batches_is_non_blocking():
+    source = Source(PATH, TRAIN)
+    facts = facts_for(TRAIN, BOTH)
+    first = dataloader.propose(site(5), source, facts)
+    assert isinstance(first, Proposal) and first.remedy == "dataloader.pin_memory"
+    out = apply(TRAIN, list(first.edits))
+    check(PATH, out)
+    assert out == TRAIN.replace("batch_size=8)", "batch_size=8, pin_memory=True)").replace(
+        "x.to(device), y.to(device)", "x.to(device, non_blocking=True), "
+        "y.to(device, non_blocking=True)").replace("x.cuda()", "x.cuda(non_blocking=True)")
+    assert "pin_memory=True on the DataLoader at line 3" in first.summary
+    assert "at lines 5, 8" in first.summary
+    other = dataloader.propose(site(8), source, facts)  # the same edits: one proposal
+    assert isinstance(other, Proposal) and other.edits == first.edits
+
+
+def test_a_loader_that_pins_already_gets_only_non_blocking_copies():
+    facts = facts_for(TRAIN, BOTH, pinned=True)
+    proposal = dataloader.propose(site(8), Source(PATH, TRAIN), facts)
+    out = apply(TRAIN, list(proposal.edits))
+    assert "pin_memory" not in out and out.count("non_blocking=True") == 3
+    assert "pins its batches already" in proposal.summary
+
+
+def test_copies_of_no_yielded_tensor_and_other_ops_are_not_its_kind():
+    source = Source(PATH, TRAIN)
+    facts = facts_for(TRAIN, {5: [("x.to(device)", False, False, True)]})
+    assert dataloader.propose(site(5), source, facts) is None
+    assert dataloader.propose(site(8), source, facts) is None  # nothing observed there
+    assert dataloader.propose(site(5, "item"), source, facts_for(TRAIN, BOTH)) is None
+
+
+@pytest.mark.parametrize("text, copies, build, odd, reason", [
+    (TRAIN.replace("batch_size=8)", "batch_size=8, pin_memory=False)"), BOTH,
+     (3, "DataLoader(ds, batch_size=8, pin_memory=False)"), (),
+     "passes pin_memory=False itself: the script chose it"),
+    (TRAIN.replace("batch_size=8)", "**cfg)"), BOTH, (3, "DataLoader(ds, **cfg)"), (),
+     "takes **cfg: pin_memory may be among them"),
+    (TRAIN, BOTH, (3, "DataLoader(ds, batch_size=8)"), ("Batch",),
+     "hold Batch objects (its collate_fn's): pin_memory=True pins only the tensors in tuples"),
+    (TRAIN.replace("y.to(device)", "y.to(device, non_blocking=False)"),
+     {5: [("x.to(device)", True, False, True), ("y.to(device, non_blocking=False)", True,
+                                                True, True)]},
+     (3, "DataLoader(ds, batch_size=8)"), (),
+     "y.to(device, non_blocking=False) at line 5 passes non_blocking itself: the script chose"),
+    (TRAIN.replace("y.to(device)", "(y * 2).to(device)"),
+     {5: [("x.to(device)", True, False, True), ("(y * 2).to(device)", False, False, True)]},
+     (3, "DataLoader(ds, batch_size=8)"), (),
+     "line 5 also copies (y * 2).to(device), a tensor no DataLoader yielded as is"),
+    (TRAIN.replace("x, y = x.to(device), y.to(device)",
+                   "x, y = [t.to(device) for t in (x, y * 2)]"),
+     {5: [("t.to(device)", True, False, True), ("t.to(device)", False, False, True)]},
+     (3, "DataLoader(ds, batch_size=8)"), (),
+     "t.to(device) at line 5 also copies tensors no DataLoader yielded as is"),
+    (TRAIN, {5: [("x.to(device)", True, False, False)]}, (3, "DataLoader(ds, batch_size=8)"),
+     (), "x.to(device) at line 5 copies by library code it calls"),
+    (TRAIN.replace("    loss = model(x, y)", "    y_gpu = y.to(device)\n    y.mul_(2)").replace(
+        "x, y = x.to(device), y.to(device)", "x = x.to(device)"),
+     {6: [("y.to(device)", True, False, True)]}, (3, "DataLoader(ds, batch_size=8)"), (),
+     "y is changed in place at line 7, after it is copied at line 6"),
+])
+def test_refusals_say_why(text, copies, build, odd, reason):
+    line = next(iter(copies))
+    answer = dataloader.propose(site(line), Source(PATH, text),
+                                facts_for(text, copies, build, odd=odd))
+    assert isinstance(answer, Refusal) and reason in answer.reason, answer
+
+
+def test_a_loader_built_in_another_file_is_refused():
+    facts = facts_for(TRAIN, BOTH, path="/w/data.py")
+    answer = dataloader.propose(site(5), Source(PATH, TRAIN), facts)
+    assert isinstance(answer, Refusal)
+    assert answer.reason == "the DataLoader is built in another file (/w/data.py:3)"
+
+
+SCRIPT = textwrap.dedent('''
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    device = "cuda"
+    ds = TensorDataset(torch.randn(32, 4), torch.randint(0, 3, (32,)))
+    loader = DataLoader(ds, batch_size=8, shuffle=True)
+    model = torch.nn.Linear(4, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x, y in loader:
+        scaled = (x * 2).to(device)
+        x, y = x.to(device), y.to(device)
+        loss = torch.nn.functional.cross_entropy(model(x + scaled), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(round(loss.item(), 4))
+''').lstrip()
+
+
+def _run(path, sources=None, record=None):
+    job = CandidateJob(target=str(path), mode="simulate", warmup=1, steps=2, scan=True, seed=0,
+                       observe=sources is None, record=record, sources=sources or {})
+    result, failure = runs.candidate(job, timeout=120)
+    assert failure is None, failure
+    return result
+
+
+def test_observed_and_proved_on_a_training_script(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    result = _run(path, record=str(tmp_path / "before.pt"))
+    facts = Facts.from_json(result.facts)
+    file = str(path)
+    at = end(SCRIPT, 7, "DataLoader(ds, batch_size=8, shuffle=True)")
+    build = facts.at(dataloader.BUILD, file, 7)
+    assert build.values == [{"end": at, "pin_memory": False, "direct": True}]
+    built = [file, 7, *at]
+    assert facts.at(dataloader.COPY, file, 12).values == [
+        {"end": end(SCRIPT, 12, "x.to(device)"), "built": built, "non_blocking": False,
+         "direct": True},
+        {"end": end(SCRIPT, 12, "y.to(device)"), "built": built, "non_blocking": False,
+         "direct": True}]
+    # a computed tensor's copy: no loader's; the model's parameters: no loader's either
+    assert [v["built"] for v in facts.at(dataloader.COPY, file, 11).values] == [None]
+    assert {k[2] for k in facts.data if k[0] == dataloader.COPY} <= {8, 11, 12}
+
+    sites = [Site.from_report(s) for s in result.report["sites"]]
+    copy = next(s for s in sites if s.line == 12)
+    proposal = dataloader.propose(copy, Source.read(path), facts)
+    assert isinstance(proposal, Proposal)
+    assert dataloader.propose(next(s for s in sites if s.line == 11), Source.read(path),
+                              facts) is None
+    patched = apply(SCRIPT, list(proposal.edits))
+    assert "shuffle=True, pin_memory=True)" in patched
+    after = _run(path, {file: patched}, record=str(tmp_path / "after.pt"))
+    assert not [s for s in after.report["sites"] if s["line"] == 12 and s["per_step"]]
+    assert {s["line"] for s in after.report["sites"] if s["per_step"]} == {11, 17}
+    before, now = torch.load(tmp_path / "before.pt"), torch.load(tmp_path / "after.pt")
+    assert before["losses"] and before["losses"] == now["losses"]
+    assert all(torch.equal(a, b) for a, b in zip(before["parameters"], now["parameters"],
+                                                 strict=True))
+    assert before["printed"] == now["printed"]
+
+
+def test_without_code_positions_a_line_of_one_copy_is_still_edited():
+    """Python 3.10 has no code positions: a copy is then known by its line alone."""
+    def positionless(text: str) -> Facts:
+        facts = facts_for(text, {5: [("x.to(device)", True, False, True)]})
+        for v in facts.at(dataloader.COPY, PATH, 5).values:
+            v["end"] = None
+        return facts
+
+    text = TRAIN.replace("x, y = x.to(device), y.to(device)", "x = x.to(device)")
+    proposal = dataloader.propose(site(5), Source(PATH, text), positionless(text))
+    assert "x = x.to(device, non_blocking=True)" in apply(text, list(proposal.edits))
+    answer = dataloader.propose(site(5), Source(PATH, TRAIN), positionless(TRAIN))
+    assert isinstance(answer, Refusal) and "that can be told apart on the line" in answer.reason
