@@ -36,7 +36,10 @@ def clean_venv(tmp_path_factory):
     if not (python.exists() and (folder / ".stamp").exists()
             and (folder / ".stamp").read_text() == stamp):
         venv.create(folder, with_pip=True, clear=True)
-        run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *CORE])
+        # --no-compile: torch's thousands of modules are not byte-compiled now (about 35 s of
+        # the setup on 2 cores) but when the tests import them, those they import only
+        run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-compile", *CORE])
         (folder / ".stamp").write_text(stamp)
     wheels = tmp_path_factory.mktemp("wheel")
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
