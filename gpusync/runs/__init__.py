@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from typing import Callable, Iterator
 
 from ..errors import BadInput
 from ..progress import Progress
-from . import merge, process
+from . import inprocess, merge, process
 from .jobs import CandidateJob, ScanJob, TimingJob
 from .results import ChildResult, ScanOutcome, Status
 from .torchrun import Lockstep, RankEnv, torchrun_env
@@ -22,8 +23,14 @@ from .torchrun import Lockstep, RankEnv, torchrun_env
 __all__ = ["CandidateJob", "ChildResult", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
            "TimingJob", "candidate", "follow", "leading", "scan", "step_times", "torchrun_env"]
 
-# Runs a job in one process: (job, timeout=, capture=, on_snapshot=) -> ChildResult.
-runner: Callable[..., ChildResult] = process.run_child
+# Runs a job in one process: (job, timeout=, capture=, on_snapshot=, env=) -> ChildResult; a
+# torchrun rank's runs too. GPUSYNC_IN_PROCESS=1 is for gpusync's own tests, not users: the
+# torchrun tests whose point is the ranks' transport and merging run each rank's jobs in the
+# rank's process (tests/integration/test_ranks.py), the test process's fixture being out of
+# reach there.
+runner: Callable[..., ChildResult] = (inprocess.run_in_process
+                                      if os.environ.get("GPUSYNC_IN_PROCESS") == "1"
+                                      else process.run_child)
 
 
 def follow(env: RankEnv | None) -> bool:
@@ -32,7 +39,7 @@ def follow(env: RankEnv | None) -> bool:
     before its verdict)."""
     if env is None or env.rank == 0:
         return False
-    Lockstep(env).follow()
+    Lockstep(env, runner=runner).follow()
     return True
 
 
@@ -43,7 +50,7 @@ def leading(env: RankEnv | None, rank_timeout: float = 600.0) -> Iterator[Lockst
     if env is None:
         yield None
         return
-    lead = Lockstep(env, rank_timeout)
+    lead = Lockstep(env, rank_timeout, runner)
     try:
         yield lead
     finally:

@@ -9,9 +9,10 @@ are no site's); so the code is not on the main thread (signal.signal refuses the
 torch.profiler's kineto, set up on the thread that imported torch, prints an error). The tests
 that need those run the child (process.py). Everything the job changes in this process is put
 back: the working directory, sys.argv, sys.path, sys.modules["__main__"], os.environ, os._exit,
-gpusync's verbosity, warning filters and logging's level. What this process did before the
-job is not undone: code that needs a fresh interpreter (what torch.compile's first use
-changes in torch for good, a library imported first) runs in the child.
+gpusync's verbosity, warning filters and logging's level; a process group the code left is
+destroyed. What this process did before the job is not undone: code that needs a fresh
+interpreter (what torch.compile's first use changes in torch for good, a library imported
+first) runs in the child.
 """
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def run_in_process(job: Job, timeout: float | None = None, capture: bool = False
     returncode: list[int] = []
     with _as_child(job, output, env):
         _on_a_stack_of_its_own(lambda: returncode.append(_run(job, results)))
+        ended = time.time()  # as the child's: before its process group goes (_as_child)
     tail = "\n".join(output.getvalue().splitlines()[-OUTPUT_LINES:]) if output else ""
-    return ChildResult.decode(results.data, returncode[0], tail, time.time())
+    return ChildResult.decode(results.data, returncode[0], tail, ended)
 
 
 def _run(job: Job, results: MemoryResults) -> int:
@@ -129,6 +131,16 @@ def _as_child(job: Job, output: io.StringIO | None,
         verbosity.set_level(level)
         logging.disable(off)
         shutil.rmtree(folder, ignore_errors=True)
+        _process_group_ended()
+
+
+def _process_group_ended() -> None:
+    """A process group the code left (it raised before destroy_process_group) ends, as with
+    the child's exit: its peers' collectives fail instead of waiting for it, and the next
+    job's init_process_group does not find one (torchrun's ranks: runs/torchrun.py)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ import datetime
 import json
 import os
 import time
+from typing import Callable
 
 from ..errors import BadInput
 from .jobs import Job, load_job
@@ -63,10 +64,12 @@ class Lockstep:
     process and handed to the children as MASTER_PORT, so that the code's
     init_process_group in one run never meets the keys of another. A run that fails on one
     rank stops the others' (PeerWatch); rank 0 waits `timeout` seconds for the others'
-    results after its own run, and a rank that never reports is None."""
+    results after its own run, and a rank that never reports is None. `runner` runs this
+    rank's part of a job (runs.runner: in a child process)."""
 
-    def __init__(self, env: RankEnv, timeout: float = 600.0):
-        self.env, self.timeout = env, timeout
+    def __init__(self, env: RankEnv, timeout: float = 600.0,
+                 runner: Callable[..., ChildResult] = run_child):
+        self.env, self.timeout, self.runner = env, timeout, runner
         self.count = 0
         self._agent = _store(60)
 
@@ -129,8 +132,8 @@ class Lockstep:
             if watch():
                 raise StopRequested()
 
-        ran = run_child(job, timeout=timeout, capture=capture, on_snapshot=snapshot,
-                        env={"MASTER_PORT": str(port)})
+        ran = self.runner(job, timeout=timeout, capture=capture, on_snapshot=snapshot,
+                          env={"MASTER_PORT": str(port)})
         if ran.failed:
             self._agent.add(self._key(run, "failures"), 1)
         return ran

@@ -1,7 +1,14 @@
 """`torchrun --nproc_per_node 2 -m gpusync scan`: each rank scans its own process, rank 0 writes
 one merged report (gloo on the CPU, on a virtual CUDA device); a rank that raises is named with
 its error and line; a rank that never reports is named after --rank-timeout. Subprocesses:
-the process boundaries are what is tested."""
+torchrun and its ranks' processes are what is tested.
+
+Each rank runs its jobs in its own process (GPUSYNC_IN_PROCESS=1, runs.runner), not in a child
+of its own, where the point is the ranks' transport and merging (a report, baseline and gate,
+tune, timing, the torchrec example, two nodes): a child per rank imports torch once more per
+run. The rank that raises and the rank that hangs keep the child a user's rank has: a
+failure stopping its peers' children, and a rank whose code never returns, are what that
+boundary is for (tests/trust/test_processes.py stops every rank's child too)."""
 import json
 import os
 import subprocess
@@ -34,18 +41,24 @@ SCRIPT = textwrap.dedent('''
 ''')
 
 
-def gpusync_2_ranks(tmp_path, *args, timeout=240, **env):
-    """`torchrun --standalone --nproc_per_node 2 -m gpusync ARGS` in tmp_path."""
+# Each rank runs its jobs in its own process, not in a child of its own (runs.runner).
+IN_PROCESS = {"GPUSYNC_IN_PROCESS": "1"}
+
+
+def gpusync_2_ranks(tmp_path, *args, timeout=240, child=False, **env):
+    """`torchrun --standalone --nproc_per_node 2 -m gpusync ARGS` in tmp_path; each rank runs
+    the code in its own process unless `child`."""
     return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          "-m", "gpusync", *args], cwd=tmp_path, capture_output=True, text=True,
-        timeout=timeout, env={**os.environ, **DETERMINISTIC, **env})
+        timeout=timeout, env={**os.environ, **DETERMINISTIC, **({} if child else IN_PROCESS),
+                              **env})
 
 
-def torchrun(tmp_path, *args, **env):
+def torchrun(tmp_path, *args, child=False, **env):
     (tmp_path / "ddp.py").write_text(SCRIPT)
     return gpusync_2_ranks(tmp_path, "scan", "ddp.py", "--format", "json", "-o", "r.json",
-                           *args, **env)
+                           *args, child=child, **env)
 
 
 def test_two_ranks_give_one_report_with_each_ranks_counts(tmp_path):
@@ -62,7 +75,7 @@ def test_two_ranks_give_one_report_with_each_ranks_counts(tmp_path):
 
 
 def test_a_rank_that_raises_is_named_with_its_line_and_rank_0_exits_3(tmp_path):
-    proc = torchrun(tmp_path, FAIL_RANK="1")
+    proc = torchrun(tmp_path, child=True, FAIL_RANK="1")
     assert proc.returncode != 0
     line = next(ln for ln in proc.stderr.splitlines() if ln.startswith("gpusync: "))
     assert line.startswith("gpusync: rank 1: the scanned code raised RuntimeError: boom on rank 1")
@@ -73,7 +86,7 @@ def test_a_rank_that_raises_is_named_with_its_line_and_rank_0_exits_3(tmp_path):
 
 
 def test_a_rank_that_never_reports_is_named_after_the_timeout(tmp_path):
-    proc = torchrun(tmp_path, "--rank-timeout", "3", HANG_RANK="1")
+    proc = torchrun(tmp_path, "--rank-timeout", "3", child=True, HANG_RANK="1")
     assert proc.returncode != 0
     assert "rank 1 did not report (it hung or was killed)" in proc.stderr
 
@@ -178,7 +191,7 @@ def test_two_nodes_meet_through_torchruns_c10d_rendezvous(tmp_path):
          "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id",
          "t", "-m", "gpusync", "scan", "ddp.py", "--format", "json", "-o", f"node{n}.json"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, **DETERMINISTIC}) for n in range(2)]
+        env={**os.environ, **DETERMINISTIC, **IN_PROCESS}) for n in range(2)]
     for node in nodes:
         _, err = node.communicate(timeout=240)
         assert node.returncode == 0, err[-2000:]

@@ -36,7 +36,10 @@ def clean_venv(tmp_path_factory):
     if not (python.exists() and (folder / ".stamp").exists()
             and (folder / ".stamp").read_text() == stamp):
         venv.create(folder, with_pip=True, clear=True)
-        run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *CORE])
+        # --no-compile: torch's thousands of modules are not byte-compiled now (about 35 s of
+        # the setup on 2 cores) but by the test's first import of them, those it imports only
+        run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-compile", *CORE])
         (folder / ".stamp").write_text(stamp)
     wheels = tmp_path_factory.mktemp("wheel")
     run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -49,7 +52,10 @@ def clean_venv(tmp_path_factory):
 
 def test_the_installed_cli_works_outside_the_checkout(clean_venv, tmp_path):
     gpusync = clean_venv / "bin" / "gpusync"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # a user's environment; bytecode written (the venv's torch is byte-compiled by the first
+    # command, not at its install: clean_venv)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     from gpusync import __version__
 
@@ -68,29 +74,27 @@ def test_the_installed_cli_works_outside_the_checkout(clean_venv, tmp_path):
     scan = run([gpusync, "scan", "train.py", "--format", "json"], cwd=tmp_path, env=env)
     assert '"op": "item"' in scan.stdout
     run([gpusync, "scan", "sparsenn", "--steps", "1"], cwd=tmp_path, env=env)
-    # what the package holds: every subpackage, the profiles under their own name
+    # what the package holds, in one fresh interpreter: every subpackage of the checkout, each
+    # importing with the core only (first, in pkgutil's order), and the profiles under their
+    # own name
     python = clean_venv / "bin" / "python"
     check = run([python, "-c", textwrap.dedent('''
-        import importlib.resources as r, gpusync, gpusync.integrations.torchrec, gpusync.knobs
-        import gpusync.profiles, pathlib
-        root = pathlib.Path(gpusync.__file__).parent
-        print(sorted(p.name for p in r.files("gpusync.builtin_profiles").iterdir()
-                     if p.name.endswith(".yaml")))
-        print((root / "profiles").exists(), "site-packages" in str(root))
-    ''')], cwd=tmp_path, env=env).stdout.splitlines()
-    assert "'sparsenn.yaml'" in check[0] and check[1] == "False True"
-    # every subpackage of the checkout is in the wheel, and imports with the core only
-    source = sorted(".".join(p.parent.relative_to(ROOT).parts)
-                    for p in (ROOT / "gpusync").rglob("__init__.py"))
-    installed = run([python, "-c", textwrap.dedent("""
-        import importlib, pkgutil, gpusync
+        import importlib, importlib.resources as r, pathlib, pkgutil, gpusync
         names = ["gpusync"] + [m.name for m in pkgutil.walk_packages(gpusync.__path__, "gpusync.")
                                if m.ispkg and m.name != "gpusync.builtin_profiles"]
         for name in names:
             importlib.import_module(name)
         print(" ".join(sorted(names)))
-    """)], cwd=tmp_path, env=env).stdout.split()
-    assert installed == source
+        import gpusync.integrations.torchrec, gpusync.knobs, gpusync.profiles
+        root = pathlib.Path(gpusync.__file__).parent
+        print(sorted(p.name for p in r.files("gpusync.builtin_profiles").iterdir()
+                     if p.name.endswith(".yaml")))
+        print((root / "profiles").exists(), "site-packages" in str(root))
+    ''')], cwd=tmp_path, env=env).stdout.splitlines()
+    source = sorted(".".join(p.parent.relative_to(ROOT).parts)
+                    for p in (ROOT / "gpusync").rglob("__init__.py"))
+    assert check[0].split() == source
+    assert "'sparsenn.yaml'" in check[1] and check[2] == "False True"
     # without torchrec, its profile is a one-line error, not a traceback
     proc = subprocess.run([str(gpusync), "scan", "torchrec_dlrm"], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=300)

@@ -39,8 +39,10 @@ def script(tmp_path, before=RAN, name="x.py"):
 
 
 def shell(command, cwd):
-    """A command line as a user types it: the shell's redirections are what is tested."""
-    env = {**os.environ, **DETERMINISTIC}
+    """A command line as a user types it: the shell's redirections are what is tested, of
+    gpusync's process, so the code runs in it (GPUSYNC_IN_PROCESS=1: runs.runner), not in a
+    child that imports torch once more."""
+    env = {**os.environ, **DETERMINISTIC, "GPUSYNC_IN_PROCESS": "1"}
     return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
                           env=env, timeout=300)
 

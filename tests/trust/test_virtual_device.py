@@ -3,7 +3,10 @@
 runs plainly (`python x.py`, its CPU branch) and under `gpusync scan` (its CUDA branch on the
 virtual device); both print the same, the scan prints no error of its own, and it reports
 exactly the sites marked `# expect:`, which are what a CUDA run syncs (sources cited in
-gpusync/detect/virtual_torch.py, virtual_libs.py and tests/corpus_cuda/README.md)."""
+gpusync/detect/virtual_torch.py, virtual_libs.py and tests/corpus_cuda/README.md). The plain
+run is a process of its own (that is the point); the scan runs in this process (in_process),
+but profiled.py's in gpusync's child: torch.profiler's kineto must start on the thread that
+imported torch (runs/inprocess.py)."""
 import json
 import os
 import pathlib
@@ -16,7 +19,8 @@ import torch
 
 from tests.conftest import DETERMINISTIC, expected_sites, run_main
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build"),
+              pytest.mark.usefixtures("in_process")]
 
 CORPUS_CUDA = pathlib.Path(__file__).resolve().parents[1] / "corpus_cuda"
 _NOT_SCRIPT = ("gpusync", "USDT:")  # gpusync's own lines; kineto's trace markers (both runs)
@@ -133,7 +137,8 @@ def _plain(path: pathlib.Path) -> list[str]:
 
 def _scanned(path: pathlib.Path, capfd) -> tuple[dict, list[str]]:
     """(the JSON report, what the script printed) of `gpusync scan x.py --format json`: the
-    scanned code runs in gpusync's child process, which prints to this process's descriptors."""
+    scanned code prints on run_main's captured stderr (in_process), or to this process's
+    descriptors from gpusync's child (in_child)."""
     capfd.readouterr()
     proc = run_main("scan", path, "--format", "json")
     child = capfd.readouterr()
@@ -156,7 +161,10 @@ def _check(path: pathlib.Path, capfd) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_scripts_run_as_on_a_cuda_build_and_report_what_cuda_syncs(tmp_path, capfd, name):
+def test_scripts_run_as_on_a_cuda_build_and_report_what_cuda_syncs(tmp_path, capfd, name,
+                                                                   request):
+    if name == "profiled.py":
+        request.getfixturevalue("in_child")
     report = _check(_write(tmp_path, name), capfd)
     predicted = {s["op"] for s in report["sites"] if s["predicted"]}
     assert predicted == ({"Stream.synchronize"} if name == "barrier.py" else set())
