@@ -14,6 +14,8 @@ from . import compare, sites
 from .result import Check, Dropped, FixResult, Verified
 from .runner import Plan, Run, Runner
 
+OVERLAP = "with the other patches: "
+
 
 class _Original:
     """The original's run, and (only when a difference needs it) a second run of it: whether
@@ -56,6 +58,9 @@ def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None
     # a remedy that refuses a site another one removed (an `item` of a one_hot, not a
     # logging read) has nothing to tell the user
     result.refused = [r for r in result.refused if r.site not in removed]
+    if any(d.reason.startswith(OVERLAP + "edits overlap") for d in result.dropped):
+        result.notes.append("a patch dropped for editing what a kept one edits may pass on its "
+                            "own: apply this patch and run gpusync fix again")
     progress.close()
     return result
 
@@ -208,6 +213,5 @@ def _one_by_one(result: FixResult, original: _Original, runner: Runner,
         if outcome.failure is None:
             kept.append(v)
         else:
-            result.dropped.append(Dropped(v.proposal, "with the other patches: "
-                                          + outcome.failure))
+            result.dropped.append(Dropped(v.proposal, f"{OVERLAP}{outcome.failure}"))
     return kept

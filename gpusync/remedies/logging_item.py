@@ -59,7 +59,7 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
         return None
     form = {"item": ".item()", "float()": "float(x)", "int()": "int(x)"}[site.op]
     if site.library:
-        return Refusal(NAME, site, f"the read is the library's ({site.library}), under this "
+        return Refusal(NAME, site, f"the read is the library's ({site.library_line}), under this "
                                    "line: not the script's own to move")
     reads = scope.reads_at(source, site.line, site.op)
     if not reads:

@@ -43,6 +43,16 @@ class Site:
     def where(self) -> str:
         return f"{self.file}:{self.line}"
 
+    @property
+    def library_line(self) -> str:
+        """The library line under the user's, as the scan's table shows it
+        ("torch/amp/grad_scaler.py:371 GradScaler._maybe_opt_step"), or ""."""
+        lib = self.library or {}
+        file = str(lib.get("file") or "")
+        for marker in ("site-packages/", "dist-packages/"):
+            file = file.rpartition(marker)[2] if marker in file else file
+        return f"{file}:{lib.get('line')} {lib.get('function') or ''}".strip() if file else ""
+
 
 @dataclass(frozen=True)
 class Proposal:

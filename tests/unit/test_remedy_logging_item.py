@@ -7,7 +7,7 @@ import torch
 
 from gpusync import runs
 from gpusync.remedies import Facts, Proposal, Refusal, logging_item
-from gpusync.remedies.remedy import Site
+from gpusync.remedies.remedy import LibraryLine, Site
 from gpusync.remedies.source import Source, apply, check
 from gpusync.runs.jobs import CandidateJob
 
@@ -272,13 +272,15 @@ def test_reads_used_every_step_or_not_exactly_movable_are_refused_with_the_reaso
 
 
 def test_a_read_a_library_makes_under_the_scripts_line_is_not_the_scripts_to_move():
-    site = Site("item", "t.py", 2, 1.0, 4, "other", library="torch/amp/grad_scaler.py:460")
+    site = Site("item", "t.py", 2, 1.0, 4, "other", library=LibraryLine(
+        file="/venv/site-packages/torch/amp/grad_scaler.py", line=460, function="step"))
     facts = Facts()
     facts.note(logging_item.KIND, {"dtype": "float32", "alias": False}, where=("t.py", 2))
     refusal = logging_item.propose(site, Source("t.py", "for i in r:\n    scaler.step(opt)\n"),
                                    facts)
     assert isinstance(refusal, Refusal)
-    assert refusal.reason.startswith("the read is the library's (torch/amp/grad_scaler.py:460)")
+    assert refusal.reason.startswith(
+        "the read is the library's (torch/amp/grad_scaler.py:460 step)")
 
 
 def test_sites_of_other_ops_are_not_this_remedys():
