@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import io
+import os
 import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +188,7 @@ def apply(text: str, edits: list[Edit]) -> str:
     unique = sorted(set(edits))
     for a, b in zip(unique, unique[1:], strict=False):
         if b.start < a.end:  # insertions at one point are kept, in the sorted order
-            raise EditError(f"edits overlap at {a.path}:{b.start[0]}")
+            raise EditError(f"edits overlap at {os.path.relpath(a.path)}:{b.start[0]}")
     lines = text.splitlines(keepends=True)
     offsets = [0]
     for line in lines:
