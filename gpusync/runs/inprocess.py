@@ -114,6 +114,7 @@ def _as_child(job: Job, output: io.StringIO | None,
              logging.root.manager.disable)
     folder = tempfile.mkdtemp(prefix="gpusync-")
     scan.SCRATCH = folder
+    fresh = _fresh_torch()
     os.environ.update(env or {})
     verbosity.set_level(job.verbosity)
     try:
@@ -132,6 +133,26 @@ def _as_child(job: Job, output: io.StringIO | None,
         logging.disable(off)
         shutil.rmtree(folder, ignore_errors=True)
         _process_group_ended()
+        fresh.close()
+
+
+def _fresh_torch() -> contextlib.ExitStack:
+    """torch's process-wide switches as a fresh interpreter has them, for the job: what this
+    process ran before may have turned them for good (torch.testing's common_utils disables
+    setting cuDNN flags outside `flags()`; torch.compile's first use turns torch.distributions'
+    argument validation off). Put back by closing the stack."""
+    import torch
+
+    stack = contextlib.ExitStack()
+    # torch.backends' functions read their module's own globals (sys.modules holds a wrapper)
+    backends = torch.backends.flags_frozen.__globals__
+    saved = backends["__allow_nonbracketed_mutation_flag"]
+    backends["__allow_nonbracketed_mutation_flag"] = True
+    stack.callback(backends.__setitem__, "__allow_nonbracketed_mutation_flag", saved)
+    validate = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution._validate_args = __debug__
+    stack.callback(setattr, torch.distributions.Distribution, "_validate_args", validate)
+    return stack
 
 
 def _process_group_ended() -> None:

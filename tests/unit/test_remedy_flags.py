@@ -227,8 +227,12 @@ for i in range(2):
 '''
 
 
-def test_observe_notes_the_validating_distributions_and_the_stepped_optimizer(tmp_path):
+def test_observe_notes_the_validating_distributions_and_the_stepped_optimizer(tmp_path,
+                                                                             monkeypatch):
     import runpy
+
+    # as in a fresh process: torch.compile run by another test turns validation off for good
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
 
     path = tmp_path / "t.py"
     path.write_text(OBSERVED)
