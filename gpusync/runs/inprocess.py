@@ -132,8 +132,8 @@ def _as_child(job: Job, output: io.StringIO | None,
         verbosity.set_level(level)
         logging.disable(off)
         shutil.rmtree(folder, ignore_errors=True)
-        _process_group_ended()
         fresh.close()
+        _process_group_ended()
 
 
 def _fresh_torch() -> contextlib.ExitStack:
