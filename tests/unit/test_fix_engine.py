@@ -133,3 +133,26 @@ def test_an_imported_module_of_the_users_is_patched_and_its_bytes_kept(tmp_path,
     assert (tmp_path / "model_lib.py").read_bytes() == module.replace(
         "F.one_hot(y)", "F.one_hot(y, num_classes=NUM_CLASSES)").encode("latin-1")
     assert (tmp_path / "model_lib.py.orig").read_bytes() == module.encode("latin-1")
+
+
+def test_quiet_shows_no_progress_and_the_patch_still_goes_to_stdout(script):
+    proc = run_main("-q", "fix", "train.py", "--only", "right", cwd=script)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert "+    target = F.one_hot(y, num_classes=NUM_CLASSES).float()" in proc.stdout
+    loud = run_main("fix", "train.py", "--only", "right", cwd=script)
+    assert "gpusync fix: verifying 1/1: right at train.py:12" in loud.stderr
+
+
+def test_a_script_that_fails_as_it_is_is_exit_3_with_one_line(script):
+    (script / "bad.py").write_text("import torch\nraise ValueError('broken before training')\n")
+    proc = run_main("fix", "bad.py", cwd=script)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert "gpusync: the script as it is raised ValueError: broken before training" in proc.stderr
+
+
+def test_a_refusal_is_listed_when_nothing_removes_its_site(script, monkeypatch):
+    monkeypatch.setattr(remedies, "REMEDIES", (_stand_in("refuses", refuse="no constant"),))
+    data = json.loads(run_main("fix", "train.py", "--format", "json", cwd=script).stdout)
+    assert [(r["remedy"], r["reason"], r["site"]["line"]) for r in data["refused"]] == [
+        ("refuses", "no constant", 12)]
+    assert data["patches"] == [] and data["diff"] == ""
