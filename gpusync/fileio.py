@@ -149,11 +149,17 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def _replace(path: str, text: str) -> None:
+    replace_bytes(path, text.encode())
+
+
+def replace_bytes(path: str, data: bytes) -> None:
+    """`path` (its link's target) replaced whole by `data`, keeping its mode: a reader sees
+    the old file or the new one, never half of it."""
     target = os.path.realpath(path)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".gpusync-", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _mode_for(target))

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 
 from ..errors import BadInput
+from ..fileio import replace_bytes
 from ..remedies.source import Source
 from .result import FixResult
 
@@ -28,25 +28,6 @@ def apply_patches(result: FixResult) -> list[dict[str, str]]:
     done = []
     for path, backup, data in plans:
         shutil.copy2(path, backup)
-        _replace(path, data)
+        replace_bytes(path, data)
         done.append({"file": os.path.relpath(path), "backup": os.path.relpath(backup)})
     return done
-
-
-def _replace(path: str, data: bytes) -> None:
-    """`path` replaced whole by `data` (its mode kept): never a half-written file."""
-    target = os.path.realpath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(target), prefix=".gpusync-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, os.stat(target).st_mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

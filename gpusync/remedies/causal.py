@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from . import scope
 from .flags import keyword, library, literal
-from .observe import Facts
+from .observe import Facts, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Source
 
@@ -120,11 +120,8 @@ class _IsCausal:
                    patches.add_layer(transformer, "_detect_is_causal_mask", detect),
                    patches.add_layer(torch.Tensor, "to", copy),
                    patches.add_layer(torch.Tensor, "cuda", copy)]
-        try:
+        with layers(handles):
             yield facts
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
 
     def _note(self, facts: Facts, masks: _Masks, mask: Any, size: Any) -> None:
         user = scope.innermost_user_frame()

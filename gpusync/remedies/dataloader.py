@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from . import loop_scope as scope
 from .callsite import call_ending, caller
-from .observe import Facts
+from .observe import Facts, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Edit, Source
 
@@ -136,11 +136,8 @@ def observe(facts: Facts) -> Iterator[Facts]:
                patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
                patches.add_layer(torch.Tensor, "to", watch.copy),
                patches.add_layer(torch.Tensor, "cuda", watch.copy)]
-    try:
+    with layers(handles):
         yield facts
-    finally:
-        for handle in reversed(handles):
-            handle.remove()
 
 
 def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:

@@ -24,7 +24,7 @@ import os
 import weakref
 from typing import Any, Iterator
 
-from .observe import Facts
+from .observe import Facts, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Source, callee_name
 
@@ -124,11 +124,8 @@ class _ValidateArgs:
 
         handles = [patches.add_layer(Distribution, "__init__", init),
                    patches.add_layer(Distribution, "_validate_sample", sample)]
-        try:
+        with layers(handles):
             yield facts
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         file, function = library(site)

@@ -2,9 +2,10 @@
 the script runs (`note`), sent back as JSON, read by the remedies in gpusync's process (`at`)."""
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 _VALUES_KEPT = 16  # distinct values kept per (kind, line): enough to say "constant" or not
 
@@ -77,3 +78,14 @@ def jsonable(value: Any) -> Any:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError):
         return repr(value)
+
+
+@contextlib.contextmanager
+def layers(handles: list) -> Iterator[None]:
+    """An observer's layers (detect/patches.py handles) in place while inside; removed, the
+    last installed first, however the run ends."""
+    try:
+        yield
+    finally:
+        for handle in reversed(handles):
+            handle.remove()

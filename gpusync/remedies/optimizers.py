@@ -19,7 +19,7 @@ import weakref
 from typing import Any, Iterator
 
 from .flags import keyword, library, literal, same_file
-from .observe import Facts
+from .observe import Facts, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Source
 
@@ -72,11 +72,8 @@ class _Fused:
 
         handles = [patches.add_layer(torch.optim.Optimizer, "__init__", init),
                    patches.add_layer(GradScaler, "_maybe_opt_step", opt_step)]
-        try:
+        with layers(handles):
             yield facts
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         file, function = library(site)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from . import scope
-from .observe import Facts, Observed
+from .observe import Facts, Observed, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Edit, Source
 
@@ -58,11 +58,8 @@ class SizeRemedy:
     def observe(self, facts: Facts) -> Iterator[Facts]:
         names = scope.Names()
         handles = self._install(lambda n: self._note(facts, names, n))
-        try:
+        with layers(handles):
             yield facts
-        finally:
-            for handle in reversed(handles):
-                handle.remove()
 
     def _install(self, note: Callable[[int], None]) -> list[Any]:
         raise NotImplementedError
