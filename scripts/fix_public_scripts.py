@@ -16,6 +16,8 @@ import argparse
 import concurrent.futures
 import datetime
 import json
+import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -94,8 +96,9 @@ HEADER = ["script", "syncs/step", "patches kept", "dropped (why)", "refused (why
 
 
 def _doc(rows: list[list[str]], python: str) -> str:
+    machine = f"{platform.platform()}, {os.cpu_count()} cores, no GPU: the virtual CUDA device"
     head = (f"# `gpusync fix` on public training scripts\n\nMade by `python "
-            f"scripts/fix_public_scripts.py` on {datetime.date.today()} ({python}); the "
+            f"scripts/fix_public_scripts.py` on {datetime.date.today()} ({machine}); the "
             "scripts, their sources and edits are those of docs/public-scripts.md. Each "
             "kept patch was applied with `git apply` in a copy of the script's folder and "
             "the patched script scanned again.\n\n")
