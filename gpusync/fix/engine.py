@@ -15,6 +15,7 @@ from .result import Check, Dropped, FixResult, Verified
 from .runner import Plan, Run, Runner
 
 OVERLAP = "with the other patches: "
+TOLERANCE = " (--rtol / --atol admit a patch that only rounds differently)"
 
 
 class _Original:
@@ -164,10 +165,10 @@ def _parity(original: _Original, run: Run, plan: Plan, output: bool) -> tuple[st
         return None, compared
     again = original.again()
     if again is None:
-        return f"differs from the original: {why}", compared
+        return f"differs from the original: {why}{TOLERANCE}", compared
     own, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=True)
     if own is None:
-        return f"differs from the original: {why}", compared
+        return f"differs from the original: {why}{TOLERANCE}", compared
     numbers, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=False)
     if numbers is not None:
         return ("the script does not repeat its own results under the same seeds "
@@ -176,7 +177,7 @@ def _parity(original: _Original, run: Run, plan: Plan, output: bool) -> tuple[st
         return ("the script's printed output varies from run to run: a patch that changes "
                 "what it prints cannot be checked"), compared
     why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=False)
-    return (None if why is None else f"differs from the original: {why}"), \
+    return (None if why is None else f"differs from the original: {why}{TOLERANCE}"), \
         [*compared, "printed output not compared (it varies from run to run)"]
 
 

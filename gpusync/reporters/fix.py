@@ -14,7 +14,13 @@ from .registry import renders
 
 def _site(site: Site) -> dict[str, Any]:
     return {"op": site.op, "file": diff.relative(site.file), "line": site.line,
-            "per_step": site.per_step}
+            "per_step": site.per_step, "library": site.library_line or None}
+
+
+def _where(site: Site) -> str:
+    """file:line, and the library line beneath it (one line of yours may lead to several)."""
+    under = f" (in {site.library_line})" if site.library_line else ""
+    return f"{diff.relative(site.file)}:{site.line}{under}"
 
 
 def _check(check: Check | None) -> dict[str, Any] | None:
@@ -25,12 +31,12 @@ def _check(check: Check | None) -> dict[str, Any] | None:
 
 
 def _not_offered(result: FixResult) -> list[str]:
-    lines = [f"# dropped: {d.proposal.remedy} at {diff.relative(d.proposal.site.file)}:"
-             f"{d.proposal.site.line}: {d.reason}" for d in result.dropped]
-    lines += [f"# not offered: {r.remedy} at {diff.relative(r.site.file)}:{r.site.line}: "
-              f"{r.reason}" for r in result.refused]
-    lines += [f"# no mechanical remedy: {s.op} at {diff.relative(s.file)}:{s.line} "
-              f"({s.per_step:g}/step)" for s in result.unremedied]
+    lines = [f"# dropped: {d.proposal.remedy} at {_where(d.proposal.site)}: {d.reason}"
+             for d in result.dropped]
+    lines += [f"# not offered: {r.remedy} at {_where(r.site)}: {r.reason}"
+              for r in result.refused]
+    lines += [f"# no mechanical remedy: {s.op} at {_where(s)} ({s.per_step:g}/step)"
+              for s in result.unremedied]
     lines += [f"# note: {n}" for n in result.notes]
     return lines
 
