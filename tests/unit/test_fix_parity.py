@@ -1,0 +1,36 @@
+"""gpusync fix's parity when the script does not repeat itself: a difference counts only if
+the original, run again with the same seeds, repeats its own results."""
+import json
+
+import pytest
+
+from gpusync import remedies
+from tests.conftest import run_main
+from tests.unit.test_fix_engine import SCRIPT, _stand_in
+
+pytestmark = pytest.mark.usefixtures("in_process")
+
+
+@pytest.fixture
+def right(monkeypatch):
+    monkeypatch.setattr(remedies, "REMEDIES", (_stand_in("right", "NUM_CLASSES"),))
+
+
+def test_printed_timings_are_not_compared_and_the_patch_is_kept(tmp_path, right):
+    (tmp_path / "train.py").write_text(SCRIPT.replace('print("done"', 'import time\nprint('
+                                                      'time.perf_counter_ns())\nprint("done"'))
+    data = json.loads(run_main("fix", "train.py", "--format", "json", cwd=tmp_path).stdout)
+    [patch] = data["patches"]
+    assert "printed output not compared (it varies from run to run)" in \
+        patch["verification"]["parity"]
+
+
+def test_losses_that_do_not_repeat_under_the_same_seeds_cannot_be_proved(tmp_path, right):
+    unseeded = SCRIPT.replace("torch.manual_seed(0)\n", "import os\ntorch.manual_seed("
+                              "int.from_bytes(os.urandom(4), 'little'))\n")
+    (tmp_path / "train.py").write_text(unseeded)
+    data = json.loads(run_main("fix", "train.py", "--format", "json", cwd=tmp_path).stdout)
+    assert data["patches"] == []
+    [dropped] = data["dropped"]
+    assert dropped["reason"].startswith("the script does not repeat its own results under "
+                                        "the same seeds")
