@@ -56,6 +56,12 @@ def is_users(filename: str) -> bool:
     return _kind(filename) == _USER
 
 
+def is_machinery(filename: str) -> bool:
+    """True for what is never shown: gpusync's own, the tools running it, the standard
+    library, torch's thin wrappers of ops and modules (not a library's own line)."""
+    return _kind(filename) == _MACHINERY
+
+
 def is_internal(filename: str) -> bool:
     """True for torch's frames and the machinery's (gpusync, its tools, the standard library):
     code in which no hook of the user's or of another library runs."""

@@ -66,7 +66,7 @@ def _keyword_of(frame: Any) -> str | None:
             name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             detected = detected or name
             through = through or name == "Transformer.forward"
-        elif frames._kind(frame.f_code.co_filename) != frames._MACHINERY:
+        elif not frames.is_machinery(frame.f_code.co_filename):
             return None
         frame = frame.f_back
     return _KEYWORDS.get((detected, through))

@@ -47,7 +47,7 @@ def user_frame(skip: int = 2) -> FrameType | None:
         file = frame.f_code.co_filename
         if frames.is_users(file):
             return frame
-        if frames._kind(file) != frames._MACHINERY:  # a library's frame: not the user's call
+        if not frames.is_machinery(file):  # a library's frame: not the user's call
             return None
         frame = frame.f_back
     return None
