@@ -1,11 +1,13 @@
 """`gpusync fix`: a verified patch for every sync of a script that has a mechanical remedy."""
 from __future__ import annotations
 
+import os
 import shlex
 import tempfile
 
 import click
 
+from .. import verbosity
 from ..detect.session import MODES
 from ..errors import BadInput
 from ..reporters import render_as
@@ -70,6 +72,8 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
     script = parse_target(target)
     if not isinstance(script, ScriptTarget):
         raise BadInput(f"gpusync fix edits a script (train.py); {target!r} is not one")
+    if apply_ and os.path.lexists(f"{target}.orig"):  # before minutes of runs, not after
+        raise BadInput(f"{target}.orig exists (move it away to keep it); nothing written")
     settings = {}
     if tuned:
         from ..tune_script import load_tuned
@@ -79,20 +83,45 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
         plan = Plan(target, str(script.path), tuple(script_args), _mode(mode), steps, warmup,
                     seed, rtol, atol, timeout, folder, settings)
         result = fix_script(plan, tuple(only))
-    result.command = "gpusync fix " + shlex.join([target, *(["--", *script_args]
-                                                          if script_args else [])])
-    if apply_ and result.texts:
-        from ..fix.write import apply_patches
-
-        result.applied = apply_patches(result)
-        for done in result.applied:
-            click.echo(f"gpusync fix: patched {done['file']} (the original is "
-                       f"{done['backup']})", err=True)
+    result.command = _command(click.get_current_context(), target, script_args)
+    if apply_:
+        _apply(result, fmt)
     text = render_as("fix", result, fmt)
     if output:
         outputs.deliver(output, text, "patch" if fmt == "diff" else "report")
-    elif not (apply_ and fmt == "diff"):
+    else:
         click.echo(text, nl=False)
+
+
+def _apply(result, fmt: str) -> None:
+    """--apply: the files written (the patch printed first when they cannot be)."""
+    from ..errors import GpusyncError
+    from ..fix.write import apply_patches
+
+    if not result.texts:
+        verbosity.info("gpusync fix: nothing to apply: no patch was verified")
+        return
+    try:
+        result.applied = apply_patches(result)
+    except GpusyncError:
+        click.echo(render_as("fix", result, fmt), nl=False)  # what was verified is not lost
+        raise
+    for done in result.applied:
+        verbosity.info(f"gpusync fix: patched {done['file']} (the original is "
+                       f"{done['backup']})")
+
+
+def _command(ctx: click.Context, target: str, script_args) -> str:
+    """The command line as the user gave it (the options that change what runs)."""
+    words = ["gpusync", "fix", target]
+    for name in ("steps", "warmup", "mode", "seed", "rtol", "atol", "tuned"):
+        param = next(p for p in ctx.command.params if p.name == name)
+        value = ctx.params[name]
+        if value is not None and value != param.default:
+            words += [f"--{name}", str(value)]
+    for name in ctx.params["only"]:
+        words += ["--only", name]
+    return shlex.join([*words, *(["--", *script_args] if script_args else [])])
 
 
 def _mode(mode: str) -> str:

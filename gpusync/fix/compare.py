@@ -3,6 +3,7 @@ same seeds set before each. Identical unless the user allows a tolerance."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 
@@ -59,9 +60,34 @@ def parity(base: dict, other: dict, rtol: float, atol: float, output: bool) -> t
     exact = "identical" if rtol == atol == 0 else f"within rtol={rtol:g} atol={atol:g}"
     why = losses(base["losses"], other["losses"], rtol, atol)
     why = why or parameters(base["parameters"], other["parameters"], rtol, atol)
-    compared = [f"{len(base['losses'])} losses {exact}",
-                f"{len(base['parameters'])} final parameters {exact}"]
+    compared = [f"{len(base['losses'])} losses {exact}" if base["losses"] else
+                "no loss to compare (nothing called backward())",
+                f"{len(base['parameters'])} final parameters {exact}" if base["parameters"] else
+                "no parameters to compare (no torch.optim optimizer was built)"]
     if output:
         why = why or printed(base["printed"], other["printed"])
         compared.append("printed output identical")
     return why, compared
+
+
+_NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+
+
+def printed_steady(base: str, again: str, other: str) -> tuple[str | None, bool]:
+    """(why `other` printed differently from `base`, whether the comparison could be made),
+    where the original printed `base` and, run again with the same seeds, `again`: a number
+    that differs between those two (a timing) is not compared; all else is, character for
+    character. Not comparable when the original's lines do not line up from run to run."""
+    lines = [text.splitlines() for text in (base, again, other)]
+    if len(lines[0]) != len(lines[1]):
+        return None, False
+    if len(lines[2]) != len(lines[0]):
+        return f"it printed {len(lines[2])} lines, the original {len(lines[0])}", True
+    for n, (b, a, o) in enumerate(zip(*lines, strict=True), 1):
+        parts = [_NUMBER.split(line) for line in (b, a, o)]
+        if len(parts[0]) != len(parts[1]):
+            return None, False
+        if len(parts[2]) != len(parts[0]) or any(
+                x == y and z != x for x, y, z in zip(*parts, strict=True)):
+            return f"printed line {n} is {o!r}, the original printed {b!r}", True
+    return None, True

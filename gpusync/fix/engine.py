@@ -95,7 +95,7 @@ def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
                 fresh.append(answer)
         if fresh:
             groups.append(fresh)
-        if not answered:
+        if not answered and not only:  # with --only, the others' sites are not judged
             result.unremedied.append(site)
     return groups
 
@@ -158,27 +158,40 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
 def _parity(original: _Original, run: Run, plan: Plan, output: bool) -> tuple[str | None,
                                                                                 list[str]]:
     """Losses and final parameters (and what it printed) as the original's; a difference
-    counts only if the original repeats its own results under the same seeds."""
+    counts only if the original repeats its own results under the same seeds. Numbers the
+    original prints differently from one run to the next (timings) are not compared."""
     base = original.run.record
     why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=True)
     if why is None:
         return None, compared
     again = original.again()
-    if again is None:
-        return f"differs from the original: {why}{TOLERANCE}", compared
-    own, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=True)
-    if own is None:
-        return f"differs from the original: {why}{TOLERANCE}", compared
+    own = None if again is None else compare.parity(base, again.record, plan.rtol, plan.atol,
+                                                     output=True)[0]
+    if again is None or own is None:
+        return _differs(why), compared
     numbers, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=False)
     if numbers is not None:
         return ("the script does not repeat its own results under the same seeds "
                 f"({numbers}): parity cannot be proved (a tolerance: --rtol / --atol)"), compared
-    if output:
-        return ("the script's printed output varies from run to run: a patch that changes "
-                "what it prints cannot be checked"), compared
     why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=False)
-    return (None if why is None else f"differs from the original: {why}{TOLERANCE}"), \
-        [*compared, "printed output not compared (it varies from run to run)"]
+    if why is not None:
+        return _differs(why), compared
+    steady, comparable = compare.printed_steady(base["printed"], again.record["printed"],
+                                                run.record["printed"])
+    if steady is not None:
+        return _differs(steady), compared
+    if not comparable:
+        if output:
+            return ("what the script prints changes shape from run to run: a patch that "
+                    "moves what it prints cannot be checked"), compared
+        return None, [*compared, "printed output not compared (it varies from run to run)"]
+    return None, [*compared, "printed output identical but for the numbers that vary from run "
+                             "to run (timings)"]
+
+
+def _differs(why: str) -> str:
+    printed = why.startswith(("printed line", "it printed"))
+    return f"differs from the original: {why}{'' if printed else TOLERANCE}"
 
 
 def _combine(result: FixResult, original: _Original, runner: Runner,

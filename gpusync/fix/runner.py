@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import runs, verbosity
+from .. import errors, runs, verbosity
 from ..errors import UserCodeError
 from ..remedies import Facts, Site
 from . import compare
@@ -41,6 +41,7 @@ class Runner:
     def __init__(self, plan: Plan):
         self.plan = plan
         self.count = 0
+        self.last: runs.ChildResult | None = None  # the latest run's result
 
     def run(self, sources: dict[str, str], observe: bool = False) -> tuple[Run | None, str]:
         """(the run, "") or (None, why it failed)."""
@@ -52,7 +53,8 @@ class Runner:
                                 plan.script_args, seed=plan.seed, sources=sources,
                                 observe=observe, record=path)
         result, failure = runs.candidate(job, plan.timeout)
-        if failure is not None and verbosity.verbose() and result.output:
+        self.last = result
+        if failure is not None and verbosity.verbose() and result.output and sources:
             sys.stderr.write(f"gpusync fix: run {self.count} {failure}:\n{result.output}\n")
         if failure is not None or result.report is None or not os.path.exists(path):
             return None, failure or "it ended before its report was written"
@@ -63,7 +65,15 @@ class Runner:
 
     def original(self) -> Run:
         run, failure = self.run({}, observe=True)
-        if run is None:
-            raise UserCodeError(f"the script as it is {failure}")
+        if run is None:  # as scan says it: where it raised, and what the script printed last
+            last = self.last or runs.ChildResult(runs.Status.RUNNING)
+            where = errors.raised_at(last.traceback)
+            hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
+            if verbosity.verbose() and last.traceback:
+                sys.stderr.write(last.traceback)
+            trace = "\n".join(last.traceback.rstrip().splitlines()[-12:])  # candidate_failure's
+            printed = last.output.strip().removesuffix(trace).strip()
+            raise UserCodeError(f"the script as it is {failure}{where}{hint}"
+                                + (f"\nwhat it printed last:\n{printed}" if printed else ""))
         run.facts.settings = dict(self.plan.tuned)
         return run

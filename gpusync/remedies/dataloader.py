@@ -268,4 +268,8 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
                            " pin_memory may be among them")
     if len(call.args) > _PIN_MEMORY_AT or any(isinstance(a, ast.Starred) for a in call.args):
         raise _Refused(f"the DataLoader at line {line} may pass pin_memory by position")
-    return source.set_keyword(call, "pin_memory", "True")
+    # pinning asks for an accelerator: where there is none, pin_memory=True only warns each
+    # time the loader is iterated; a script that also runs on a CPU stays quiet there
+    torch = source.imported_as("torch")
+    return source.set_keyword(call, "pin_memory",
+                              f"{torch}.cuda.is_available()" if torch else "True")

@@ -106,6 +106,15 @@ class Source:
                 return parent
         return None
 
+    def imported_as(self, module: str) -> str | None:
+        """The name `import module` (or `import module as name`) binds in this file, if any."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name == module:
+                        return alias.asname or module
+        return None
+
     def calls_at(self, line: int, *names: str) -> list[ast.Call]:
         """The calls whose span covers `line` and whose callee's last name is one of `names`
         (`F.one_hot(...)`, `one_hot(...)`, `x.nonzero()`), innermost first."""

@@ -171,11 +171,9 @@ def _torch_name(source: Source, call: ast.Call) -> str:
     """The name torch goes by where `call` (torch.tensor, th.tensor, tensor) is."""
     if isinstance(call.func, ast.Attribute):
         return source.segment(call.func.value)
-    for node in ast.walk(source.tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name == "torch":
-                    return alias.asname or "torch"
+    name = source.imported_as("torch")
+    if name is not None:
+        return name
     raise _Refused("tensor(...) is called by its bare name and the file imports no torch to "
                    "ask torch.cuda.is_available() of")
 

@@ -139,8 +139,9 @@ def test_quiet_shows_no_progress_and_the_patch_still_goes_to_stdout(script):
     proc = run_main("-q", "fix", "train.py", "--only", "right", cwd=script)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     assert "+    target = F.one_hot(y, num_classes=NUM_CLASSES).float()" in proc.stdout
-    loud = run_main("fix", "train.py", "--only", "right", cwd=script)
+    loud = run_main("fix", "train.py", "--only", "right", "--format", "json", cwd=script)
     assert "gpusync fix: verifying 1/1: right at train.py:12" in loud.stderr
+    assert json.loads(loud.stdout)["unremedied"] == []  # --only judges no other site
 
 
 def test_a_script_that_fails_as_it_is_is_exit_3_with_one_line(script):

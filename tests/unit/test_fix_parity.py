@@ -5,6 +5,7 @@ import json
 import pytest
 
 from gpusync import remedies
+from gpusync.fix import compare
 from tests.conftest import run_main
 from tests.unit.test_fix_engine import SCRIPT, _stand_in
 
@@ -17,12 +18,13 @@ def right(monkeypatch):
 
 
 def test_printed_timings_are_not_compared_and_the_patch_is_kept(tmp_path, right):
+    """The numbers the original prints differently from one run to the next are left out."""
     (tmp_path / "train.py").write_text(SCRIPT.replace('print("done"', 'import time\nprint('
                                                       'time.perf_counter_ns())\nprint("done"'))
     data = json.loads(run_main("fix", "train.py", "--format", "json", cwd=tmp_path).stdout)
     [patch] = data["patches"]
-    assert "printed output not compared (it varies from run to run)" in \
-        patch["verification"]["parity"]
+    assert "printed output identical but for the numbers that vary from run to run " \
+        "(timings)" in patch["verification"]["parity"]
 
 
 def test_losses_that_do_not_repeat_under_the_same_seeds_cannot_be_proved(tmp_path, right):
@@ -34,3 +36,14 @@ def test_losses_that_do_not_repeat_under_the_same_seeds_cannot_be_proved(tmp_pat
     [dropped] = data["dropped"]
     assert dropped["reason"].startswith("the script does not repeat its own results under "
                                         "the same seeds")
+
+
+def test_only_the_numbers_that_vary_between_two_runs_of_the_original_are_left_out():
+    base = "| epoch 1 | ms/batch 12.31 | loss 7.25\ndone\n"
+    again = "| epoch 1 | ms/batch 11.07 | loss 7.25\ndone\n"
+    assert compare.printed_steady(base, again, base.replace("12.31", "9.5")) == (None, True)
+    why, comparable = compare.printed_steady(base, again, base.replace("7.25", "7.26"))
+    assert comparable and why.startswith("printed line 1 is ")
+    assert compare.printed_steady(base, again, "done\n") == (
+        "it printed 1 lines, the original 2", True)
+    assert compare.printed_steady(base, "other\n", base) == (None, False)

@@ -64,7 +64,8 @@ def test_the_loader_pins_and_every_copy_of_its_batches_is_non_blocking():
     assert isinstance(first, Proposal) and first.remedy == "dataloader.pin_memory"
     out = apply(TRAIN, list(first.edits))
     check(PATH, out)
-    assert out == TRAIN.replace("batch_size=8)", "batch_size=8, pin_memory=True)").replace(
+    assert out == TRAIN.replace("batch_size=8)", "batch_size=8, "
+                                "pin_memory=torch.cuda.is_available())").replace(
         "x.to(device), y.to(device)", "x.to(device, non_blocking=True), "
         "y.to(device, non_blocking=True)").replace("x.cuda()", "x.cuda(non_blocking=True)")
     assert "pin_memory=True on the DataLoader at line 3" in first.summary
@@ -187,7 +188,7 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     assert dataloader.propose(next(s for s in sites if s.line == 11), Source.read(path),
                               facts) is None
     patched = apply(SCRIPT, list(proposal.edits))
-    assert "shuffle=True, pin_memory=True)" in patched
+    assert "shuffle=True, pin_memory=torch.cuda.is_available())" in patched
     after = _run(path, {file: patched}, record=str(tmp_path / "after.pt"))
     assert not [s for s in after.report["sites"] if s["line"] == 12 and s["per_step"]]
     assert {s["line"] for s in after.report["sites"] if s["per_step"]} == {11, 17}
