@@ -1,7 +1,8 @@
 """`gpusync scan --gpu NAME`: the cost model's prediction per site and per step, end to end
 (the scanned script runs in gpusync's child on the virtual CUDA device: a fresh process, where
 whether the scan imported the cost model shows). Nothing timed: the assertions hold for any
-host calibration (the matmuls' device time dwarfs the host's)."""
+host calibration and any host time measured between the ops (the matmuls' device time
+dwarfs the host's on a quiet machine; on a loaded one the step is predicted host-bound)."""
 import json
 import textwrap
 
@@ -62,8 +63,13 @@ def test_json_has_the_prediction_and_validates(scanned):
     for line in (AFTER, RIGHT_AFTER):
         assert sites[line]["blocks"] == ["cuda_graphs", "torch.compile"]  # .item()
         assert sites[line]["payoff_ms"] is not None
-    # the read after the matmuls waits for them; the one right after it only for its copy
-    assert sites[AFTER]["predicted_stall_ms"] > 10 * sites[RIGHT_AFTER]["predicted_stall_ms"]
+    # the read after the matmuls waits for them; the one right after it only for its copy.
+    # Unless the host's measured Python between the ops was the slower (a loaded machine
+    # preempting the scan for milliseconds): then the device is idle at both reads, and the
+    # step is host-bound, which the prediction must then say
+    assert sites[AFTER]["predicted_stall_ms"] >= sites[RIGHT_AFTER]["predicted_stall_ms"]
+    if step["bound"] == "device":
+        assert sites[AFTER]["predicted_stall_ms"] > 10 * sites[RIGHT_AFTER]["predicted_stall_ms"]
     assert sites[RIGHT_AFTER]["predicted_stall_ms"] < 0.01
     assert report["cost"]["timeline"]["device"]  # the kernels of the drawn step
 
