@@ -171,7 +171,9 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
 def _summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
     pinned = [b[1] for b, e in pins if e is not None]
     already = [b[1] for b, e in pins if e is None]
-    what = (f"pin_memory=True on the DataLoader at {_lines(pinned)}" if pinned else
+    value = next((e.text.partition("pin_memory=")[2].rstrip(",") for _, e in pins
+                  if e is not None), "True")
+    what = (f"pin_memory={value} on the DataLoader at {_lines(pinned)}" if pinned else
             f"the DataLoader at {_lines(already)} pins its batches already")
     return (f"{what}; non_blocking=True on the copies of its batches at {_lines(lines)}: they copy "
             "the tensors it yields as it yields them, pinned, so the host no longer waits for "

@@ -68,7 +68,7 @@ def test_the_loader_pins_and_every_copy_of_its_batches_is_non_blocking():
                                 "pin_memory=torch.cuda.is_available())").replace(
         "x.to(device), y.to(device)", "x.to(device, non_blocking=True), "
         "y.to(device, non_blocking=True)").replace("x.cuda()", "x.cuda(non_blocking=True)")
-    assert "pin_memory=True on the DataLoader at line 3" in first.summary
+    assert "pin_memory=torch.cuda.is_available() on the DataLoader at line 3" in first.summary
     assert "at lines 5, 8" in first.summary
     other = dataloader.propose(site(8), source, facts)  # the same edits: one proposal
     assert isinstance(other, Proposal) and other.edits == first.edits
