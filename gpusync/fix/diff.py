@@ -49,10 +49,15 @@ def hunks(result: FixResult) -> list[Hunk]:
                      for line in lines]
             header = f"@@ -{_range(i1, i2 - i1)} +{_range(j1, j2 - j1)} @@"
             touched = [v for v in result.patches if any(
-                e.path == path and i1 < e.end[0] + 1 and e.start[0] <= i2 + 1
-                for e in v.proposal.edits)]
+                e.path == path and i1 < _line(v, e.path, e.end[0]) + 1
+                and _line(v, e.path, e.start[0]) <= i2 + 1 for e in v.proposal.edits)]
             out.append(Hunk(relative(path), header, lines, touched))
     return out
+
+
+def _line(v: Verified, path: str, line: int) -> int:
+    """An edit's line in the original text (a second round's edit was made on the first's)."""
+    return (v.lines or {}).get(path, {}).get(line, line)
 
 
 def _removes(hunk: Hunk) -> str:

@@ -7,6 +7,7 @@ import dataclasses
 import os
 
 from .. import remedies as remedies_pkg
+from ..errors import GpusyncError
 from ..progress import Progress
 from ..remedies import Proposal, Refusal
 from ..remedies.source import EditError, Source, apply, check
@@ -44,17 +45,11 @@ def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None
     result = FixResult(plan.target, "", plan.mode, plan.seed, plan.steps,
                        original.run.syncs_per_step)
     files: dict[str, Source] = {}
-    candidates = _propose(original.run, files, only, result)
-    for k, group in enumerate(candidates, 1):
-        for proposal in group:  # a site's proposals in the remedies' order: the first proved
-            progress.stage(f"verifying {k}/{len(candidates)}: {proposal.remedy} at "
-                           f"{os.path.relpath(proposal.site.file)}:{proposal.site.line}")
-            outcome = _verify([proposal], original, runner, files, plan)
-            if outcome.failure is None:
-                result.patches.append(Verified(proposal, outcome))
-                break
-            result.dropped.append(Dropped(proposal, outcome.failure))
-    _combine(result, original, runner, files, plan, progress)
+    _round(_propose(original.run, files, only, result), result, original, files, plan,
+           progress)
+    overlapped = [d for d in result.dropped if d.reason.startswith(OVERLAP + "edits overlap")]
+    if overlapped and result.texts:
+        _second_round(result, overlapped, files, plan, only, progress)
     removed = {s for v in result.patches for s in (v.proposal.site, *v.proposal.also)}
     # a remedy that refuses a site another one removed (an `item` of a one_hot, not a
     # logging read) has nothing to tell the user
@@ -62,19 +57,65 @@ def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None
     if any(d.reason.startswith(OVERLAP + "edits overlap") for d in result.dropped):
         result.notes.append("a patch dropped for editing what a kept one edits may pass on its "
                             "own: apply this patch and run gpusync fix again")
+
     progress.close()
     return result
 
 
+def _round(candidates: list[list[Proposal]], result: FixResult, original: _Original,
+           files: dict[str, Source], plan: Plan, progress: Progress) -> None:
+    """Verify each site's proposals (in the remedies' order: the first proved is kept), then
+    the kept ones together."""
+    for k, group in enumerate(candidates, 1):
+        for proposal in group:
+            progress.stage(f"verifying {k}/{len(candidates)}: {proposal.remedy} at "
+                           f"{os.path.relpath(proposal.site.file)}:{proposal.site.line}")
+            outcome = _verify([proposal], original, original.runner, files, plan)
+            if outcome.failure is None:
+                result.patches.append(Verified(proposal, outcome))
+                break
+            result.dropped.append(Dropped(proposal, outcome.failure))
+    _combine(result, original, original.runner, files, plan, progress)
+
+
+def _second_round(result: FixResult, overlapped: list[Dropped], files: dict[str, Source],
+                  plan: Plan, only: tuple[str, ...], progress: Progress) -> None:
+    """The proposals dropped for editing what a kept patch edits, proposed again on the
+    patched text (one remedy's edit made, the other's is one more), verified against it."""
+    first = {path: after for path, (_, after) in result.texts.items()}
+    progress.stage("second round: the patches that overlapped kept ones, on the patched text")
+    try:
+        patched = _Original(Runner(plan, base=first, name="second"))
+    except GpusyncError:
+        return  # the first round's combined check passed: not expected; keep what it proved
+    ahead = {path: sites.LineMap.of(files[path].text, text) for path, text in first.items()}
+    wanted = {sites.key(d.proposal.site, ahead): d for d in overlapped}
+    files2 = {path: Source(path, text, files[path].encoding) for path, text in first.items()}
+    second = FixResult(plan.target, "", plan.mode, plan.seed, plan.steps,
+                       patched.run.syncs_per_step)
+    _round(_propose(patched.run, files2, only, second, keep=lambda s: sites.key(s) in wanted),
+           second, patched, files2, plan, progress)
+    if not second.patches or second.syncs_after is None:
+        return
+    back = {path: sites.LineMap.of(text, files[path].text).old_to_new
+            for path, text in first.items()}
+    fixed = {id(wanted[sites.key(v.proposal.site)]) for v in second.patches}
+    result.dropped = [d for d in result.dropped if id(d) not in fixed]
+    result.patches += [dataclasses.replace(v, lines=back) for v in second.patches]
+    result.texts.update({path: (files[path].text, after)
+                         for path, (_, after) in second.texts.items()})
+    result.combined, result.syncs_after = second.combined, second.syncs_after
+
+
 def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
-             result: FixResult) -> list[list[Proposal]]:
+             result: FixResult, keep=lambda site: True) -> list[list[Proposal]]:
     """Per site that syncs every step, the proposals of the remedies that know it, in the
     remedies' order. A proposal whose edits another site's proposal made already (two copies of
     one DataLoader's batch) counts once: that site is added to the first one's `also`."""
     chosen = [r for r in remedies_pkg.REMEDIES if not only or set(names(r)) & set(only)]
     groups: list[list[Proposal]] = []
     where: dict[tuple, tuple[int, int]] = {}  # (remedy, edits) -> (group, position)
-    for site in sites.per_step(original.sites):
+    for site in filter(keep, sites.per_step(original.sites)):
         source = _source(site.file, files)
         fresh: list[Proposal] = []
         answered = False

@@ -23,6 +23,9 @@ class Check:
 class Verified:
     proposal: Proposal
     check: Check
+    # a second round's patch: its edits' lines are in the first round's patched text; this
+    # maps them to the original's ({path: {patched line: original line}})
+    lines: dict[str, dict[int, int]] | None = None
 
 
 @dataclass

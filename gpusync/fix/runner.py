@@ -38,8 +38,10 @@ class Run:
 
 
 class Runner:
-    def __init__(self, plan: Plan):
-        self.plan = plan
+    def __init__(self, plan: Plan, base: dict[str, str] | None = None, name: str = "run"):
+        self.plan, self.name = plan, name
+        # texts every run has in place of the user's files (a second round: the first's patch)
+        self.base = dict(base or {})
         self.count = 0
         self.last: runs.ChildResult | None = None  # the latest run's result
 
@@ -47,7 +49,8 @@ class Runner:
         """(the run, "") or (None, why it failed)."""
         plan = self.plan
         self.count += 1
-        path = os.path.join(plan.folder, f"run{self.count}.pt")
+        path = os.path.join(plan.folder, f"{self.name}{self.count}.pt")
+        sources = {**self.base, **sources}
         job = runs.CandidateJob(plan.target, plan.mode, plan.warmup,
                                 plan.steps, 1, {}, True,
                                 plan.script_args, seed=plan.seed, sources=sources,

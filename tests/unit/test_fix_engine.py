@@ -157,3 +157,31 @@ def test_a_refusal_is_listed_when_nothing_removes_its_site(script, monkeypatch):
     assert [(r["remedy"], r["reason"], r["site"]["line"]) for r in data["refused"]] == [
         ("refuses", "no constant", 12)]
     assert data["patches"] == [] and data["diff"] == ""
+
+
+def test_a_patch_that_overlaps_a_kept_one_is_proposed_again_on_the_patched_text(tmp_path,
+                                                                                 monkeypatch):
+    """Two remedies edit one expression: the first's patch is kept, the second is proposed
+    again on the patched text (a second round) and both land in the one diff."""
+    (tmp_path / "train.py").write_text(SCRIPT.replace(
+        "F.one_hot(y).float()", 'F.one_hot(y + torch.tensor(0, device="cuda")).float()'))
+
+    def hoist(site, source, facts):
+        calls = source.calls_at(site.line, "one_hot")
+        if site.op != "H2D copy (torch.tensor)" or not calls:
+            return None
+        loop = source.loop(calls[0])
+        return Proposal("hoist", site, (
+            source.insert_before(loop, 'ZERO = torch.tensor(0, device="cuda")'),
+            source.replace(calls[0], "F.one_hot(y + ZERO)")), "hoisted")
+
+    monkeypatch.setattr(remedies, "REMEDIES", (
+        types.SimpleNamespace(NAME="hoist", observe=lambda f: contextlib.nullcontext(),
+                              propose=hoist), _stand_in("right", "NUM_CLASSES")))
+    proc = run_main("fix", "train.py", "--format", "json", cwd=tmp_path)
+    data = json.loads(proc.stdout)
+    assert [p["remedy"] for p in data["patches"]] == ["hoist", "right"], proc.stderr
+    assert data["dropped"] == [] and data["notes"] == []
+    assert "second round" in proc.stderr
+    assert '+    target = F.one_hot(y + ZERO, num_classes=NUM_CLASSES).float()' in data["diff"]
+    assert data["hunks"][0]["remedies"] == ["hoist", "right"]
