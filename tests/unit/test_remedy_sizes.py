@@ -6,11 +6,10 @@ import runpy
 import pytest
 import torch
 
-from gpusync import runs
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site
 from gpusync.remedies.sizes import NONZERO, ONE_HOT, REPEAT_INTERLEAVE
 from gpusync.remedies.source import Source, apply, check
-from gpusync.runs.jobs import CandidateJob
+from tests.unit.remedy_runs import candidate_run
 
 
 def _site(op, line, file="t.py"):
@@ -232,10 +231,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     path.write_text(E2E)
 
     def run(record, **kw):
-        job = CandidateJob(target=str(path), mode="simulate", warmup=1, steps=3, scan=True,
-                           seed=0, record=str(tmp_path / record), **kw)
-        result, failure = runs.candidate(job, timeout=120)
-        assert failure is None, failure
+        result = candidate_run(path, steps=3, record=tmp_path / record, **kw)
         return result, torch.load(tmp_path / record)
 
     before, original = run("a.pt", observe=True)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from gpusync import remedies, runs
+from gpusync import remedies
 from gpusync.remedies import Facts, Proposal, Refusal, Site, dataloader, tensor_list
 from gpusync.remedies.source import Source, apply, check
-from gpusync.runs.jobs import CandidateJob
+from tests.unit.remedy_runs import candidate_run
 
 pytestmark = pytest.mark.usefixtures("in_process")
 
@@ -213,11 +213,7 @@ SCRIPT = textwrap.dedent('''
 
 
 def _run(path, sources=None, record=None):
-    job = CandidateJob(target=str(path), mode="simulate", warmup=1, steps=2, scan=True, seed=0,
-                       observe=sources is None, record=record, sources=sources or {})
-    result, failure = runs.candidate(job, timeout=120)
-    assert failure is None, failure
-    return result
+    return candidate_run(path, steps=2, record=record, sources=sources, observe=sources is None)
 
 
 def test_observed_and_proved_on_a_training_script(tmp_path):
