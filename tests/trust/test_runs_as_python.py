@@ -152,6 +152,7 @@ def test_forked_dataloader_workers(tmp_path, capfd, options):
 
 SPAWNS = textwrap.dedent('''
     import multiprocessing as mp
+    import sys
     import torch
     import torch.multiprocessing as tmp
     from torch.utils.data import DataLoader, TensorDataset
@@ -164,7 +165,8 @@ SPAWNS = textwrap.dedent('''
         if q is not None:
             q.put(total)
         else:
-            print("rank", rank, total)
+            # one write (print writes each word apart unbuffered): the two ranks print at once
+            sys.stdout.write(f"rank {rank} {total}\\n")
 
 
     if __name__ == "__main__":
