@@ -10,7 +10,7 @@ from gpusync.remedies.causal import IS_CAUSAL
 from gpusync.remedies.flags import CLIP_GRAD_NORM, VALIDATE_ARGS
 from gpusync.remedies.optimizers import FUSED
 from gpusync.remedies.source import Source, apply, check
-from tests.unit.remedy_runs import candidate_run
+from tests.unit.remedy_runs import recorded_run
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/"
 
@@ -178,11 +178,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
 
-    def run(record, **kw):
-        result = candidate_run(path, steps=3, record=tmp_path / record, **kw)
-        return result, torch.load(tmp_path / record)
-
-    before, original = run("a.pt", observe=True)
+    before, original = recorded_run(path, tmp_path / "a.pt", steps=3, observe=True)
     facts, source = Facts.from_json(before.facts), Source.read(path)
     # observed where the user's code called: the causal mask, not the mask of one's own
     assert [v["causal"] for v in facts.at(IS_CAUSAL.NAME, str(path), 15).values] == [True]
@@ -199,7 +195,8 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
             elif out is not None:
                 assert (site.line, out.remedy) == (16, IS_CAUSAL.NAME), out  # the own mask
     assert proposed == SITES
-    after, patched = run("b.pt", sources={str(path): apply(source.text, edits)})
+    after, patched = recorded_run(path, tmp_path / "b.pt", steps=3,
+                                  sources={str(path): apply(source.text, edits)})
     left = {s["line"] for s in after.report["sites"] if s["op"] != "H2D copy"}
     assert left == {16}
     assert patched["losses"] == original["losses"] and len(original["losses"]) == 4

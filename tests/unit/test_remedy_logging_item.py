@@ -5,11 +5,10 @@ import textwrap
 import pytest
 import torch
 
-from gpusync import runs
 from gpusync.remedies import Facts, Proposal, Refusal, logging_item
 from gpusync.remedies.remedy import LibraryLine, Site
 from gpusync.remedies.source import Source, apply, check
-from gpusync.runs.jobs import CandidateJob
+from tests.unit.remedy_runs import recorded_run
 
 
 def propose(src: str, line: int, op: str = "item", dtype: str = "float32",
@@ -323,12 +322,7 @@ for epoch in range(2):
 
 
 def _run(path, tmp_path, name, sources=None):
-    record = str(tmp_path / f"{name}.pt")
-    job = CandidateJob(target=str(path), mode="simulate", warmup=1, steps=20, scan=True,
-                       seed=0, observe=True, record=record, sources=sources or {})
-    result, failure = runs.candidate(job, timeout=120)
-    assert failure is None, failure
-    return result, torch.load(record)
+    return recorded_run(path, tmp_path / f"{name}.pt", steps=20, observe=True, sources=sources)
 
 
 @pytest.mark.usefixtures("in_process")

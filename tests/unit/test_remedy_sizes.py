@@ -9,7 +9,7 @@ import torch
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site
 from gpusync.remedies.sizes import NONZERO, ONE_HOT, REPEAT_INTERLEAVE
 from gpusync.remedies.source import Source, apply, check
-from tests.unit.remedy_runs import candidate_run
+from tests.unit.remedy_runs import recorded_run
 
 
 def _site(op, line, file="t.py"):
@@ -230,11 +230,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(E2E)
 
-    def run(record, **kw):
-        result = candidate_run(path, steps=3, record=tmp_path / record, **kw)
-        return result, torch.load(tmp_path / record)
-
-    before, original = run("a.pt", observe=True)
+    before, original = recorded_run(path, tmp_path / "a.pt", steps=3, observe=True)
     facts, source = Facts.from_json(before.facts), Source.read(path)
     ours = {(s["op"], s["line"]) for s in before.report["sites"]}
     assert {("item", 15), ("repeat_interleave", 24), ("nonzero", 25)} <= ours
@@ -250,7 +246,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     assert "torch.repeat_interleave(torch.randn(3).cuda(), reps, output_size=total)" in text
     # NUM_CLASSES, read in the loop, rather than model.n_classes, which holds it too
     assert "torch.nonzero_static(y < NUM_CLASSES, size=NUM_CLASSES)" in text
-    after, patched = run("b.pt", sources={str(path): text})
+    after, patched = recorded_run(path, tmp_path / "b.pt", steps=3, sources={str(path): text})
     left = {(s["op"], s["line"]) for s in after.report["sites"]}
     assert not left & {("item", 15), ("repeat_interleave", 24), ("nonzero", 25)}
     assert all(op == "H2D copy" for op, _ in left)

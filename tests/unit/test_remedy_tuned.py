@@ -5,7 +5,6 @@ by hand (they move or overlap syncs: none goes)."""
 import pytest
 import torch
 
-from gpusync import runs
 from gpusync.examples import torchrec_train
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site, tuned
 from gpusync.remedies.source import Source, apply, check
@@ -16,7 +15,7 @@ from gpusync.remedies.tuned_edits import (
     precompute_edit,
     syncfree_edits,
 )
-from gpusync.runs.jobs import CandidateJob
+from tests.unit.remedy_runs import candidate_run
 
 PATH = "/w/train.py"
 ACCEPTS = {
@@ -259,11 +258,8 @@ def test_observed_and_proved_on_the_torchrec_example(tmp_path):
     args = ("--batches", "5", "--batch-size", "16", "--rows", "300", "--tables", "2")
 
     def run(sources, record, observe=False):
-        job = CandidateJob(target=path, mode="simulate", warmup=1, steps=None, scan=True, seed=0,
-                           observe=observe, record=record, sources=sources, script_args=args)
-        result, failure = runs.candidate(job, timeout=300)
-        assert failure is None
-        return result
+        return candidate_run(path, steps=None, record=record, sources=sources, observe=observe,
+                             script_args=args, timeout=300)
 
     before = run({}, str(tmp_path / "before.pt"), observe=True)
     facts = Facts.from_json(before.facts)
@@ -309,11 +305,8 @@ def test_observed_on_a_tbe_the_script_builds_itself(tmp_path):
     unused = "    spare = UserEnabledConfigDefinition(use_writeback_bwd_prehook=True)\n"
     text = text.replace("    tower = ", unused + "    tower = ")  # built, used by no TBE
     open(path, "w").write(text)
-    job = CandidateJob(target=path, mode="simulate", warmup=1, steps=None, scan=True, seed=0,
-                       observe=True, script_args=("--steps", "3", "--rows", "500",
-                                                  "--batch-size", "16", "--dim", "8"))
-    result, failure = runs.candidate(job, timeout=300)
-    assert failure is None
+    result = candidate_run(path, steps=None, observe=True, timeout=300, script_args=(
+        "--steps", "3", "--rows", "500", "--batch-size", "16", "--dim", "8"))
     assert (TBE.__init__, UserEnabledConfigDefinition.__init__) == inits  # layers removed
     facts = Facts.from_json(result.facts)
     noted = {(k, n) for (k, f, n) in facts.data if k.startswith("tuned.")}
