@@ -9,12 +9,13 @@ import itertools
 import os
 import sys
 from dataclasses import dataclass
-from types import CodeType
+from types import CodeType, FrameType
 
 End = tuple[int, int]  # (end line, end column in UTF-8 bytes), as ast's end_lineno/end_col_offset
 
-_ends: dict[tuple[CodeType, int], End | None] = {}  # code objects kept: no id is reused
-_ENDS_KEPT = 4096
+# (code, instruction) -> its position; the code objects kept: no id is reused
+_positions: dict[tuple[CodeType, int], tuple | None] = {}
+_KEPT = 4096
 
 
 @dataclass(frozen=True)
@@ -52,19 +53,36 @@ def _torch_dir() -> str:
     return os.path.dirname(torch.__file__) + os.sep
 
 
-def _end(code: CodeType, lasti: int) -> End | None:
+def _position(code: CodeType, lasti: int) -> tuple | None:
+    """(line, end line, column, end column) of the instruction at `lasti`, from code positions
+    (Python 3.11+; any may be None), read once per instruction."""
     key = (code, lasti)
-    if key not in _ends:
+    if key not in _positions:
         positions = getattr(code, "co_positions", None)
-        end = None
+        found = None
         if positions is not None and lasti >= 0:  # one entry per 2-byte code unit
             found = next(itertools.islice(positions(), lasti // 2, None), None)
-            if found is not None and found[1] is not None and found[3] is not None:
-                end = (found[1], found[3])
-        if len(_ends) >= _ENDS_KEPT:
-            _ends.clear()
-        _ends[key] = end
-    return _ends[key]
+        if len(_positions) >= _KEPT:
+            _positions.clear()
+        _positions[key] = found
+    return _positions[key]
+
+
+def _end(code: CodeType, lasti: int) -> End | None:
+    found = _position(code, lasti)
+    if found is None or found[1] is None or found[3] is None:
+        return None
+    return found[1], found[3]
+
+
+def span(frame: FrameType) -> list[int] | None:
+    """[line, col, end_line, end_col] (columns in UTF-8 bytes, as ast's) of the expression
+    `frame` is running now: the call it is in (a CALL's position is its call's span)."""
+    found = _position(frame.f_code, frame.f_lasti)
+    if found is None or None in found:
+        return None
+    line, end, col, end_col = found
+    return [line, col, end, end_col]
 
 
 def call_ending(tree: ast.AST, line: int, end: End | None, names: tuple[str, ...]

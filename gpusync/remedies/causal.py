@@ -21,7 +21,7 @@ import sys
 import weakref
 from typing import Any, Iterator
 
-from . import scope
+from . import callsite, scope
 from .flags import keyword, library, literal
 from .observe import Facts, layers
 from .remedy import Proposal, Refusal, Site
@@ -131,7 +131,7 @@ class _IsCausal:
         causal = mask in masks and len(shape) == 2 and shape[0] == shape[1] and \
             (size is None or size == shape[0])
         facts.note(self.NAME, {"causal": causal, "keyword": _keyword_of(sys._getframe(1)),
-                               "span": scope.call_span(user)},
+                               "span": callsite.span(user)},
                    where=(user.f_code.co_filename, user.f_lineno))
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:

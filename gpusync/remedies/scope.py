@@ -64,23 +64,8 @@ def innermost_user_frame(skip: int = 2) -> FrameType | None:
     return frame
 
 
-def call_span(frame: FrameType) -> list[int] | None:
-    """[line, col, end_line, end_col] (columns in UTF-8 bytes, as ast's) of the expression
-    `frame` is running now: the call it is in (a CALL's position is its call's span)."""
-    positions = getattr(frame.f_code, "co_positions", None)  # Python 3.11 on
-    if positions is None:
-        return None
-    try:
-        line, end, col, end_col = list(positions())[frame.f_lasti // 2]
-    except (IndexError, ValueError):
-        return None
-    if None in (line, end, col, end_col):
-        return None
-    return [line, col, end, end_col]
-
-
 def call_at(source: Source, span: list[int]) -> ast.Call | None:
-    """The call of `source` whose span is `span` (call_span's)."""
+    """The call of `source` whose span is `span` (callsite.span's)."""
     line, col, end, end_col = span
     for node in ast.walk(source.tree):
         if isinstance(node, ast.Call) and (node.lineno, node.col_offset, node.end_lineno,
