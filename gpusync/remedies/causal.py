@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 from . import callsite, scope
 from .flags import keyword, library, literal
-from .observe import Facts, layers
+from .observe import Facts, innermost_user_frame, layers
 from .remedy import Proposal, Refusal, Site
 from .source import Source
 
@@ -124,7 +124,7 @@ class _IsCausal:
             yield facts
 
     def _note(self, facts: Facts, masks: _Masks, mask: Any, size: Any) -> None:
-        user = scope.innermost_user_frame()
+        user = innermost_user_frame()
         if user is None:
             return
         shape = tuple(mask.shape)

@@ -53,17 +53,6 @@ def user_frame(skip: int = 2) -> FrameType | None:
     return None
 
 
-def innermost_user_frame(skip: int = 2) -> FrameType | None:
-    """The user's innermost frame on the stack, library frames above it or not (where the
-    scan places a site that a library's code makes)."""
-    from ..detect import frames
-
-    frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and not frames.is_users(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
-
-
 def call_at(source: Source, span: list[int]) -> ast.Call | None:
     """The call of `source` whose span is `span` (callsite.span's)."""
     line, col, end, end_col = span
