@@ -4,7 +4,6 @@ site and has no new one, and, run with the same seeds, computes what the origina
 from __future__ import annotations
 
 import dataclasses
-import os
 
 from .. import remedies as remedies_pkg
 from ..errors import GpusyncError
@@ -69,7 +68,7 @@ def _round(candidates: list[list[Proposal]], result: FixResult, original: _Origi
     for k, group in enumerate(candidates, 1):
         for proposal in group:
             progress.stage(f"verifying {k}/{len(candidates)}: {proposal.remedy} at "
-                           f"{os.path.relpath(proposal.site.file)}:{proposal.site.line}")
+                           f"{proposal.site.where}")
             outcome = _verify([proposal], original, original.runner, files, plan)
             if outcome.failure is None:
                 result.patches.append(Verified(proposal, outcome))

@@ -16,7 +16,6 @@ from . import compare
 @dataclass(frozen=True)
 class Plan:
     target: str  # the script's path as the user typed it
-    script: str  # its absolute path
     script_args: tuple[str, ...]
     mode: str  # "simulate" or "cuda"
     steps: int | None

@@ -4,7 +4,6 @@ new ones."""
 from __future__ import annotations
 
 import difflib
-import os
 from dataclasses import dataclass
 
 from ..remedies import Site
@@ -41,7 +40,7 @@ def per_step(sites: list[Site]) -> list[Site]:
 
 def label(site: Site, per_step: float | None = None) -> str:
     value = site.per_step if per_step is None else per_step
-    return f"{site.op} at {os.path.relpath(site.file)}:{site.line} ({value:g}/step)"
+    return f"{site.op} at {site.where} ({value:g}/step)"
 
 
 def key(site: Site, maps: dict[str, LineMap] | None = None) -> tuple:

@@ -4,6 +4,7 @@ the site (where the scan saw it), the user's source and the facts the run observ
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,7 +42,8 @@ class Site:
 
     @property
     def where(self) -> str:
-        return f"{self.file}:{self.line}"
+        """file:line as the user reads it (relative to the current directory)."""
+        return f"{os.path.relpath(self.file)}:{self.line}"
 
     @property
     def library_line(self) -> str:

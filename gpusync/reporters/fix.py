@@ -20,7 +20,7 @@ def _site(site: Site) -> dict[str, Any]:
 def _where(site: Site) -> str:
     """file:line, and the library line beneath it (one line of yours may lead to several)."""
     under = f" (in {site.library_line})" if site.library_line else ""
-    return f"{diff.relative(site.file)}:{site.line}{under}"
+    return f"{site.where}{under}"
 
 
 def _check(check: Check | None) -> dict[str, Any] | None:
