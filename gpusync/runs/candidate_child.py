@@ -34,11 +34,13 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
     record, facts = Record(), remedies.Facts()
 
     def capture(call, roots, *args, **kwargs):
-        if len(losses) < 64:
-            losses.extend(t.detach().clone() for t in roots
-                          if isinstance(t, torch.Tensor) and t.numel() == 1)
-        if job.record:
-            record.loss(roots)
+        if len(losses) < 64 or job.record:
+            scalars = [t.detach().clone() for t in roots
+                       if isinstance(t, torch.Tensor) and t.numel() == 1]
+            if len(losses) < 64:
+                losses.extend(scalars)
+            if job.record:
+                record.loss(scalars)
         return call(roots, *args, **kwargs)
 
     def on_session(session) -> None:

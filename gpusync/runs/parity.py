@@ -33,12 +33,10 @@ class Record:
         self.printed: list[str] = []
         self.optimizers: list = []  # kept alive: the script's globals are gone when it ends
 
-    def loss(self, roots) -> None:
-        import torch
-
+    def loss(self, scalars: list) -> None:
+        """The one-element tensors a backward() started from, detached copies."""
         if len(self.losses) < _LOSSES_KEPT:
-            self.losses.extend(t.detach().clone() for t in roots
-                               if isinstance(t, torch.Tensor) and t.numel() == 1)
+            self.losses.extend(scalars)
 
     def parameters(self) -> list:
         out = []
