@@ -125,15 +125,10 @@ def _command(ctx: click.Context, target: str, script_args) -> str:
 
 
 def _mode(mode: str) -> str:
-    if mode == "auto":
-        import torch
+    """--mode resolved as the scan resolves it; no CUDA for --mode cuda is bad input."""
+    from ..detect.session import resolve_mode
 
-        return "cuda" if torch.cuda.is_available() else "simulate"
-    if mode == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise BadInput("--mode cuda needs a CUDA device, and torch sees none")
-    return mode
-
-
+    try:
+        return resolve_mode(mode)
+    except ValueError:  # the only one left: click checked the choice
+        raise BadInput("--mode cuda needs a CUDA device, and torch sees none") from None
