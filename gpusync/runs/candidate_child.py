@@ -32,16 +32,7 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
     clock = _Clock(job, live)
 
     record, facts = Record(), remedies.Facts()
-
-    def capture(call, roots, *args, **kwargs):
-        if len(losses) < 64 or job.record:
-            scalars = [t.detach().clone() for t in roots
-                       if isinstance(t, torch.Tensor) and t.numel() == 1]
-            if len(losses) < 64:
-                losses.extend(scalars)
-            if job.record:
-                record.loss(scalars)
-        return call(roots, *args, **kwargs)
+    capture = _capturing(losses, record if job.record else None)
 
     def on_session(session) -> None:
         if not job.scan:
@@ -76,6 +67,24 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
         data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "
                     f"{result.error}", traceback=result.traceback)
     return data
+
+
+def _capturing(losses: list, record=None):
+    """A layer on autograd's backward: the one-element roots it starts from, detached copies
+    made once, kept in `losses` (the first 64, for tune's parity) and in fix's `record`."""
+    import torch
+
+    def capture(call, roots, *args, **kwargs):
+        if len(losses) < 64 or record is not None:
+            scalars = [t.detach().clone() for t in roots
+                       if isinstance(t, torch.Tensor) and t.numel() == 1]
+            if len(losses) < 64:
+                losses.extend(scalars)
+            if record is not None:
+                record.loss(scalars)
+        return call(roots, *args, **kwargs)
+
+    return capture
 
 
 def seed_everything(seed: int) -> None:
