@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpusync.detect.libraries import c10d
 from gpusync.detect.session import Session
+from gpusync.detect.virtual_collectives import NAMES
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
 
@@ -106,15 +107,10 @@ def test_the_plans_are_what_torchs_source_does_on_one_rank(group):
     """Counted on the host path, as torch 2.13 runs it: the same reads, copies and
     torch.tensor calls, which the GPU path makes with device tensors."""
     group("gloo")
-    for name, steps in ONE_RANK.items():
-        with Counted() as counted:
-            {"all_gather_object": lambda: dist.all_gather_object([None], {"a": [1, 2]}),
-             "gather_object": lambda: dist.gather_object(("g", 1), [None], dst=0),
-             "broadcast_object_list": lambda: dist.broadcast_object_list(
-                 [{"b": 2}, "two", 3.0], src=0),
-             "scatter_object_list": lambda: dist.scatter_object_list(
-                 [None], [{"s": "x" * 40}], src=0)}[name]()
-        assert dict(counted.counts) == by_kind(steps), name
+    with Counted() as counted:
+        calls()
+    assert dict(counted.counts) == by_kind(step for steps in ONE_RANK.values()
+                                           for step in steps)
 
 
 def test_an_nccl_groups_object_collectives_are_predicted_at_the_users_line(group):
@@ -157,7 +153,7 @@ def test_a_gpu_device_on_a_host_group_goes_through_the_gpu(group):
     assert objects == [{"b": 2}]
 
 
-def test_the_objects_come_back_as_without_gpusync(group, tmp_path):
+def test_the_objects_come_back_as_without_gpusync(group):
     group("gloo")
     plain = calls()
     dist.destroy_process_group()
@@ -169,13 +165,22 @@ def test_the_objects_come_back_as_without_gpusync(group, tmp_path):
 
 
 def test_the_layers_are_gone_after_the_scan():
-    before = {name: getattr(dist, name) for name in c10d_names()}
+    before = {name: getattr(dist, name) for name in NAMES}
     with scan():
         assert all(getattr(dist, name) is not before[name] for name in before)
     assert {name: getattr(dist, name) for name in before} == before
 
 
-def c10d_names():
-    from gpusync.detect.virtual_collectives import NAMES
-
-    return NAMES
+def test_a_refused_call_raises_as_without_gpusync_and_records_nothing(group):
+    group("gloo")
+    with pytest.raises(ValueError) as plain:
+        dist.scatter_object_list([], [1], src=0)
+    dist.destroy_process_group()
+    with scan() as s:
+        group("nccl")
+        with pytest.raises(ValueError) as scanned:
+            dist.scatter_object_list([], [1], src=0)
+        with pytest.raises(ValueError, match="should not be the same"):
+            dist.send_object_list([1], dst=0)  # to itself
+    assert str(scanned.value) == str(plain.value)
+    assert s.events == []
