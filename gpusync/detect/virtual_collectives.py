@@ -11,7 +11,7 @@ A group asked for with a host backend, or a `device=` off the GPU, moves nothing
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -77,9 +77,11 @@ class ObjectCollectives:
         return (virtual_device.nccl_requested()
                 and not any(group is g for g in self.host_groups))
 
-    def _syncs(self, name: str, call: Callable, args, kwargs) -> list[c10d.Step]:
+    def _syncs(self, name: str, args, kwargs) -> list[c10d.Step]:
         try:
-            bound = inspect.signature(call).bind(*args, **kwargs).arguments
+            # the collective's own signature: `call` may be an inner session's layer
+            original = getattr(torch.distributed.distributed_c10d, name)
+            bound = inspect.signature(original).bind(*args, **kwargs).arguments
             return plan(name, bound) if self.through_gpu(bound) else []
         except Exception:  # arguments the collective itself refuses: it says why
             return []
@@ -89,7 +91,7 @@ class ObjectCollectives:
         predicted = c10d.PREDICTED.format(name=name)
 
         def layer(call, *args, **kwargs):
-            syncs = self._syncs(name, call, args, kwargs)
+            syncs = self._syncs(name, args, kwargs)
             with det.rec.suppress():
                 out = call(*args, **kwargs)
             for label, detail in syncs:

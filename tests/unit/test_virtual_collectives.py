@@ -184,3 +184,14 @@ def test_a_refused_call_raises_as_without_gpusync_and_records_nothing(group):
             dist.send_object_list([1], dst=0)  # to itself
     assert str(scanned.value) == str(plain.value)
     assert s.events == []
+
+
+def test_nested_sessions_each_see_the_calls_arguments(group):
+    """The outer session's layer calls the inner one's, not the collective: each reads the
+    arguments by the collective's own signature."""
+    with scan() as outer:
+        group("nccl")
+        with scan() as inner:
+            dist.broadcast_object_list([1, 2], src=0)
+            dist.broadcast_object_list([3], src=0, group=dist.new_group(backend="gloo"))
+    assert [e.op for e in outer.events] == [e.op for e in inner.events] == ["H2D copy"] * 4
