@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import errors, runs, verbosity
+from .. import runs, verbosity
 from ..errors import UserCodeError
 from ..remedies import Facts, Site
 from . import compare
@@ -69,7 +69,7 @@ class Runner:
         run, failure = self.run({}, observe=True)
         if run is None:  # as scan says it: where it raised, and what the script printed last
             last = self.last or runs.ChildResult(runs.Status.RUNNING)
-            where = errors.raised_at(last.traceback)
+            where = runs.raised_at(last.traceback)
             hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
             if verbosity.verbose() and last.traceback:
                 sys.stderr.write(last.traceback)

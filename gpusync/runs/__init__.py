@@ -17,11 +17,12 @@ from ..errors import BadInput
 from ..progress import Progress
 from . import inprocess, merge, process
 from .jobs import CandidateJob, ScanJob, TimingJob
-from .results import ChildResult, ScanOutcome, Status
+from .results import ChildResult, ScanOutcome, Status, raised_at
 from .torchrun import Lockstep, RankEnv, torchrun_env
 
 __all__ = ["CandidateJob", "ChildResult", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
-           "TimingJob", "candidate", "follow", "leading", "scan", "step_times", "torchrun_env"]
+           "TimingJob", "candidate", "follow", "leading", "raised_at", "scan", "step_times",
+           "torchrun_env"]
 
 # Runs a job in one process: (job, timeout=, capture=, on_snapshot=, env=) -> ChildResult; a
 # torchrun rank's runs too. GPUSYNC_IN_PROCESS=1 is for gpusync's own tests, not users: the

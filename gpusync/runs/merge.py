@@ -6,9 +6,8 @@ import dataclasses
 from typing import Any
 
 from .. import errors
-from ..errors import raised_at
 from ..report import Report, Site
-from .results import ChildResult, ScanOutcome
+from .results import ChildResult, ScanOutcome, raised_at
 
 Runs = dict[int, ChildResult | None]
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
+from ..detect.frames import is_users
 from ..errors import GpusyncError
 from ..report import Report
 
@@ -35,6 +37,17 @@ class ScanOutcome:
     failure: str | None = None  # one line: why the verdict is exit 3
     traceback: str = ""
     located: bool = False  # the failure line already says where (merged ranks)
+
+
+def raised_at(traceback_text: str) -> str:
+    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (as a
+    scan places sites: detect/frames.py; the innermost frame when there is none), or ''."""
+    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
+    if not found:
+        return ""
+    users = [f for f in found if is_users(f[0])]
+    file, line = (users or found)[-1]
+    return f" at {file}:{line}"
 
 
 def describe_death(returncode: int) -> str:
