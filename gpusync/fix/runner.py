@@ -9,7 +9,8 @@ from typing import Any
 
 from .. import runs, verbosity
 from ..errors import UserCodeError
-from ..remedies import Facts, Site
+from ..remedies import Facts
+from ..report import Site
 from . import compare
 
 
@@ -61,8 +62,7 @@ class Runner:
         if failure is not None or result.report is None or not os.path.exists(path):
             return None, failure or "it ended before its report was written"
         report = result.report
-        sites = [Site.from_report(s) for s in report["sites"]]
-        return Run(sites, float(report.get("syncs_per_step") or 0.0), compare.load(path),
+        return Run(list(report.sites), report.syncs_per_step, compare.load(path),
                    Facts.from_json(result.facts)), ""
 
     def original(self) -> Run:

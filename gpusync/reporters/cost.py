@@ -49,7 +49,7 @@ def rows(report) -> list[list]:
 
 def cost_table(report) -> str:
     """The table's cost section ("" without --gpu)."""
-    if getattr(report, "gpu", None) is None:
+    if report.gpu is None:
         return ""
     out = ["", steps_line(report)]
     if ranked(report):

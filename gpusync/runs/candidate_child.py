@@ -61,7 +61,7 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
         "status": Status.DONE.value, "builds": builds,
         "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": clock.samples(),
         "steps_run": live["steps"], **_peak_memory(job.mode == "cuda"),
-        "report": result.report.to_dict() if job.scan else None,
+        "report": result.report.encode() if job.scan else None,
         "facts": facts.to_json() if job.observe else None}
     if result.error is not None:
         data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "

@@ -88,11 +88,11 @@ class ScanJob(_Job):
                 result = run_scan(self.target, steps=self.steps, warmup=self.warmup,
                                   mode=self.mode, script_args=self.script_args,
                                   on_session=on_session, virtual_cuda=self.virtual_cuda)
-        report = result.report.to_dict()
+        report = result.report
         if cost is not None:
             report = cost.annotate(report)
         self._write_trace(live["session"], cost)
-        data: dict[str, Any] = {"status": Status.DONE.value, "report": report}
+        data: dict[str, Any] = {"status": Status.DONE.value, "report": report.encode()}
         if result.error is not None:
             data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
                         message=f"the scanned code raised {describe(result.error)}"

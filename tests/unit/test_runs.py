@@ -9,6 +9,7 @@ import warnings
 import pytest
 
 from gpusync import scan, verbosity
+from gpusync.report import build_report
 from gpusync.runs import CandidateJob, ChildResult, ScanJob, TimingJob, inprocess
 from gpusync.runs.jobs import load_job
 from gpusync.runs.results import STOPPED, TIMED_OUT, Status
@@ -42,10 +43,11 @@ def test_a_job_is_what_its_json_says(job):
 
 
 def test_a_run_stopped_from_outside_keeps_only_its_report():
-    written = {"status": "done", "report": {"steps": 2}, "samples_ms": [1.0]}
+    report = build_report([], steps=2, warmup=1, mode="simulate")
+    written = {"status": "done", "report": report.encode(), "samples_ms": [1.0]}
     for code in (TIMED_OUT, STOPPED):
         result = ChildResult.decode(written, code)
-        assert result.status is Status.RUNNING and result.report == {"steps": 2}
+        assert result.status is Status.RUNNING and result.report == report
         assert not result.samples_ms
     assert "time limit" in ChildResult.decode(written, TIMED_OUT).candidate_failure()[1]
     assert ChildResult.decode(None, -9).scan_outcome().failure == (
@@ -81,7 +83,7 @@ def test_in_process_and_in_a_child_a_scan_has_one_outcome(tmp_path):
     job = ScanJob(str(tmp_path / "train.py"), None, 1, "simulate", ("0",))
     here, there = inprocess.run_in_process(job), process.run_child(job)
     assert here.status is there.status is Status.DONE
-    sites = [[(s["op"], s["line"], s["count"]) for s in r.report["sites"]] for r in (here, there)]
+    sites = [[(s.op, s.line, s.count) for s in r.report.sites] for r in (here, there)]
     assert sites[0] == sites[1] and sites[0]
 
 

@@ -48,7 +48,7 @@ def test_steps_n_measures_n_whole_steps(tmp_path, steps):
     assert report.measured_steps == steps and report.steps == steps + 1
     assert per_step(report) == {"item": 1.0}  # the warm-up's tolist is not averaged in
     assert report.max_syncs_per_step == 1 and report.step_unit == OPTIMIZER
-    assert report.notes == []
+    assert report.notes == ()
 
 
 def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):
