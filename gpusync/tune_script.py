@@ -82,8 +82,9 @@ class Plan:
 
     def job(self, settings: dict, scan: bool) -> runs.CandidateJob:
         steps = self.scan_steps if scan else self.block * self.repeats
-        return runs.CandidateJob(self.target, self.mode, self.warmup, steps, self.block,
-                                 settings, scan, tuple(self.script_args), seed=SEED)
+        return runs.CandidateJob(target=self.target, mode=self.mode, warmup=self.warmup,
+                                 steps=steps, block=self.block, settings=settings, scan=scan,
+                                 script_args=tuple(self.script_args), seed=SEED)
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None

@@ -1,5 +1,5 @@
 """One run of the script for `gpusync fix`: the original or a patched copy, scanned, seeded,
-recording what parity compares (runs.CandidateJob with sources / observe / record)."""
+recording what parity compares (runs.FixJob)."""
 from __future__ import annotations
 
 import os
@@ -51,10 +51,9 @@ class Runner:
         self.count += 1
         path = os.path.join(plan.folder, f"{self.name}{self.count}.pt")
         sources = {**self.base, **sources}
-        job = runs.CandidateJob(plan.target, plan.mode, plan.warmup,
-                                plan.steps, 1, {}, True,
-                                plan.script_args, seed=plan.seed, sources=sources,
-                                observe=observe, record=path)
+        job = runs.FixJob(target=plan.target, mode=plan.mode, warmup=plan.warmup,
+                          steps=plan.steps, seed=plan.seed, record=path,
+                          script_args=plan.script_args, sources=sources, observe=observe)
         result, failure = runs.candidate(job, plan.timeout)
         self.last = result
         if failure is not None and verbosity.verbose() and result.output and sources:

@@ -16,11 +16,11 @@ from typing import Callable, Iterator
 from ..errors import BadInput
 from ..progress import Progress
 from . import inprocess, merge, process
-from .jobs import CandidateJob, ScanJob, TimingJob
+from .jobs import CandidateJob, FixJob, ScanJob, TimingJob
 from .results import ChildResult, ScanOutcome, Status, raised_at
 from .torchrun import Lockstep, RankEnv, torchrun_env
 
-__all__ = ["CandidateJob", "ChildResult", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
+__all__ = ["CandidateJob", "ChildResult", "FixJob", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
            "TimingJob", "candidate", "follow", "leading", "raised_at", "scan", "step_times",
            "torchrun_env"]
 
@@ -108,9 +108,9 @@ def step_times(target, mode, steps, warmup, command="baseline", lead: Lockstep |
     return merge.merged_samples(runs)
 
 
-def candidate(job: CandidateJob, timeout: float, progress: Progress | None = None,
+def candidate(job: CandidateJob | FixJob, timeout: float, progress: Progress | None = None,
               lead: Lockstep | None = None) -> tuple[ChildResult, str | None]:
-    """A tune candidate's run: (its result, with the last lines it printed as `output`;
+    """A tune candidate's run, or fix's: (its result, with the last lines it printed as `output`;
     why it failed, or None); the child's steps go to `progress`. Under torchrun every rank
     runs it and the results are merged (merge.merged_candidate)."""
     if lead is not None:

@@ -10,7 +10,7 @@ import pytest
 
 from gpusync import scan, verbosity
 from gpusync.report import build_report
-from gpusync.runs import CandidateJob, ChildResult, ScanJob, TimingJob, inprocess
+from gpusync.runs import CandidateJob, ChildResult, FixJob, ScanJob, TimingJob, inprocess
 from gpusync.runs.jobs import load_job
 from gpusync.runs.results import STOPPED, TIMED_OUT, Status
 
@@ -36,7 +36,10 @@ SCRIPT = textwrap.dedent('''
 @pytest.mark.parametrize("job", [
     ScanJob("train.py", 3, 1, "simulate", ("--lr", "1"), False, "t.json"),
     TimingJob("sparsenn", "simulate", 5, 2),
-    CandidateJob("train.py", "cuda", 2, 6, 3, {"env:X": "1"}, True, ("--a",)),
+    CandidateJob(target="train.py", mode="cuda", warmup=2, steps=6, block=3,
+                 settings={"env:X": "1"}, scan=True, script_args=("--a",), seed=0),
+    FixJob(target="train.py", mode="simulate", warmup=1, steps=None, seed=0, record="r.pt",
+           script_args=("--a",), sources={"train.py": "print(1)\n"}, observe=True),
 ])
 def test_a_job_is_what_its_json_says(job):
     assert load_job({**job.to_json(), "parent": 1}) == job
@@ -97,7 +100,8 @@ def test_a_candidate_that_raises_fails_with_its_reason_and_last_lines(tmp_path, 
         print("TOY is", os.environ["TOY"])
         raise RuntimeError("toy crash")
     '''))
-    job = CandidateJob(str(tmp_path / "toy.py"), "simulate", 1, 3, settings={"env:TOY": "crash"})
+    job = CandidateJob(target=str(tmp_path / "toy.py"), mode="simulate", warmup=1, steps=3,
+                       settings={"env:TOY": "crash"})
     result, failure = runs.candidate(job, timeout=60)
     assert result.status is Status.USER_ERROR
     assert failure == "raised RuntimeError: toy crash"
