@@ -159,6 +159,9 @@ def test_watch_counts_syncs_after_the_last_optimizer_step():
     report = w.report()
     assert report.steps == 3 and report.max_syncs_per_step == 1
     assert report.syncs_per_step == 1.0  # the last step's item() is in it
+    # the outcome's events carry their steps; the session's own stay as recorded
+    assert [e.step for e in w.outcome().events] == [0, 1, 2]
+    assert [e.step for e in w.events] == [0, 0, 0]
 
 
 def test_step_counter_places_a_round_boundary_at_the_first_new_work():
