@@ -204,6 +204,50 @@ class Site:
 
 
 @dataclass(frozen=True)
+class StepCost:
+    """--gpu: one measured step as the cost model predicts it (costmodel/predict.py)."""
+
+    index: int
+    predicted_step_ms: float
+    gpu_busy: float
+    bound: str  # "host" or "device"
+    predicted_stall_ms: float
+
+
+@dataclass(frozen=True)
+class StepLanes:
+    """--gpu: one step's predicted lanes, in milliseconds from its start: the device's busy
+    spans (start, end), the host's stalls (start, end, site: SiteKey.named) and where the
+    host's own work ends."""
+
+    step: int
+    step_ms: float
+    host_end_ms: float
+    device: tuple[tuple[float, float], ...]
+    stalls: tuple[tuple[float, float, str], ...]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """--gpu: the GPU predicted for, the host model, each measured step, one step's lanes."""
+
+    gpu_name: str
+    host_dispatch_us: float
+    launch_api_us: float
+    gap_overhead_us: float
+    steps: tuple[StepCost, ...]
+    timeline: StepLanes | None
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> Cost:
+        lanes = d.get("timeline")
+        return cls(**{**d, "steps": tuple(StepCost(**s) for s in d["steps"]),
+                      "timeline": None if lanes is None else StepLanes(**{
+                          **lanes, "device": tuple(tuple(x) for x in lanes["device"]),
+                          "stalls": tuple(tuple(x) for x in lanes["stalls"])})})
+
+
+@dataclass(frozen=True)
 class RankFigures:
     """One rank's figures in a report merged over torchrun's ranks."""
 
@@ -235,7 +279,7 @@ class Report:
     ranks: int = 1  # processes merged into this report (torchrun), gpusync/runs/merge.py
     per_rank: tuple[RankFigures, ...] | None = None  # each rank's steps, syncs_per_step, error
     gpu: str | None = None  # --gpu: the GPU the cost model predicted for
-    cost: dict | None = None  # --gpu: per step predictions, host model, a step's lanes
+    cost: Cost | None = None  # --gpu: per step predictions, host model, a step's lanes
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -259,9 +303,10 @@ class Report:
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported report schema_version {version!r} "
                              f"(this gpusync reads {SCHEMA_VERSION})")
-        per_rank = d.get("per_rank")
+        per_rank, cost = d.get("per_rank"), d.get("cost")
         return cls(**{**d, "sites": tuple(Site.decode(s) for s in d.get("sites", ())),
                       "notes": tuple(d.get("notes", ())),
+                      "cost": Cost.decode(cost) if cost is not None else None,
                       "per_rank": tuple(RankFigures(**r) for r in per_rank)
                       if per_rank is not None else None})
 

@@ -2,13 +2,16 @@
 prediction merged into a report (gpusync/costmodel/scan.py, annotate.py).  A fixed HostModel:
 nothing timed."""
 
+import json
+
 import pytest
 
 from gpusync.costmodel import HostModel, OpRecord, TensorMeta, get_gpu, predict_steps
 from gpusync.costmodel.annotate import annotate
 from gpusync.costmodel.scan import measured_steps, step_traces
 from gpusync.detect.events import Frame, SyncEvent
-from gpusync.report import SiteKey, build_report
+from gpusync.report import Report, SiteKey, build_report
+from gpusync.schemas import validator
 
 H100 = get_gpu("h100")
 HOST = HostModel(dispatch_s=5e-6, launch_api_s=3e-6, gap_overhead_s=0.0)
@@ -70,6 +73,8 @@ def test_annotate_adds_the_prediction_per_site_and_per_step():
     assert report.gpu is None and report.sites[0].blocks is None  # a new report
     assert annotated.sites[0].blocks == ("cuda_graphs", "torch.compile")
     out = annotated.to_dict()
+    validator(out["kind"]).validate(out)
+    assert Report.decode(json.loads(json.dumps(annotated.encode()))) == annotated
     assert out["gpu"] == "h100" and out["cost"]["gpu_name"] == H100.name
     read, other = out["sites"]
     assert read["predicted_stall_ms"] > 0 and read["payoff_ms"] > 0
