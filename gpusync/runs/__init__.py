@@ -79,11 +79,11 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
     except ValueError as e:
         raise BadInput(str(e)) from None
     total = None if steps is None else steps + (1 if warmup is None else warmup)
-    job = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, gpu=gpu)
+    job = ScanJob(target=target, steps=steps, warmup=warmup, mode=mode,
+                  script_args=tuple(script_args), virtual_cuda=virtual_cuda, gpu=gpu)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
-        own = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, trace,
-                      gpu=gpu)
+        own = dataclasses.replace(job, trace=trace)
         if lead is None:
             return runner(own, on_snapshot=_progress(progress)).scan_outcome()
         runs = lead.run(job, own=own, on_snapshot=_progress(progress))
@@ -96,7 +96,8 @@ def step_times(target, mode, steps, warmup, command="baseline", lead: Lockstep |
     progress (steps done of warm-up + steps) on stderr once it has run for a few seconds.
     Under torchrun every rank times the same steps and a sample is the slowest rank's; a
     rank that fails is named, the first to fail first."""
-    job = TimingJob(target, mode, steps, warmup, tuple(script_args))
+    job = TimingJob(target=target, mode=mode, steps=steps, warmup=warmup,
+                    script_args=tuple(script_args))
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
         if lead is None:

@@ -44,7 +44,7 @@ class _Job:
         return target is None or target in builtin_names()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScanJob(_Job):
     """A scan of the target; rank 0's job under torchrun may write the trace file too."""
 
@@ -144,7 +144,7 @@ def _counting_steps(results: Results, run: Callable[[dict[str, Any]], dict[str, 
         results.write(run(live))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TimingJob(_Job):
     """Step times of an unscanned run (baseline --timing, gate timings)."""
 

@@ -90,7 +90,8 @@ def test_table_ranks_fixes_by_payoff_and_html_draws_the_timeline(tmp_path, monke
 
     (tmp_path / "train.py").write_text(SCRIPT)
     monkeypatch.chdir(tmp_path)
-    outcome = inprocess.run_in_process(ScanJob("train.py", 1, 1, "auto", gpu="h100"))
+    outcome = inprocess.run_in_process(ScanJob(target="train.py", steps=1, warmup=1, mode="auto",
+                                                 gpu="h100"))
     report = outcome.scan_outcome().report
     assert report is not None and report.gpu == "h100"
     table = render(report, "table")

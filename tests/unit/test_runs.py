@@ -34,8 +34,9 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("job", [
-    ScanJob("train.py", 3, 1, "simulate", ("--lr", "1"), False, "t.json"),
-    TimingJob("sparsenn", "simulate", 5, 2),
+    ScanJob(target="train.py", steps=3, warmup=1, mode="simulate", script_args=("--lr", "1"),
+            virtual_cuda=False, trace="t.json"),
+    TimingJob(target="sparsenn", mode="simulate", steps=5, warmup=2),
     CandidateJob(target="train.py", mode="cuda", warmup=2, steps=6, block=3,
                  settings={"env:X": "1"}, scan=True, script_args=("--a",), seed=0),
     FixJob(target="train.py", mode="simulate", warmup=1, steps=None, seed=0, record="r.pt",
@@ -67,8 +68,9 @@ def test_an_in_process_scan_leaves_the_process_as_it_found_it(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "train.py").write_text(SCRIPT)
     before = _state()
-    result = inprocess.run_in_process(ScanJob(str(tmp_path / "train.py"), None, 1, "simulate",
-                                              ("7",), verbosity=verbosity.QUIET))
+    result = inprocess.run_in_process(ScanJob(target=str(tmp_path / "train.py"), steps=None,
+                                              warmup=1, mode="simulate", script_args=("7",),
+                                              verbosity=verbosity.QUIET))
     assert _state() == before
     assert result.status is Status.EARLY_EXIT and result.code == 7 and result.returncode == 7
     outcome = result.scan_outcome()
@@ -83,7 +85,8 @@ def test_in_process_and_in_a_child_a_scan_has_one_outcome(tmp_path):
 
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "train.py").write_text(SCRIPT)
-    job = ScanJob(str(tmp_path / "train.py"), None, 1, "simulate", ("0",))
+    job = ScanJob(target=str(tmp_path / "train.py"), steps=None, warmup=1, mode="simulate",
+                  script_args=("0",))
     here, there = inprocess.run_in_process(job), process.run_child(job)
     assert here.status is there.status is Status.DONE
     sites = [[(s.op, s.line, s.count) for s in r.report.sites] for r in (here, there)]
