@@ -1,4 +1,6 @@
-"""Sites (events grouped by call site) and the Report: a dataclass with a stable JSON form."""
+"""The scan's result, one typed model on both sides of the child process: Sites (events grouped
+by their SiteKey) and the Report, frozen; `encode` / `decode` carry a report between gpusync's
+processes, `to_dict` is its JSON form (schemas/scan.schema.json), for the JSON renderer."""
 from __future__ import annotations
 
 import datetime as _dt
@@ -133,6 +135,9 @@ class SiteKey:
 
 @dataclass(frozen=True, kw_only=True)
 class Site:
+    """A sync site: the user's line (file, line, function) and what synced there, over the
+    run; its identity is its `key`."""
+
     op: str
     phase: str
     module: str | None = None
