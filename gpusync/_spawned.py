@@ -102,7 +102,7 @@ def read(folder: str) -> list[Spawned]:
             report = data.get("report")
             out.append(Spawned(Process(data["pid"], data.get("name")),
                                Report.decode(report) if report is not None else None))
-        except (OSError, ValueError, KeyError, TypeError):  # half written when it was killed
+        except (OSError, ValueError):  # unreadable: left out, as a child that wrote nothing
             continue
     return sorted(out, key=lambda c: c.process.pid)
 
