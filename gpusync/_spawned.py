@@ -7,9 +7,9 @@ such a child as `from gpusync._spawned import main; main(FOLDER, ...)` instead o
 `from multiprocessing.spawn import spawn_main; spawn_main(...)`. `main` starts a scan Session
 on the virtual device, then runs multiprocessing's own spawn_main (which imports the script as
 __mp_main__ and runs the target), and on the way out writes {"pid", "name", "report"} to
-FOLDER/PID.json. The parent reads those files: each child's sites join the parent report's
-sites (`sites`), each marked with its process ("pid N (NAME)") and counted per the child's
-own steps (a child has its own steps); the parent's per-step figures stay the parent's, and
+FOLDER/PID.json. The parent reads those files (`read`: a Spawned each): each child's sites
+join the parent report's sites (`sites`), each marked with its process and counted per the
+child's own steps (a child has its own steps); the parent's per-step figures stay the parent's, and
 a note per child (`notes`) says so.
 """
 from __future__ import annotations
@@ -19,9 +19,11 @@ import multiprocessing
 import multiprocessing.spawn
 import os
 import sys
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .fileio import replace_json
+from .report import Process, Report, Site
 
 _PLAIN = "from multiprocessing.spawn import spawn_main; spawn_main("
 
@@ -70,7 +72,7 @@ def _save(folder: str, session) -> None:
 
     try:
         _write(folder, {"pid": os.getpid(), "name": multiprocessing.current_process().name,
-                        "report": report_of(session).to_dict()})
+                        "report": report_of(session).encode()})
     except Exception:  # the child's own exit status must not depend on gpusync's note
         pass
 
@@ -79,7 +81,16 @@ def _write(folder: str, data: dict[str, Any]) -> None:
     replace_json(os.path.join(folder, f"{os.getpid()}.json"), data)
 
 
-def read(folder: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Spawned:
+    """What a spawned child wrote: its process, and its report (None: it was killed before
+    it wrote one)."""
+
+    process: Process
+    report: Report | None
+
+
+def read(folder: str) -> list[Spawned]:
     """What the spawned children wrote, by pid."""
     out = []
     for name in sorted(os.listdir(folder)):
@@ -87,59 +98,49 @@ def read(folder: str) -> list[dict[str, Any]]:
             continue
         try:
             with open(os.path.join(folder, name)) as f:
-                out.append(json.load(f))
-        except (OSError, ValueError):
+                data = json.load(f)
+            report = data.get("report")
+            out.append(Spawned(Process(data["pid"], data.get("name")),
+                               Report.decode(report) if report is not None else None))
+        except (OSError, ValueError):  # unreadable: left out, as a child that wrote nothing
             continue
-    return sorted(out, key=lambda d: d.get("pid", 0))
+    return sorted(out, key=lambda c: c.process.pid)
 
 
-def placed(children: list[dict[str, Any]]) -> bool:
+def placed(children: list[Spawned]) -> bool:
     """Whether a child put a tensor on the virtual device (its report lacks the note saying
     it never did)."""
     from .detect.session import NOTHING_ON_GPU
 
-    return any(NOTHING_ON_GPU not in ((c.get("report") or {}).get("notes") or [])
-               for c in children)
+    return any(c.report is None or NOTHING_ON_GPU not in c.report.notes for c in children)
 
 
-def label(child: dict[str, Any]) -> str:
-    return f"pid {child.get('pid')} ({child.get('name') or '?'})"
-
-
-def sites(children: list[dict[str, Any]]) -> list[Any]:
+def sites(children: list[Spawned]) -> list[Site]:
     """Each child's sites, marked with the child's process (the Site's `process`); their
     count and per_step are the child's, over its own steps."""
-    from .report import Site
-
-    out = []
-    for child in children:
-        for data in (child.get("report") or {}).get("sites") or []:
-            try:
-                out.append(Site(**{**data, "process": label(child)}))
-            except TypeError:  # a child's report of another shape: its note still says it
-                continue
-    return out
+    return [replace(s, process=c.process) for c in children if c.report is not None
+            for s in c.report.sites]
 
 
-def notes(children: list[dict[str, Any]]) -> list[str]:
+def notes(children: list[Spawned]) -> list[str]:
     """One note per spawned child that synced (its pid, its syncs per step over its own
     steps, and where), and one naming those that did not."""
     quiet, unreported, out = [], [], []
     for child in children:
-        report = child.get("report")
+        report = child.report
         if report is None:  # killed (a DataLoader ends a worker slow to stop)
-            unreported.append(f"pid {child.get('pid')}")  # its name was not known yet
+            unreported.append(f"pid {child.process.pid}")  # its name was not known yet
             continue
-        made = report.get("sites") or []
-        if not made:
-            quiet.append(label(child))
+        label = child.process.label
+        if not report.sites:
+            quiet.append(label)
             continue
-        where = ", ".join(f"{s['op']} at {s['file']}:{s['line']} x{s['count']}"
-                          for s in made[:5]) + (", ..." if len(made) > 5 else "")
-        out.append(f"spawned process {label(child)} ran on the virtual CUDA device: "
-                   f"{report.get('syncs_per_step', 0):g} syncs/step over "
-                   f"{report.get('steps', 0)} step(s) of its own (max "
-                   f"{report.get('max_syncs_per_step', 0)}): {where}; its sites are in the "
+        where = ", ".join(f"{s.op} at {s.file}:{s.line} x{s.count}"
+                          for s in report.sites[:5]) + (", ..." if len(report.sites) > 5 else "")
+        out.append(f"spawned process {label} ran on the virtual CUDA device: "
+                   f"{report.syncs_per_step:g} syncs/step over "
+                   f"{report.steps} step(s) of its own (max "
+                   f"{report.max_syncs_per_step}): {where}; its sites are in the "
                    "report's sites, marked with its process and counted per its own steps "
                    "(the report's syncs per step are this process's)")
     if quiet:

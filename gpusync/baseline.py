@@ -1,8 +1,9 @@
 """Baselines: what a workload's syncs (and optionally step times) were, for `gpusync gate`.
 
-Sites are keyed by op, phase, module, file and function, not by line, so moving code a few lines
-does not break the key; sites sharing a key add up. Files are stored relative to the working
-directory (or from site-packages on), so a baseline made in one clone matches in another.
+Sites are keyed by SiteKey.stable (gpusync/report.py): op, phase, module, file and function,
+not the line, so moving code a few lines does not break the key; sites sharing a key add up.
+Files are stored relative to the working directory (or from site-packages on), so a baseline
+made in one clone matches in another.
 """
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ import math
 import os
 import subprocess
 from collections import defaultdict
+from typing import Iterator
 
 import torch
 
 from ._version import __version__
 from .errors import BadInput, one_line
 from .fileio import read_user_file, write_atomic
+from .report import Report, Site, stable_file
 from .schemas import VERSIONS, validator
 
 KIND = "gpusync-baseline"
@@ -25,23 +28,6 @@ KIND = "gpusync-baseline"
 # at the user's file and function, and setup-only sites are left out; 4: `ranks`, and under
 # torchrun each rank's sites keyed on their own ("| rank N")
 BASELINE_SCHEMA = VERSIONS[KIND]
-
-
-def stable_file(path: str) -> str:
-    if not path:
-        return ""
-    marker = "site-packages" + os.sep
-    if marker in path:
-        return path.split(marker, 1)[1]
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:
-        return path
-    return path if rel.startswith("..") else rel
-
-
-def site_key(op: str, phase: str, module: str | None, file: str, function: str) -> str:
-    return f"{op} | {phase} | {module or '-'} | {file} | {function}"
 
 
 def _git_commit() -> str | None:
@@ -53,39 +39,34 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def rank_sites(report):
-    """(site, key suffix, per_step) for each per-step site (sites that ran only before the
+def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
+    """(site, baseline key, per_step) for each per-step site (sites that ran only before the
     measured steps are not counted per step); under torchrun one per rank that made it, so a
-    baseline and a gate count each rank on its own (`key | rank 1`)."""
+    baseline and a gate count each rank on its own (`key | rank 1`). A spawned process's site
+    is keyed on its own (SiteKey.stable), as its per-step figure is per that process's steps."""
     for s in report.sites:
         if s.setup:
             continue
-        per_rank = getattr(s, "per_rank", None)
-        # a spawned process's site is keyed on its own, by the process's name (its pid
-        # changes from run to run), as its per-step figure is per that process's steps
-        process = getattr(s, "process", None)
-        spawned = f" | spawned {process.split(' (', 1)[-1].rstrip(')')}" if process else ""
-        if getattr(report, "ranks", 1) > 1 and per_rank:
-            for rank, value in per_rank.items():
+        if report.ranks > 1 and s.per_rank:
+            for rank, value in s.per_rank.items():
                 if value > 0:
-                    yield s, f" | rank {rank}{spawned}", value
+                    yield s, s.key.stable(rank), value
         else:
-            yield s, spawned, s.per_step
+            yield s, s.key.stable(), s.per_step
 
 
-def keyed_sites(report) -> dict[str, tuple[float, list]]:
+def keyed_sites(report: Report) -> dict[str, tuple[float, list[tuple[Site, float]]]]:
     """Each baseline key's count per step (summed, then rounded once: a baseline and the gate's
     run of the same code must give the same figure) and its sites (site, per_step)."""
     sums: dict[str, float] = defaultdict(float)
-    sites: dict[str, list] = defaultdict(list)
-    for s, suffix, per_step in rank_sites(report):
-        key = site_key(s.op, s.phase, s.module, stable_file(s.file), s.function) + suffix
+    sites: dict[str, list[tuple[Site, float]]] = defaultdict(list)
+    for s, key, per_step in rank_sites(report):
         sums[key] += per_step
         sites[key].append((s, per_step))
     return {key: (round(sums[key], 4), sites[key]) for key in sums}
 
 
-def from_report(report, timing_ms: list[float] | None = None, timing_hardware: str = "",
+def from_report(report: Report, timing_ms: list[float] | None = None, timing_hardware: str = "",
                 steps: int | None = None, script_args=()) -> dict:
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
@@ -107,7 +88,7 @@ def from_report(report, timing_ms: list[float] | None = None, timing_hardware: s
         "max_syncs_per_step": report.max_syncs_per_step,
         "syncs_by_phase": dict(sorted(report.syncs_by_phase.items())),
         "sites": [merged[k] for k in sorted(merged)],
-        "ranks": getattr(report, "ranks", 1),
+        "ranks": report.ranks,
     }
     if script_args:
         data["script_args"] = list(script_args)
@@ -219,7 +200,7 @@ def load(path: str) -> dict:
     return data
 
 
-def suggest(old: dict, report, old_path: str, script_args=()) -> str:
+def suggest(old: dict, report: Report, old_path: str, script_args=()) -> str:
     """Write the baseline this run (with these script arguments) would record next to the old
     one, keeping the old margins and timing samples. Returns its path."""
     new = from_report(report, steps=old.get("steps"), script_args=script_args)

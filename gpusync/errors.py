@@ -54,17 +54,3 @@ class SyncsFound(AssertionError):
         super().__init__(message)
         self.report = report
 
-
-def raised_at(traceback_text: str) -> str:
-    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (as a
-    scan places sites: detect/frames.py; the innermost frame when there is none), or ''."""
-    import re
-
-    from .detect.frames import is_users
-
-    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
-    if not found:
-        return ""
-    users = [f for f in found if is_users(f[0])]
-    file, line = (users or found)[-1]
-    return f" at {file}:{line}"

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import errors
-from .baseline import keyed_sites, stable_file
+from .baseline import keyed_sites
+from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
 
 PASS, REGRESSION, CANNOT_JUDGE = "pass", "regression", "cannot-judge"

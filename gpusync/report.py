@@ -1,10 +1,13 @@
-"""Sites (events grouped by call site) and the Report: a dataclass with a stable JSON form."""
+"""The scan's result, one typed model on both sides of the child process: Sites (events grouped
+by their SiteKey) and the Report, frozen; `encode` / `decode` carry a report between gpusync's
+processes, `to_dict` is its JSON form (schemas/scan.schema.json), for the JSON renderer."""
 from __future__ import annotations
 
 import datetime as _dt
+import os
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Iterable
 
 import torch
 
@@ -23,41 +26,243 @@ KIND = "gpusync-scan"
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
-@dataclass
-class Site:
-    op: str
-    phase: str
-    module: str | None
+def _lists(value: Any) -> Any:
+    """asdict's output with its tuples as lists, as JSON reads back."""
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_lists(v) for v in value]
+    return value
+
+
+def stable_file(path: str) -> str:
+    """A file as a baseline keeps it: relative to the working directory, or from
+    site-packages on, so that a baseline made in one clone matches in another."""
+    if not path:
+        return ""
+    marker = "site-packages" + os.sep
+    if marker in path:
+        return path.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+@dataclass(frozen=True)
+class CodeLine:
+    """A line of code: the library line that synced beneath the user's."""
+
     file: str
     line: int
     function: str
-    frames: list[dict]
-    count: int  # every occurrence, warm-up and tail included
-    per_step: float  # mean per measured step
-    stall_ms: float | None  # total host stall over the measured steps (GPU only)
+
+    @property
+    def short(self) -> str:
+        """As the scan's table shows it:
+        "torch/amp/grad_scaler.py:371 GradScaler._maybe_opt_step"."""
+        file = self.file
+        for marker in ("site-packages/", "dist-packages/"):
+            file = file.rpartition(marker)[2] if marker in file else file
+        return f"{file}:{self.line} {self.function or ''}".strip() if file else ""
+
+
+@dataclass(frozen=True)
+class Process:
+    """A process the scanned script spawned (gpusync/_spawned.py). Its pid changes from run to
+    run, its name does not; name None: it ended before its name was known."""
+
+    pid: int
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"pid {self.pid} ({self.name or '?'})"
+
+    @property
+    def stable_name(self) -> str:
+        return self.name or "?"
+
+
+@dataclass(frozen=True)
+class SiteKey:
+    """A site's one identity: the events with one key are one site (build_report), the ranks'
+    sites with one key are one merged site (runs/merge.py). The remedy is part of it: one
+    library line reached along two paths with remedies of their own (torchrec's _safe_tolist
+    for a KJT's lengths and for the fused splits) is two sites. Its views: `stable` for
+    baselines, `place` for fix's patched copies, `named` for the cost model."""
+
+    op: str
+    phase: str
+    hook: str | None
+    module: str | None
+    file: str
+    line: int
+    library: tuple[str, int] | None  # the library line's file and line
     fix: str
+    process: str | None = None  # a spawned process's name (Process.stable_name)
+    function: str = field(default="", compare=False)  # the user's function, for `stable`
+
+    @classmethod
+    def of_event(cls, e: SyncEvent) -> SiteKey:
+        loc = e.location or Frame("", 0, "")
+        lib = e.library
+        return cls(e.op, e.phase, e.hook, e.module, loc.file, loc.line,
+                   (lib.file, lib.line) if lib is not None else None, e.fix,
+                   function=loc.function)
+
+    def stable(self, rank: str | None = None) -> str:
+        """A baseline's key: the op, phase, module, file and function, not the line (moving
+        code a few lines keeps it), the file as stable_file has it; under torchrun the rank;
+        a spawned process's site by the process's name (its pid changes from run to run)."""
+        key = f"{self.op} | {self.phase} | {self.module or '-'} | {stable_file(self.file)} | " \
+              f"{self.function}"
+        return key + (f" | rank {rank}" if rank is not None else "") + (
+            f" | spawned {self.process}" if self.process is not None else "")
+
+    @property
+    def place(self) -> SiteKey:
+        """Only the op, the user's line and the library line under it: what stays of a site
+        when the code around it is edited (fix/sites.py)."""
+        return SiteKey(self.op, "", None, None, self.file, self.line, self.library, "")
+
+    @property
+    def named(self) -> str:
+        """How the cost model names a sync's site: "file:line op"."""
+        return f"{self.file}:{self.line} {self.op}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Site:
+    """A sync site: the user's line (file, line, function) and what synced there, over the
+    run; its identity is its `key`."""
+
+    op: str
+    phase: str
+    module: str | None = None
+    file: str
+    line: int
+    function: str = ""
+    frames: tuple[Frame, ...] = ()
+    count: int = 0  # every occurrence, warm-up and tail included
+    per_step: float = 0.0  # mean per measured step
+    stall_ms: float | None = None  # total host stall over the measured steps (GPU only)
+    fix: str = ""
     hook: str | None = None
     detail: str = ""
-    # the library line that synced, beneath the user's (file, line, function): None when the
-    # user's own line synced
-    library: dict | None = None
+    # the library line that synced beneath the user's: None when the user's own line synced
+    library: CodeLine | None = None
     setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
     predicted: str = ""  # why it was predicted rather than seen (C++ code's GPU path); "" if seen
-    per_rank: dict | None = None  # under torchrun: {rank: per_step}; None for one process
-    # "pid N (NAME)" for a site made in a process the script spawned (gpusync/_spawned.py):
-    # its count and per_step are over that process's own steps; None for the scanned process
-    process: str | None = None
+    per_rank: dict[str, float] | None = None  # under torchrun: {rank: per_step}; None for one
+    # a site made in a process the script spawned (gpusync/_spawned.py): its count and
+    # per_step are over that process's own steps; None for the scanned process
+    process: Process | None = None
     # --gpu (gpusync/costmodel/annotate.py): per measured step on that GPU, and what it blocks
     predicted_stall_ms: float | None = None
     payoff_ms: float | None = None
-    blocks: list[str] | None = None
+    blocks: tuple[str, ...] | None = None
+
+    def __hash__(self) -> int:  # per_rank is a dict: a site is hashed by its identity
+        return hash((self.key, self.line, self.count, self.per_step))
+
+    @property
+    def key(self) -> SiteKey:
+        lib = self.library
+        return SiteKey(self.op, self.phase, self.hook, self.module, self.file, self.line,
+                       (lib.file, lib.line) if lib is not None else None, self.fix,
+                       self.process.stable_name if self.process is not None else None,
+                       function=self.function)
 
     @property
     def where(self) -> str:
         return f"{self.file}:{self.line}" if self.file else "<unknown>"
 
+    @property
+    def relative_where(self) -> str:
+        """file:line as the user reads it (relative to the current directory)."""
+        return f"{os.path.relpath(self.file)}:{self.line}"
 
-@dataclass
+    @property
+    def library_line(self) -> str:
+        """The library line under the user's, as the scan's table shows it, or ""."""
+        return self.library.short if self.library is not None else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The site's JSON form (schemas/scan.schema.json)."""
+        d = _lists(asdict(self))
+        d["process"] = self.process.label if self.process is not None else None
+        return d
+
+    def encode(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> Site:
+        """A site as `encode` wrote it (in another gpusync process)."""
+        lib, proc, blocks = d.get("library"), d.get("process"), d.get("blocks")
+        return cls(**{**d, "frames": tuple(Frame(**f) for f in d.get("frames", ())),
+                      "library": CodeLine(**lib) if lib is not None else None,
+                      "process": Process(**proc) if proc is not None else None,
+                      "blocks": tuple(blocks) if blocks is not None else None})
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """--gpu: one measured step as the cost model predicts it (costmodel/predict.py)."""
+
+    index: int
+    predicted_step_ms: float
+    gpu_busy: float
+    bound: str  # "host" or "device"
+    predicted_stall_ms: float
+
+
+@dataclass(frozen=True)
+class StepLanes:
+    """--gpu: one step's predicted lanes, in milliseconds from its start: the device's busy
+    spans (start, end), the host's stalls (start, end, site: SiteKey.named) and where the
+    host's own work ends."""
+
+    step: int
+    step_ms: float
+    host_end_ms: float
+    device: tuple[tuple[float, float], ...]
+    stalls: tuple[tuple[float, float, str], ...]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """--gpu: the GPU predicted for, the host model, each measured step, one step's lanes."""
+
+    gpu_name: str
+    host_dispatch_us: float
+    launch_api_us: float
+    gap_overhead_us: float
+    steps: tuple[StepCost, ...]
+    timeline: StepLanes | None
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> Cost:
+        lanes = d.get("timeline")
+        return cls(**{**d, "steps": tuple(StepCost(**s) for s in d["steps"]),
+                      "timeline": None if lanes is None else StepLanes(**{
+                          **lanes, "device": tuple(tuple(x) for x in lanes["device"]),
+                          "stalls": tuple(tuple(x) for x in lanes["stalls"])})})
+
+
+@dataclass(frozen=True)
+class RankFigures:
+    """One rank's figures in a report merged over torchrun's ranks."""
+
+    rank: int
+    steps: int
+    syncs_per_step: float
+    error: str | None
+
+
+@dataclass(frozen=True)
 class Report:
     mode: str
     device: str
@@ -66,40 +271,59 @@ class Report:
     measured_steps: int
     syncs_per_step: float
     max_syncs_per_step: int
-    syncs_by_phase: dict
-    sites: list[Site]
+    syncs_by_phase: dict[str, float]
+    sites: tuple[Site, ...]
     target: str = ""
     torch_version: str = torch.__version__
     gpusync_version: str = __version__
     created: str = ""
     error: str | None = None  # set when the scanned code raised part-way
     step_unit: str = "optimizer"  # what a step is: detect/steps.py
-    notes: list[str] = field(default_factory=list)  # what the reader must know to trust it
+    notes: tuple[str, ...] = ()  # what the reader must know to trust it
     virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
     ranks: int = 1  # processes merged into this report (torchrun), gpusync/runs/merge.py
-    per_rank: list[dict] | None = None  # each rank's steps, syncs_per_step, error
+    per_rank: tuple[RankFigures, ...] | None = None  # each rank's steps, syncs_per_step, error
     gpu: str | None = None  # --gpu: the GPU the cost model predicted for
-    cost: dict | None = None  # --gpu: per step predictions, host model, a step's lanes
+    cost: Cost | None = None  # --gpu: per step predictions, host model, a step's lanes
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        """The report's JSON form (schemas/scan.schema.json): what the JSON renderer writes."""
+        d = _lists(asdict(self))
+        d["sites"] = [s.to_dict() for s in self.sites]
         if self.gpu is None:  # without --gpu the report is as it was before the cost model
             del d["gpu"], d["cost"]
             for site in d["sites"]:
                 del site["predicted_stall_ms"], site["payoff_ms"], site["blocks"]
         return {"schema_version": d.pop("schema_version"), "kind": KIND, **d}
 
+    def encode(self) -> dict[str, Any]:
+        """Every field, typed ones as objects: how a report crosses to another gpusync
+        process (a child's result, a spawned process's file, a rank's run); `decode` reads it."""
+        return asdict(self)
+
     @classmethod
-    def from_dict(cls, d: dict) -> "Report":
+    def decode(cls, d: dict[str, Any]) -> Report:
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
             raise ValueError(f"unsupported report schema_version {version!r} "
                              f"(this gpusync reads {SCHEMA_VERSION})")
-        d = dict(d)
-        d.pop("kind", None)
-        d["sites"] = [Site(**s) for s in d.get("sites", [])]
-        return cls(**d)
+        per_rank, cost = d.get("per_rank"), d.get("cost")
+        return cls(**{**d, "sites": tuple(Site.decode(s) for s in d.get("sites", ())),
+                      "notes": tuple(d.get("notes", ())),
+                      "cost": Cost.decode(cost) if cost is not None else None,
+                      "per_rank": tuple(RankFigures(**r) for r in per_rank)
+                      if per_rank is not None else None})
+
+    def with_sites(self, sites: Iterable[Site]) -> Report:
+        """This report with `sites` after its own (a spawned process's: scan.py)."""
+        return replace(self, sites=(*self.sites, *sites))
+
+    def without_note(self, note: str) -> Report:
+        return replace(self, notes=tuple(n for n in self.notes if n != note))
+
+    def with_error(self, error: str | None) -> Report:
+        return replace(self, error=error)
 
 
 def _device_name(mode: str) -> str:
@@ -141,30 +365,23 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
     def measured(e: SyncEvent) -> bool:
         return first <= e.step < end
 
-    groups: dict[tuple, list[SyncEvent]] = defaultdict(list)
+    groups: dict[SiteKey, list[SyncEvent]] = defaultdict(list)
     for e in events:
-        loc = e.location or Frame("", 0, "")
-        lib = e.library
-        lib_key = (lib.file, lib.line) if lib is not None else None
-        # the remedy too: one library line reached along two paths with remedies of their
-        # own (torchrec's _safe_tolist for a KJT's lengths and for the fused splits) is two
-        groups[(e.op, e.phase, e.hook, e.module, loc.file, loc.line, lib_key, e.fix)].append(e)
+        groups[SiteKey.of_event(e)].append(e)
 
     sites = []
-    for (op, phase, hook, module, file, line, _, _), evs in groups.items():
+    for key, evs in groups.items():
         inside = [e for e in evs if measured(e)]
         stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
         first_ev = evs[0]
-        origin, lib = first_ev.location, first_ev.library
+        lib = first_ev.library
         sites.append(Site(
-            op=op, phase=phase, hook=hook, module=module, file=file, line=line,
-            function=origin.function if origin else "",
-            frames=[f.to_dict() for f in first_ev.frames],
+            op=key.op, phase=key.phase, hook=key.hook, module=key.module, file=key.file,
+            line=key.line, function=key.function, frames=tuple(first_ev.frames),
             count=len(evs), per_step=len(inside) / n,
             stall_ms=round(sum(stalls), 4) if stalls else None,
             fix=first_ev.fix, detail=first_ev.detail,
-            library={"file": lib.file, "line": lib.line, "function": lib.function}
-            if lib is not None else None,
+            library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
             setup=not inside and all(e.step < first for e in evs),
             predicted=first_ev.predicted,
         ))
@@ -179,7 +396,8 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         syncs_per_step=round(len(in_range) / n, 4),
         max_syncs_per_step=max(per_step_counts.values(), default=0),
         syncs_by_phase={p: round(by_phase[p] / n, 4) for p in PHASES if by_phase[p]},
-        sites=sites, target=target, error=error, step_unit=step_unit, notes=notes,
+        sites=tuple(sites), target=target, error=error, step_unit=step_unit,
+        notes=tuple(notes),
         virtual_cuda=virtual_cuda,
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
     )

@@ -2,22 +2,23 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import tempfile
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 from . import _spawned
 from .detect.session import NOTHING_ON_GPU, Session, resolve_mode
 from .errors import BadInput
-from .report import report_of
+from .report import Report, report_of
 from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanResult:
-    report: Any
+    report: Report
     error: BaseException | None = None
     traceback: str = ""
 
@@ -150,10 +151,10 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         error = None
     result = _result(session, error, notes=_spawned.notes(spawned))
     # the children's sites, after the parent's: the report's per-step figures stay the parent's
-    result.report.sites = [*result.report.sites, *_spawned.sites(spawned)]
+    report = result.report.with_sites(_spawned.sites(spawned))
     if _spawned.placed(spawned):  # the script's device work ran in its spawned processes
-        result.report.notes = [n for n in result.report.notes if n != NOTHING_ON_GPU]
-    return result
+        report = report.without_note(NOTHING_ON_GPU)
+    return dataclasses.replace(result, report=report)
 
 
 # Where this run's temporary folders go: the scan child sets it to its job folder, which the
@@ -162,7 +163,7 @@ SCRATCH: str | None = None
 
 
 @contextlib.contextmanager
-def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[dict]]]:
+def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[_spawned.Spawned]]]:
     """While inside, processes the script spawns run on the virtual CUDA device too
     (gpusync/_spawned.py); yields the function that reads what they wrote once they ended."""
     if not virtual:

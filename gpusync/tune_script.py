@@ -22,6 +22,7 @@ from . import knobs, runs
 from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
 from .knobs import user
 from .progress import Progress
+from .report import Report
 
 SEED = 0  # every run of every candidate starts from it (runs/candidate_child.seed_everything)
 
@@ -35,7 +36,7 @@ class Run:
     reason: str = ""
     samples_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
-    report: dict | None = None
+    report: Report | None = None  # its scanned run's
     output: str = ""
     steps_run: int = 0  # whole steps of its timed run (a script may end before the plan does)
     peak_alloc_mb: float | None = None  # GPU only
@@ -81,8 +82,9 @@ class Plan:
 
     def job(self, settings: dict, scan: bool) -> runs.CandidateJob:
         steps = self.scan_steps if scan else self.block * self.repeats
-        return runs.CandidateJob(self.target, self.mode, self.warmup, steps, self.block,
-                                 settings, scan, tuple(self.script_args), seed=SEED)
+        return runs.CandidateJob(target=self.target, mode=self.mode, warmup=self.warmup,
+                                 steps=steps, block=self.block, settings=settings, scan=scan,
+                                 script_args=tuple(self.script_args), seed=SEED)
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
@@ -257,11 +259,11 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     variants = []
     for r in measured:
         diff = _loss_diff(unchanged.losses, r.losses)
-        report = r.report or {}
         variants.append(Measurement(
             name=r.candidate.name, samples_ms=r.samples_ms,
-            syncs_per_step=report.get("syncs_per_step", math.nan),
-            syncs_by_phase=report.get("syncs_by_phase", {}), peak_alloc_mb=r.peak_alloc_mb,
+            syncs_per_step=r.report.syncs_per_step if r.report is not None else math.nan,
+            syncs_by_phase=dict(r.report.syncs_by_phase) if r.report is not None else {},
+            peak_alloc_mb=r.peak_alloc_mb,
             peak_reserved_mb=r.peak_reserved_mb, max_diff=diff,
             parity=parity_text(diff) if unchanged.losses and r.losses else "no losses"))
     result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,

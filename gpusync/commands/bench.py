@@ -91,7 +91,9 @@ def overhead(steps, warmup, profile, mode, fmt):
     except (Exception, SystemExit) as e:  # the workload's own code: exit 3, where it raised
         import traceback
 
-        where = errors.raised_at("".join(traceback.format_exception(e)))
+        from ..runs.results import raised_at
+
+        where = raised_at("".join(traceback.format_exception(e)))
         raise errors.UserCodeError(f"the workload raised {type(e).__name__}: {e}{where}",
                                    e) from None
     click.echo(render_as("overhead", result, fmt))

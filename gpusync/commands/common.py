@@ -49,10 +49,12 @@ def raise_user_error(outcome) -> None:
     """The scanned code raised or ended the run: exit 3 with one line saying where (with -v,
     its traceback first)."""
     if outcome.failure is not None:
+        from ..runs.results import raised_at
+
         if verbosity.verbose():
             click.echo(outcome.traceback, err=True, nl=False)
         hint = "" if verbosity.verbose() or not outcome.traceback else " (-v: the traceback)"
-        where = "" if outcome.located else errors.raised_at(outcome.traceback)
+        where = "" if outcome.located else raised_at(outcome.traceback)
         raise errors.UserCodeError(outcome.failure + where + hint)
 
 

@@ -1,4 +1,4 @@
-"""A scan report's JSON form with the cost model's prediction in it (`gpusync scan --gpu`).
+"""A scan report with the cost model's prediction in it (`gpusync scan --gpu`).
 
 Per site (matched by place and op): `predicted_stall_ms`, `payoff_ms` and `blocks`; a site
 with no read in the measured steps (set-up, or a spawned process's) gets nulls.  Top level:
@@ -9,9 +9,12 @@ with no read in the measured steps (set-up, or a spawned process's) gets nulls. 
 
 from __future__ import annotations
 
+import dataclasses
+
 from gpusync.costmodel.gpus import GPU
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.predict import Prediction, StepPrediction
+from gpusync.report import Cost, Report, StepCost, StepLanes
 
 _MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
 
@@ -20,38 +23,30 @@ def _ms(seconds: float) -> float:
     return round(seconds * 1e3, 4)
 
 
-def site_key(file: str, line: int, op: str) -> str:
-    """How a sync's site is named to the model: the report's place and op."""
-    return f"{file}:{line} {op}"
-
-
-def annotate(report: dict, prediction: Prediction | None, gpu: GPU, host: HostModel) -> dict:
-    """`report` (Report.to_dict()) with the prediction added; a new dict."""
-    out = dict(report)
+def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
+             host: HostModel) -> Report:
+    """`report` with the prediction added: a new report. Sites are matched to the model's by
+    SiteKey.named (place and op)."""
     by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
     sites = []
-    for site in report.get("sites", []):
-        found = by_key.get(site_key(site["file"], site["line"], site["op"]))
-        if site.get("process") is not None:  # a spawned process's: not in this stream
+    for site in report.sites:
+        found = by_key.get(site.key.named)
+        if site.process is not None:  # a spawned process's: not in this stream
             found = None
-        sites.append({**site,
-                      "predicted_stall_ms": found.predicted_stall_ms if found else None,
-                      "payoff_ms": found.payoff_ms if found else None,
-                      "blocks": [b.name for b in found.blocks] if found else None})
-    out["sites"] = sites
-    out["gpu"] = gpu.key
+        sites.append(dataclasses.replace(
+            site, predicted_stall_ms=found.predicted_stall_ms if found else None,
+            payoff_ms=found.payoff_ms if found else None,
+            blocks=tuple(b.name for b in found.blocks) if found else None))
     steps = list(prediction.steps) if prediction is not None else []
-    out["cost"] = {
-        "gpu_name": gpu.name, "host_dispatch_us": round(host.dispatch_s * 1e6, 3),
-        "launch_api_us": round(host.launch_api_s * 1e6, 3),
-        "gap_overhead_us": round(host.gap_overhead_s * 1e6, 3),
-        "steps": [s.to_dict() for s in steps],
-        "timeline": timeline(steps[-1]) if steps else None,
-    }
-    return out
+    return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, cost=Cost(
+        gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
+        launch_api_us=round(host.launch_api_s * 1e6, 3),
+        gap_overhead_us=round(host.gap_overhead_s * 1e6, 3),
+        steps=tuple(StepCost(**s.to_dict()) for s in steps),
+        timeline=timeline(steps[-1]) if steps else None))
 
 
-def _merged(spans: list[list], limit: int) -> list[list]:
+def _merged(spans: list[list[float]], limit: int) -> list[list[float]]:
     """Spans [start_ms, end_ms] with the smallest gaps closed until at most `limit` are left:
     a drawing's worth, the busy time kept."""
     while len(spans) > limit:
@@ -69,15 +64,16 @@ def _merged(spans: list[list], limit: int) -> list[list]:
     return spans
 
 
-def timeline(step: StepPrediction) -> dict:
+def timeline(step: StepPrediction) -> StepLanes:
     """One step's predicted lanes in milliseconds from its start: the device's busy spans, the
-    host's stalls (site, start, end) and where the host's own work ends."""
+    host's stalls (start, end, site) and where the host's own work ends."""
     tl = step.timeline
     device = _merged([[_ms(s.start_s), _ms(s.end_s)] for s in tl.device_spans], _MAX_SPANS)
-    stalls = [[_ms(s.start_s), _ms(s.end_s), s.name] for s in tl.stall_spans]
     host_end = tl.host_work_s + sum(s.stall_s for s in tl.stalls)
-    return {"step": step.index, "step_ms": _ms(tl.step_s), "host_end_ms": _ms(host_end),
-            "device": device, "stalls": stalls}
+    return StepLanes(step=step.index, step_ms=_ms(tl.step_s), host_end_ms=_ms(host_end),
+                     device=tuple((a, b) for a, b in device),
+                     stalls=tuple((_ms(s.start_s), _ms(s.end_s), s.name)
+                                  for s in tl.stall_spans))
 
 
 def trace_events(prediction: Prediction, pid: int = 2) -> list[dict]:

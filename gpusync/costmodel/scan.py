@@ -5,8 +5,8 @@ the calibration times plain eager ops), measures this recorder's own per-op gap,
 OpStream: a TorchDispatchMode that turns every aten op the scanned code queues into an
 OpRecord (shapes, dtypes, FLOPs, perf_counter times).  After the run, `step_traces` cuts the
 op stream and the session's SyncEvents into the measured steps at the session's step
-boundaries, `predict_steps` predicts them, and `annotate` adds the prediction to the report's
-JSON form: per site `predicted_stall_ms`, `payoff_ms`, `blocks`; top-level `gpu` and `cost`
+boundaries, `predict_steps` predicts them, and `annotate` adds the prediction to the
+report: per site `predicted_stall_ms`, `payoff_ms`, `blocks`; top-level `gpu` and `cost`
 (per step `predicted_step_ms`, `gpu_busy`, ...; one step's lanes for the HTML report).
 Nothing here is imported by a scan without --gpu.
 """
@@ -24,11 +24,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpusync.costmodel.adapter import record_op
-from gpusync.costmodel.annotate import annotate, site_key, trace_events
+from gpusync.costmodel.annotate import annotate, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel, calibrate_host, median_gap_s
 from gpusync.costmodel.predict import Prediction, predict_steps
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
+from gpusync.report import Report, SiteKey
 
 # Syncs that copy nothing to the host: the host only waits for the queue to drain (an H2D
 # copy from pageable memory: the copy itself is an op of the stream).
@@ -98,19 +99,19 @@ class CostScan:
         if detector is not None:
             self.stream.on_device = detector.host.on_device
 
-    def predict(self, report: dict) -> Prediction | None:
-        """The measured steps of `report` (the session's Report.to_dict()) predicted."""
+    def predict(self, report: Report) -> Prediction | None:
+        """The measured steps of `report` (the session's) predicted."""
         session = self.session
         if session is None:
             return None
-        first, end = measured_steps(report["steps"], report["warmup"])
+        first, end = measured_steps(report.steps, report.warmup)
         starts = list(session.tracker.steps.result().times)
         traces = step_traces(list(session.events), self.stream.ops, starts, range(first, end),
                              t0=session.tracker.t0)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None
         return self.prediction
 
-    def annotate(self, report: dict) -> dict:
+    def annotate(self, report: Report) -> Report:
         return annotate(report, self.predict(report), self.gpu, self.host)
 
     def trace_events(self, pid: int = 2) -> list[dict]:
@@ -178,8 +179,7 @@ def measured_steps(steps: int, warmup: int) -> tuple[int, int]:
 
 def sync_point(event: Any, t0_shift: float = 0.0) -> SyncPoint:
     """A SyncEvent (its `ts` on the session's clock) as the model's read."""
-    where = event.location
-    key = site_key(where.file if where else "", where.line if where else 0, event.op)
+    key = SiteKey.of_event(event).named
     waits = any(w in event.op for w in _PURE_WAITS)
     return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8)
 

@@ -3,6 +3,7 @@ torch state (modes, hooks, patches, sync-debug mode), on exceptions and Ctrl-C t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -179,9 +180,10 @@ class Session:
         """What the session saw so far, each event given its step: what gpusync/report.py and
         gpusync/trace.py build the report and the trace from."""
         steps = self._frozen_steps or self.tracker.steps.result()
-        events = list(self.events)
-        for i, e in enumerate(events):
-            e.step = steps.step_of(i)
+        # copies: the session's own events stay as recorded (nested sessions share them, and
+        # each counts its own steps)
+        events = [dataclasses.replace(e, step=steps.step_of(i))
+                  for i, e in enumerate(self.events)]
         notes = [NOTHING_ON_GPU] if (self.virtual_cuda and self.detector is not None
                                      and not self.detector.placed) else []
         return Outcome(events=events, steps=steps, warmup=self.warmup, mode=self.mode,

@@ -73,7 +73,7 @@ def render(result: FixResult) -> str:
              f"step {result.syncs_before:g} -> {_after(result)}"]
     for v in result.patches:
         site = v.proposal.site
-        lines.append(f"# {v.proposal.remedy} at {site.where}: "
+        lines.append(f"# {v.proposal.remedy} at {site.relative_where}: "
                      f"{v.proposal.summary}")
         lines.append(f"#   verified: removes {', '.join(v.check.removed)}"
                      + (f"; moves {', '.join(v.check.moved)}" if v.check.moved else "")

@@ -68,7 +68,7 @@ def _round(candidates: list[list[Proposal]], result: FixResult, original: _Origi
     for k, group in enumerate(candidates, 1):
         for proposal in group:
             progress.stage(f"verifying {k}/{len(candidates)}: {proposal.remedy} at "
-                           f"{proposal.site.where}")
+                           f"{proposal.site.relative_where}")
             outcome = _verify([proposal], original, original.runner, files, plan)
             if outcome.failure is None:
                 result.patches.append(Verified(proposal, outcome))
@@ -260,8 +260,8 @@ def _one_by_one(result: FixResult, original: _Original, runner: Runner,
                 files: dict[str, Source], plan: Plan, progress: Progress) -> list[Verified]:
     kept: list[Verified] = []
     for v in result.patches:
-        progress.stage(f"verifying {v.proposal.remedy} at {v.proposal.site.where} with the "
-                       "patches kept so far")
+        progress.stage(f"verifying {v.proposal.remedy} at {v.proposal.site.relative_where} "
+                       "with the patches kept so far")
         outcome = _verify([*(k.proposal for k in kept), v.proposal], original, runner, files,
                           plan)
         if outcome.failure is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..remedies import Proposal, Refusal, Site
+from ..remedies import Proposal, Refusal
+from ..report import Site
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """One run of the script for `gpusync fix`: the original or a patched copy, scanned, seeded,
-recording what parity compares (runs.CandidateJob with sources / observe / record)."""
+recording what parity compares (runs.FixJob)."""
 from __future__ import annotations
 
 import os
@@ -7,9 +7,10 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import errors, runs, verbosity
+from .. import runs, verbosity
 from ..errors import UserCodeError
-from ..remedies import Facts, Site
+from ..remedies import Facts
+from ..report import Site
 from . import compare
 
 
@@ -50,10 +51,9 @@ class Runner:
         self.count += 1
         path = os.path.join(plan.folder, f"{self.name}{self.count}.pt")
         sources = {**self.base, **sources}
-        job = runs.CandidateJob(plan.target, plan.mode, plan.warmup,
-                                plan.steps, 1, {}, True,
-                                plan.script_args, seed=plan.seed, sources=sources,
-                                observe=observe, record=path)
+        job = runs.FixJob(target=plan.target, mode=plan.mode, warmup=plan.warmup,
+                          steps=plan.steps, seed=plan.seed, record=path,
+                          script_args=plan.script_args, sources=sources, observe=observe)
         result, failure = runs.candidate(job, plan.timeout)
         self.last = result
         if failure is not None and verbosity.verbose() and result.output and sources:
@@ -61,15 +61,14 @@ class Runner:
         if failure is not None or result.report is None or not os.path.exists(path):
             return None, failure or "it ended before its report was written"
         report = result.report
-        sites = [Site.from_report(s) for s in report["sites"]]
-        return Run(sites, float(report.get("syncs_per_step") or 0.0), compare.load(path),
+        return Run(list(report.sites), report.syncs_per_step, compare.load(path),
                    Facts.from_json(result.facts)), ""
 
     def original(self) -> Run:
         run, failure = self.run({}, observe=True)
         if run is None:  # as scan says it: where it raised, and what the script printed last
             last = self.last or runs.ChildResult(runs.Status.RUNNING)
-            where = errors.raised_at(last.traceback)
+            where = runs.raised_at(last.traceback)
             hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
             if verbosity.verbose() and last.traceback:
                 sys.stderr.write(last.traceback)

@@ -3,10 +3,11 @@
 new ones."""
 from __future__ import annotations
 
+import dataclasses
 import difflib
 from dataclasses import dataclass
 
-from ..remedies import Site
+from ..report import Site, SiteKey
 
 
 @dataclass
@@ -40,16 +41,17 @@ def per_step(sites: list[Site]) -> list[Site]:
 
 def label(site: Site, per_step: float | None = None) -> str:
     value = site.per_step if per_step is None else per_step
-    return f"{site.op} at {site.where} ({value:g}/step)"
+    return f"{site.op} at {site.relative_where} ({value:g}/step)"
 
 
-def key(site: Site, maps: dict[str, LineMap] | None = None) -> tuple:
-    """A site's identity: its op, its line (mapped into the patched text when `maps` has its
-    file) and the library line that synced under it (one user line may lead to several)."""
+def key(site: Site, maps: dict[str, LineMap] | None = None) -> SiteKey:
+    """A site's place (SiteKey.place: its op, its line and the library line that synced under
+    it, one user line leading to several), its line mapped into the patched text when `maps`
+    has its file."""
     lines = (maps or {}).get(site.file)
-    line = lines.old_to_new.get(site.line, -1) if lines else site.line
-    lib = site.library if isinstance(site.library, dict) else {}
-    return site.op, site.file, line, lib.get("file"), lib.get("line")
+    place = site.key.place
+    return dataclasses.replace(place, line=lines.old_to_new.get(site.line, -1)) if lines \
+        else place
 
 
 def gone(targets: list[Site], after: list[Site], maps: dict[str, LineMap]

@@ -8,7 +8,7 @@ from typing import Iterator
 
 from . import causal, dataloader, flags, logging_item, optimizers, sizes, tensor_list, tuned
 from .observe import Facts
-from .remedy import Proposal, Refusal, Remedy, Site
+from .remedy import Proposal, Refusal, Remedy
 
 REMEDIES: tuple[Remedy, ...] = (
     dataloader,
@@ -24,7 +24,7 @@ REMEDIES: tuple[Remedy, ...] = (
     tuned,
 )  # each remedy, in the order their proposals are tried
 
-__all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "Site", "observing"]
+__all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "observing"]
 
 
 @contextlib.contextmanager

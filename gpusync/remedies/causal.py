@@ -21,10 +21,11 @@ import sys
 import weakref
 from typing import Any, Iterator
 
+from ..report import Site
 from . import callsite, scope
 from .flags import keyword, library, literal
 from .observe import Facts, innermost_user_frame, layers
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Source
 
 _TRANSFORMER = "torch/nn/modules/transformer.py"

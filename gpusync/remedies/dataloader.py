@@ -25,10 +25,11 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Iterator
 
+from ..report import Site
 from . import loop_scope as scope
 from .callsite import call_ending, caller
 from .observe import Facts, layers
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Edit, Source
 
 NAME = "dataloader.pin_memory"

@@ -24,17 +24,16 @@ import os
 import weakref
 from typing import Any, Iterator
 
+from ..report import Site
 from .observe import Facts, layers
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Source, callee_name
 
 
 def library(site: Site) -> tuple[str, str]:
     """(file, function) of the library line that synced under the user's, ("", "") if none."""
-    lib: Any = site.library
-    if isinstance(lib, dict):
-        return str(lib.get("file") or "").replace("\\", "/"), str(lib.get("function") or "")
-    return (str(lib or "").replace("\\", "/"), "")
+    lib = site.library
+    return (lib.file.replace("\\", "/"), lib.function) if lib is not None else ("", "")
 
 
 def same_file(a: str, b: str) -> bool:

@@ -15,11 +15,12 @@ import os
 import textwrap
 from typing import Iterator
 
+from ..report import Site
 from . import logging_scope as scope
 from . import logging_sum
 from .logging_scope import Read, Refused, atom
 from .observe import Facts, Observed
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Edit, Source
 
 NAME = "item.log_every"

@@ -18,9 +18,10 @@ import contextlib
 import weakref
 from typing import Any, Iterator
 
+from ..report import Site
 from .flags import keyword, library, literal, same_file
 from .observe import Facts, layers
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Source
 
 

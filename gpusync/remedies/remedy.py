@@ -4,56 +4,12 @@ the site (where the scan saw it), the user's source and the facts the run observ
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
+from ..report import Site
 from .observe import Facts
 from .source import Edit, Source
-
-
-class LibraryLine(dict):
-    """The report's {"file", "line", "function"} of a library line, hashable (a Site is a key)."""
-
-    def __hash__(self) -> int:  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
-
-
-@dataclass(frozen=True)
-class Site:
-    """A sync site of the scan's report (its JSON fields that a remedy needs)."""
-
-    op: str
-    file: str
-    line: int
-    per_step: float
-    count: int
-    phase: str
-    setup: bool = False
-    library: dict[str, Any] | None = None  # the library line that synced under the user's
-    # ({"file", "line", "function"}), if any
-
-    @classmethod
-    def from_report(cls, site: dict[str, Any]) -> Site:
-        return cls(op=site["op"], file=site["file"], line=site["line"],
-                   per_step=site["per_step"], count=site["count"], phase=site["phase"],
-                   setup=bool(site.get("setup")),
-                   library=LibraryLine(site["library"]) if site.get("library") else None)
-
-    @property
-    def where(self) -> str:
-        """file:line as the user reads it (relative to the current directory)."""
-        return f"{os.path.relpath(self.file)}:{self.line}"
-
-    @property
-    def library_line(self) -> str:
-        """The library line under the user's, as the scan's table shows it
-        ("torch/amp/grad_scaler.py:371 GradScaler._maybe_opt_step"), or ""."""
-        lib = self.library or {}
-        file = str(lib.get("file") or "")
-        for marker in ("site-packages/", "dist-packages/"):
-            file = file.rpartition(marker)[2] if marker in file else file
-        return f"{file}:{lib.get('line')} {lib.get('function') or ''}".strip() if file else ""
 
 
 @dataclass(frozen=True)

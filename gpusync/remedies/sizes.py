@@ -28,9 +28,10 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+from ..report import Site
 from . import scope
 from .observe import Facts, Observed, layers
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Edit, Source
 
 

@@ -30,10 +30,11 @@ import contextlib
 import hashlib
 from typing import Any, Iterator
 
+from ..report import Site
 from . import loop_scope as scope
 from .callsite import call_ending, caller
 from .observe import Facts
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Edit, Source
 
 NAME = "tensor.hoist"

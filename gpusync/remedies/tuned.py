@@ -30,8 +30,9 @@ from typing import Any, Iterator
 from ..detect.events import BATCH_COPY, EMB_LOOKUP, INPUT_DIST
 from ..detect.libraries.fbgemm import TBE_MODULE
 from ..detect.libraries.torchrec import PIPELINE_MODULES, PIPELINES
+from ..report import Site
 from .observe import Facts, user_line
-from .remedy import Proposal, Refusal, Site
+from .remedy import Proposal, Refusal
 from .source import Edit, Source, apply
 from .tuned_edits import (
     PIPELINE,
@@ -182,10 +183,8 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
 
 
 def _library(site: Site) -> tuple[str, str]:
-    lib: Any = site.library
-    if isinstance(lib, dict):
-        return str(lib.get("file") or ""), str(lib.get("function") or "")
-    return str(lib or ""), ""
+    lib = site.library
+    return (lib.file, lib.function) if lib is not None else ("", "")
 
 
 def _writeback_site(site: Site) -> bool:

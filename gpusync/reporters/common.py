@@ -27,21 +27,20 @@ def numbered(report):
 
 
 def headers(report) -> list[str]:
-    return HEADERS + (["per rank"] if getattr(report, "ranks", 1) > 1 else [])
+    return HEADERS + (["per rank"] if report.ranks > 1 else [])
 
 
 def rows(sites):
     for i, s in sites:
         phase = f"hook:{s.hook}" if s.hook else s.phase
         stall = "-" if s.stall_ms is None else f"{s.stall_ms:.3f}"
-        process = getattr(s, "process", None)  # a spawned child's site: its pid by the line
-        where = f"{short_path(s.file)}:{s.line}" + (f" ({process.split(' (')[0]})"
-                                                    if process else "")
+        # a spawned child's site: its pid by the line
+        where = f"{short_path(s.file)}:{s.line}" + (f" (pid {s.process.pid})"
+                                                    if s.process is not None else "")
         row = [i, s.op, phase, s.module or "", where, s.count,
                f"{s.per_step:g}", stall]
-        per_rank = getattr(s, "per_rank", None)
-        if per_rank and len(per_rank) > 1:
-            values = list(per_rank.values())
+        if s.per_rank and len(s.per_rank) > 1:
+            values = list(s.per_rank.values())
             # a sync on some ranks only stalls the others at their next collective
             differs = " (differs)" if len(set(values)) > 1 else ""
             row.append(" | ".join(f"{v:g}" for v in values) + differs)
@@ -51,31 +50,31 @@ def rows(sites):
 def fix_line(site) -> str:
     """The op, what it was inside, and the fix (the library line beneath the user's)."""
     lib = site.library
-    inside = (f" in {short_path(lib['file'])}:{lib['line']} {lib['function']}"
-              if lib else "")
+    inside = (f" in {short_path(lib.file)}:{lib.line} {lib.function}"
+              if lib is not None else "")
     detail = f" ({site.detail})" if site.detail else ""
     predicted = f" [predicted: {site.predicted}]" if site.predicted else ""
-    process = getattr(site, "process", None)
-    spawned = f" [in spawned process {process}, per its own steps]" if process else ""
+    spawned = (f" [in spawned process {site.process.label}, per its own steps]"
+               if site.process is not None else "")
     return f"{site.op}{inside}{detail}{predicted}{spawned}: {site.fix}"
 
 
 def library_view(report):
     """The report with each site placed at the library line that synced (`--show library`),
     where there is one: the view of 0.1, for those who read the libraries' code."""
-    sites = [dataclasses.replace(s, file=s.library["file"], line=s.library["line"],
-                                 function=s.library["function"]) if s.library else s
-             for s in report.sites]
+    sites = tuple(dataclasses.replace(s, file=s.library.file, line=s.library.line,
+                                      function=s.library.function)
+                  if s.library is not None else s for s in report.sites)
     return dataclasses.replace(report, sites=sites)
 
 
 def summary(report) -> str:
     mode = ("simulated on a virtual CUDA device: what would sync on CUDA"
-            if getattr(report, "virtual_cuda", False)
+            if report.virtual_cuda
             else "simulated: what would sync on CUDA" if report.mode == "simulate"
             else f"measured on {report.device}")
     phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
-    ranks = f", {report.ranks} ranks" if getattr(report, "ranks", 1) > 1 else ""
+    ranks = f", {report.ranks} ranks" if report.ranks > 1 else ""
     return (f"gpusync scan of {report.target or 'watch'} ({mode}{ranks}): "
             f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) over "
             f"{report.measured_steps} measured step(s) after {report.warmup} warm-up; "

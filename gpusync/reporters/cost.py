@@ -28,17 +28,17 @@ def _ms(value: float) -> str:
 
 
 def steps_line(report) -> str:
-    cost = report.cost or {}
-    steps = cost.get("steps") or []
-    head = f"predicted on {cost.get('gpu_name', report.gpu)}"
-    if not steps:
+    cost = report.cost
+    steps = cost.steps if cost is not None else ()
+    head = f"predicted on {cost.gpu_name if cost is not None else report.gpu}"
+    if cost is None or not steps:
         return head + ": no measured step to predict"
     n = len(steps)
-    step_ms = sum(s["predicted_step_ms"] for s in steps) / n
-    busy = sum(s["gpu_busy"] for s in steps) / n
-    bound = max(("host", "device"), key=lambda b: sum(s["bound"] == b for s in steps))
+    step_ms = sum(s.predicted_step_ms for s in steps) / n
+    busy = sum(s.gpu_busy for s in steps) / n
+    bound = max(("host", "device"), key=lambda b: sum(s.bound == b for s in steps))
     return (f"{head}: step {_ms(step_ms)} ms, GPU busy {busy:.0%}, {bound}-bound "
-            f"(mean of {n} step(s); host {cost.get('host_dispatch_us', 0):.1f} us/op "
+            f"(mean of {n} step(s); host {cost.host_dispatch_us:.1f} us/op "
             "calibrated on this machine)")
 
 
@@ -49,7 +49,7 @@ def rows(report) -> list[list]:
 
 def cost_table(report) -> str:
     """The table's cost section ("" without --gpu)."""
-    if getattr(report, "gpu", None) is None:
+    if report.gpu is None:
         return ""
     out = ["", steps_line(report)]
     if ranked(report):
@@ -60,20 +60,20 @@ def cost_table(report) -> str:
 
 def timeline_svg(report, svg, rect, text, line) -> str:
     """One step's predicted lanes (the html module's drawing helpers passed in)."""
-    tl = (report.cost or {}).get("timeline")
-    if not tl or tl["step_ms"] <= 0:
+    tl = report.cost.timeline if report.cost is not None else None
+    if tl is None or tl.step_ms <= 0:
         return ""
     width, left, lane = 900.0, 70.0, 22.0
-    scale = (width - left - 10) / tl["step_ms"]
+    scale = (width - left - 10) / tl.step_ms
     parts = [text(left - 6, 26, "host", "end"), text(left - 6, 60, "device", "end")]
-    parts.append(rect(left, 12, tl["host_end_ms"] * scale, lane, "#4c78a8"))
-    for start, end, site in tl["stalls"]:
+    parts.append(rect(left, 12, tl.host_end_ms * scale, lane, "#4c78a8"))
+    for start, end, site in tl.stalls:
         parts.append(rect(left + start * scale, 12, max(1.0, (end - start) * scale), lane,
                           "#c0392b", f' data-site="{escape(site)}"'))
-    for start, end in tl["device"]:
+    for start, end in tl.device:
         parts.append(rect(left + start * scale, 46, max(0.5, (end - start) * scale), lane,
                           "#2e9d5b"))
     parts.append(line(left, 76, width - 10, 76))
     parts.append(text(left, 92, "0 ms"))
-    parts.append(text(width - 10, 92, f"{_ms(tl['step_ms'])} ms", "end"))
-    return svg(width, 100, parts, f"predicted timeline of step {tl['step']}")
+    parts.append(text(width - 10, 92, f"{_ms(tl.step_ms)} ms", "end"))
+    return svg(width, 100, parts, f"predicted timeline of step {tl.step}")

@@ -8,7 +8,7 @@ from typing import Any
 from .. import schemas
 from ..fix import diff
 from ..fix.result import Check, FixResult
-from ..remedies import Site
+from ..report import Site
 from .registry import renders
 
 
@@ -20,7 +20,7 @@ def _site(site: Site) -> dict[str, Any]:
 def _where(site: Site) -> str:
     """file:line, and the library line beneath it (one line of yours may lead to several)."""
     under = f" (in {site.library_line})" if site.library_line else ""
-    return f"{site.where}{under}"
+    return f"{site.relative_where}{under}"
 
 
 def _check(check: Check | None) -> dict[str, Any] | None:

@@ -250,7 +250,8 @@ def render_scan(report) -> str:
 def _cost_section(report) -> list[str]:
     from . import cost
 
-    out = [f"<h2>Predicted on {esc((report.cost or {}).get('gpu_name', report.gpu))}</h2>",
+    gpu_name = report.cost.gpu_name if report.cost is not None else report.gpu
+    out = [f"<h2>Predicted on {esc(gpu_name)}</h2>",
            f'<p class="summary">{esc(cost.steps_line(report))}</p>']
     drawing = cost.timeline_svg(report, svg, rect, text, line)
     if drawing:

@@ -75,8 +75,8 @@ def script_document(tune) -> dict:
             "status": _status(tune, run), "reason": _reason(tune, run),
             "p50_ms": round(m.p50_ms, 4) if m else None,
             "p90_ms": round(m.p90_ms, 4) if m else None,
-            "syncs_per_step": (run.report or {}).get("syncs_per_step"),
-            "syncs_by_phase": (run.report or {}).get("syncs_by_phase"),
+            "syncs_per_step": run.report.syncs_per_step if run.report is not None else None,
+            "syncs_by_phase": run.report.syncs_by_phase if run.report is not None else None,
             "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
             "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
     return schema_document("gpusync-tune", {

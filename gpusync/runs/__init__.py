@@ -16,12 +16,13 @@ from typing import Callable, Iterator
 from ..errors import BadInput
 from ..progress import Progress
 from . import inprocess, merge, process
-from .jobs import CandidateJob, ScanJob, TimingJob
-from .results import ChildResult, ScanOutcome, Status
+from .jobs import CandidateJob, FixJob, ScanJob, TimingJob
+from .results import ChildResult, ScanOutcome, Status, raised_at
 from .torchrun import Lockstep, RankEnv, torchrun_env
 
-__all__ = ["CandidateJob", "ChildResult", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
-           "TimingJob", "candidate", "follow", "leading", "scan", "step_times", "torchrun_env"]
+__all__ = ["CandidateJob", "ChildResult", "FixJob", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
+           "TimingJob", "candidate", "follow", "leading", "raised_at", "scan", "step_times",
+           "torchrun_env"]
 
 # Runs a job in one process: (job, timeout=, capture=, on_snapshot=, env=) -> ChildResult; a
 # torchrun rank's runs too. GPUSYNC_IN_PROCESS=1 is for gpusync's own tests, not users: the
@@ -78,11 +79,11 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
     except ValueError as e:
         raise BadInput(str(e)) from None
     total = None if steps is None else steps + (1 if warmup is None else warmup)
-    job = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, gpu=gpu)
+    job = ScanJob(target=target, steps=steps, warmup=warmup, mode=mode,
+                  script_args=tuple(script_args), virtual_cuda=virtual_cuda, gpu=gpu)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
-        own = ScanJob(target, steps, warmup, mode, tuple(script_args), virtual_cuda, trace,
-                      gpu=gpu)
+        own = dataclasses.replace(job, trace=trace)
         if lead is None:
             return runner(own, on_snapshot=_progress(progress)).scan_outcome()
         runs = lead.run(job, own=own, on_snapshot=_progress(progress))
@@ -95,7 +96,8 @@ def step_times(target, mode, steps, warmup, command="baseline", lead: Lockstep |
     progress (steps done of warm-up + steps) on stderr once it has run for a few seconds.
     Under torchrun every rank times the same steps and a sample is the slowest rank's; a
     rank that fails is named, the first to fail first."""
-    job = TimingJob(target, mode, steps, warmup, tuple(script_args))
+    job = TimingJob(target=target, mode=mode, steps=steps, warmup=warmup,
+                    script_args=tuple(script_args))
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage("timing steps without the scanner", total=warmup + steps)
         if lead is None:
@@ -107,9 +109,9 @@ def step_times(target, mode, steps, warmup, command="baseline", lead: Lockstep |
     return merge.merged_samples(runs)
 
 
-def candidate(job: CandidateJob, timeout: float, progress: Progress | None = None,
+def candidate(job: CandidateJob | FixJob, timeout: float, progress: Progress | None = None,
               lead: Lockstep | None = None) -> tuple[ChildResult, str | None]:
-    """A tune candidate's run: (its result, with the last lines it printed as `output`;
+    """A tune candidate's run, or fix's: (its result, with the last lines it printed as `output`;
     why it failed, or None); the child's steps go to `progress`. Under torchrun every rank
     runs it and the results are merged (merge.merged_candidate)."""
     if lead is not None:

@@ -1,20 +1,69 @@
-"""A tune candidate's run, in the child: the script with the candidate's knob settings, scanned
-(syncs per step by phase) or timed without detection (step times, the losses it calls
-backward() on for parity, peak GPU memory)."""
+"""A script's run for tune, timing or fix, in the child: the script with a candidate's knob
+settings (or a patched text in place of the user's file), scanned (syncs per step by phase)
+or timed without detection (step times, the losses it calls backward() on for parity, peak
+GPU memory)."""
 from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from ..report import Report
 from .results import Status
-
-CandidateJob = Any  # jobs.CandidateJob (jobs.py imports this module: no cycle back)
 
 PARITY_LOSSES = 5
 
 
-def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class ScriptRun:
+    """How to run the script (each job that runs one says: jobs.py's CandidateJob, FixJob and
+    TimingJob): `block` steps a sample after `warmup`, `steps` None to run to its end."""
+
+    target: str | None
+    mode: str
+    warmup: int
+    steps: int | None
+    block: int = 1
+    settings: dict[str, Any] = field(default_factory=dict)  # the knobs' (knobs.applied)
+    scan: bool = False
+    script_args: tuple[str, ...] = ()
+    seed: int | None = None  # set before the script runs (seed_everything); None: its own
+    # gpusync fix: texts run in place of the user's files ({path: text}); the remedies'
+    # observers installed (their facts in the result); where to torch.save what parity
+    # compares (every loss, the optimizers' final parameters, what the script printed)
+    sources: dict[str, str] = field(default_factory=dict)
+    observe: bool = False
+    record: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    """What a ScriptRun measured, as the child writes it (runs.ChildResult is the parent's
+    view of it once decoded)."""
+
+    status: Status
+    builds: dict[str, Any]
+    losses: list[float]
+    samples_ms: list[float]
+    steps_run: int
+    peak_alloc_mb: float | None = None
+    peak_reserved_mb: float | None = None
+    report: Report | None = None  # a scanned run's
+    facts: list[dict[str, Any]] | None = None  # fix's observers (remedies.Facts.to_json)
+    message: str = ""
+    traceback: str = ""
+
+    def encode(self) -> dict[str, Any]:
+        """The child's result.json (ChildResult.decode reads it)."""
+        return {"status": self.status.value, "builds": self.builds, "losses": self.losses,
+                "samples_ms": self.samples_ms, "steps_run": self.steps_run,
+                "peak_alloc_mb": self.peak_alloc_mb, "peak_reserved_mb": self.peak_reserved_mb,
+                "report": self.report.encode() if self.report is not None else None,
+                "facts": self.facts, "message": self.message, "traceback": self.traceback}
+
+
+def run_candidate(job: ScriptRun, live: dict | None = None) -> RunResult:
     """Run the target with the job's knob settings: scanned, or timed without detection.
     live["steps"] follows the whole steps done (for progress; read by another thread)."""
     import torch
@@ -57,16 +106,15 @@ def run_candidate(job: CandidateJob, live: dict | None = None) -> dict[str, Any]
         handle.remove()
     if job.record:
         record.save(job.record)
-    data: dict[str, Any] = {
-        "status": Status.DONE.value, "builds": builds,
-        "losses": [float(t) for t in losses[:PARITY_LOSSES]], "samples_ms": clock.samples(),
-        "steps_run": live["steps"], **_peak_memory(job.mode == "cuda"),
-        "report": result.report.to_dict() if job.scan else None,
-        "facts": facts.to_json() if job.observe else None}
-    if result.error is not None:
-        data.update(status=Status.USER_ERROR.value, message=f"{type(result.error).__name__}: "
-                    f"{result.error}", traceback=result.traceback)
-    return data
+    error = result.error
+    return RunResult(
+        status=Status.DONE if error is None else Status.USER_ERROR, builds=builds,
+        losses=[float(t) for t in losses[:PARITY_LOSSES]], samples_ms=clock.samples(),
+        steps_run=live["steps"], **_peak_memory(job.mode == "cuda"),
+        report=result.report if job.scan else None,
+        facts=facts.to_json() if job.observe else None,
+        message=f"{type(error).__name__}: {error}" if error is not None else "",
+        traceback=result.traceback if error is not None else "")
 
 
 def _capturing(losses: list, record=None):
@@ -111,7 +159,7 @@ class _Clock:
     """The session's step hook of a timed run: a sample is the mean of `block` steps after
     the warm-up; on a GPU the device is drained at block ends."""
 
-    def __init__(self, job: CandidateJob, live: dict):
+    def __init__(self, job: ScriptRun, live: dict):
         self.job, self.live = job, live
         self.stamps: list[float] = []
 

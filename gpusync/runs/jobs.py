@@ -1,4 +1,5 @@
-"""What a child runs, frozen: a scan, a timing run, a tune candidate. Each job is written to
+"""What a child runs, frozen: a scan, a timing run, a tune candidate, a run of fix's. Each job
+is written to
 job.json (`to_json`), read back in the child (`load_job`) and runs itself there (`run`),
 keeping its result up to date (writer.Results)."""
 from __future__ import annotations
@@ -43,7 +44,7 @@ class _Job:
         return target is None or target in builtin_names()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ScanJob(_Job):
     """A scan of the target; rank 0's job under torchrun may write the trace file too."""
 
@@ -88,11 +89,11 @@ class ScanJob(_Job):
                 result = run_scan(self.target, steps=self.steps, warmup=self.warmup,
                                   mode=self.mode, script_args=self.script_args,
                                   on_session=on_session, virtual_cuda=self.virtual_cuda)
-        report = result.report.to_dict()
+        report = result.report
         if cost is not None:
             report = cost.annotate(report)
         self._write_trace(live["session"], cost)
-        data: dict[str, Any] = {"status": Status.DONE.value, "report": report}
+        data: dict[str, Any] = {"status": Status.DONE.value, "report": report.encode()}
         if result.error is not None:
             data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
                         message=f"the scanned code raised {describe(result.error)}"
@@ -143,7 +144,7 @@ def _counting_steps(results: Results, run: Callable[[dict[str, Any]], dict[str, 
         results.write(run(live))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TimingJob(_Job):
     """Step times of an unscanned run (baseline --timing, gate timings)."""
 
@@ -171,16 +172,16 @@ class _Timing:
     def script(self, target) -> dict[str, Any]:
         """A script's own loop, unscanned, one sample per step after the warm-up (tune's
         timed run with no settings changed)."""
-        from .candidate_child import run_candidate
+        from .candidate_child import ScriptRun, run_candidate
 
         job = self.job
-        data = run_candidate(CandidateJob(job.target, job.mode, job.warmup, job.steps,
-                                          script_args=job.script_args), self.live)
-        if data["status"] == Status.DONE.value and len(data["samples_ms"]) < job.steps:
+        ran = run_candidate(ScriptRun(target=job.target, mode=job.mode, warmup=job.warmup,
+                                      steps=job.steps, script_args=job.script_args), self.live)
+        if ran.status is Status.DONE and len(ran.samples_ms) < job.steps:
             return {"status": Status.USER_ERROR.value, "message": (
-                f"the script ran {data['steps_run']} whole steps; timing needs "
+                f"the script ran {ran.steps_run} whole steps; timing needs "
                 f"{job.warmup + job.steps} ({job.warmup} warm-up + {job.steps})")}
-        return {**data, "samples_ms": data["samples_ms"][:job.steps]}
+        return {**ran.encode(), "samples_ms": ran.samples_ms[:job.steps]}
 
     def factory(self, target) -> dict[str, Any]:
         import traceback
@@ -199,39 +200,65 @@ class _Timing:
         return {"status": Status.DONE.value, "samples_ms": samples.ms}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CandidateJob(_Job):
     """One tune candidate's run: the script with these knob settings, scanned or timed
-    (`block` steps a sample after `warmup`)."""
+    (`block` steps a sample after `warmup`), from tune's seeds."""
 
     KIND: ClassVar[str] = "candidate"
     target: str | None
     mode: str
     warmup: int
-    steps: int | None  # None: the script runs to its end (fix's runs)
+    steps: int
     block: int = 1
     settings: dict[str, Any] = field(default_factory=dict)
     scan: bool = False
     script_args: tuple[str, ...] = ()
     verbosity: int = field(default_factory=_level)
-    # tune's runs: the seeds set before the script runs, so that every run of a candidate
-    # starts alike (None: the script's own randomness, as a timing run keeps it)
+    # the seeds set before the script runs, so that every run of a candidate starts alike
+    # (None: the script's own randomness)
     seed: int | None = None
-    # gpusync fix: texts run in place of the user's files ({path: text}); the remedies'
-    # observers installed (their facts in the result); where to torch.save what parity
-    # compares (every loss, the optimizers' final parameters, what the script printed)
-    sources: dict[str, str] = field(default_factory=dict)
-    observe: bool = False
-    record: str | None = None
 
     def run(self, results: Results) -> None:
-        from .candidate_child import run_candidate
+        from .candidate_child import ScriptRun, run_candidate
 
-        _counting_steps(results, lambda live: run_candidate(self, live))
+        spec = ScriptRun(target=self.target, mode=self.mode, warmup=self.warmup,
+                         steps=self.steps, block=self.block, settings=self.settings,
+                         scan=self.scan, script_args=self.script_args, seed=self.seed)
+        _counting_steps(results, lambda live: run_candidate(spec, live).encode())
 
 
-Job = ScanJob | TimingJob | CandidateJob
-_KINDS: dict[str, type[_Job]] = {k.KIND: k for k in (ScanJob, TimingJob, CandidateJob)}
+@dataclass(frozen=True, kw_only=True)
+class FixJob(_Job):
+    """One run of gpusync fix: the script, or a patched copy (`sources`: texts run in place
+    of the user's files), scanned and seeded to its end or `steps`; the remedies' observers
+    installed (`observe`: their facts in the result); what parity compares (every loss, the
+    optimizers' final parameters, what the script printed) torch.saved at `record`."""
+
+    KIND: ClassVar[str] = "fix"
+    target: str
+    mode: str
+    warmup: int
+    steps: int | None  # None: the script runs to its end
+    seed: int
+    record: str | None = None  # None: nothing recorded (a test's run)
+    script_args: tuple[str, ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    observe: bool = False
+    verbosity: int = field(default_factory=_level)
+
+    def run(self, results: Results) -> None:
+        from .candidate_child import ScriptRun, run_candidate
+
+        spec = ScriptRun(target=self.target, mode=self.mode, warmup=self.warmup,
+                         steps=self.steps, scan=True, script_args=self.script_args,
+                         seed=self.seed, sources=self.sources, observe=self.observe,
+                         record=self.record)
+        _counting_steps(results, lambda live: run_candidate(spec, live).encode())
+
+
+Job = ScanJob | TimingJob | CandidateJob | FixJob
+_KINDS: dict[str, type[_Job]] = {k.KIND: k for k in (ScanJob, TimingJob, CandidateJob, FixJob)}
 
 
 def load_job(data: dict[str, Any]) -> Job:

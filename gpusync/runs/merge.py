@@ -3,26 +3,34 @@ slowest rank's step times, a failure named by the first rank that failed."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from dataclasses import dataclass
 
 from .. import errors
-from ..errors import raised_at
-from ..report import Report, Site
-from .results import ChildResult, ScanOutcome
+from ..report import RankFigures, Report, Site, SiteKey
+from .results import ChildResult, ScanOutcome, raised_at
 
 Runs = dict[int, ChildResult | None]
 
 
-def scan_payloads(runs: Runs) -> dict[int, dict[str, Any] | None]:
+@dataclass(frozen=True)
+class RankScan:
+    """One rank's scan run, as merge() takes it."""
+
+    report: Report | None
+    failure: str | None = None
+    traceback: str = ""
+    at: float = 0.0  # when it ended: the first rank to fail is named first
+
+
+def rank_scans(runs: Runs) -> dict[int, RankScan | None]:
     """Each rank's scan run as merge() takes it."""
-    out: dict[int, dict[str, Any] | None] = {}
+    out: dict[int, RankScan | None] = {}
     for rank, ran in runs.items():
         if ran is None:
             out[rank] = None
             continue
         outcome = ran.scan_outcome()
-        out[rank] = {"report": outcome.report.to_dict() if outcome.report is not None else None,
-                     "failure": outcome.failure, "traceback": outcome.traceback, "at": ran.at}
+        out[rank] = RankScan(outcome.report, outcome.failure, outcome.traceback, ran.at)
     return out
 
 
@@ -41,78 +49,71 @@ def slowest(samples: list[list[float]]) -> list[float]:
     return [max(column) for column in zip(*samples, strict=False)]
 
 
-def failed_first(payloads: dict[int, dict[str, Any] | None]) -> list[tuple[int, dict]]:
+def failed_first(scans: dict[int, RankScan | None]) -> list[tuple[int, RankScan]]:
     """The ranks that failed, the first to fail first: the others often failed because of it
     (a collective whose peer went away)."""
-    failed = [(r, p) for r, p in payloads.items() if p is not None and p.get("failure")]
-    return sorted(failed, key=lambda rp: (rp[1].get("at") or 0.0, rp[0]))
+    failed = [(r, p) for r, p in scans.items() if p is not None and p.failure]
+    return sorted(failed, key=lambda rp: (rp[1].at, rp[0]))
 
 
-def _site_key(s: Site) -> tuple:
-    lib = (s.library or {}).get("file"), (s.library or {}).get("line")
-    # report.py's key, and the spawned process a site was made in (none: the rank's own)
-    return (s.op, s.phase, s.hook, s.module, s.file, s.line, lib, s.fix,
-            (s.process or "").split(" (")[-1])
+def merged_sites(reports: dict[int, Report]) -> list[Site]:
+    """Each site over the ranks (by its SiteKey): its figures (count, per step, stall) the
+    largest rank's, `per_rank` every rank's per step; those on some ranks only first."""
+    ranks = sorted(reports)
+    seen: dict[SiteKey, list[tuple[int, Site]]] = {}
+    for rank in ranks:
+        for s in reports[rank].sites:
+            seen.setdefault(s.key, []).append((rank, s))
+    sites = []
+    for made in seen.values():
+        on = {str(rank): s.per_step for rank, s in made}
+        stalls = [s.stall_ms for _, s in made if s.stall_ms is not None]
+        sites.append(dataclasses.replace(
+            made[0][1], count=max(s.count for _, s in made),
+            per_step=max(s.per_step for _, s in made),
+            setup=all(s.setup for _, s in made), stall_ms=max(stalls) if stalls else None,
+            per_rank={str(r): on.get(str(r), 0.0) for r in ranks}))
+    return sorted(sites, key=lambda s: (
+        s.setup, -len(set((s.per_rank or {}).values())), -s.per_step, -s.count, s.file, s.line))
 
 
-def merge(payloads: dict[int, dict[str, Any] | None]) -> tuple[Report | None, list[str]]:
+def merge(scans: dict[int, RankScan | None]) -> tuple[Report | None, list[str]]:
     """One report over the ranks that reported, and a line per rank that failed. A site's
-    figures (count, per step, stall) are the largest rank's (a sync on one rank stalls every
-    collective); each site keeps its per-rank figures in `per_rank`."""
-    reports = {r: Report.from_dict(p["report"]) for r, p in payloads.items()
-               if p is not None and p.get("report") is not None}
-    failures = [f"rank {rank}: {p['failure']}{raised_at(p.get('traceback') or '')}"
-                for rank, p in failed_first(payloads)]
-    failures += [unreported(rank) for rank, p in sorted(payloads.items()) if p is None]
+    figures are the largest rank's (a sync on one rank stalls every collective); each site
+    keeps its per-rank figures in `per_rank`."""
+    reports = {r: p.report for r, p in scans.items() if p is not None and p.report is not None}
+    failures = [f"rank {rank}: {p.failure}{raised_at(p.traceback)}"
+                for rank, p in failed_first(scans)]
+    failures += [unreported(rank) for rank, p in sorted(scans.items()) if p is None]
     if not reports:
         return None, failures
     ranks = sorted(reports)
-    sites: dict[tuple, Site] = {}
-    per_rank: dict[tuple, dict[str, float]] = {}
-    for rank in ranks:
-        for s in reports[rank].sites:
-            key = _site_key(s)
-            if key not in sites:
-                sites[key] = dataclasses.replace(s, count=0, per_step=0.0, stall_ms=None)
-            merged = sites[key]
-            merged.count = max(merged.count, s.count)
-            merged.per_step = max(merged.per_step, s.per_step)
-            merged.setup = merged.setup and s.setup
-            if s.stall_ms is not None:
-                merged.stall_ms = max(merged.stall_ms or 0.0, s.stall_ms)
-            per_rank.setdefault(key, {})[str(rank)] = s.per_step
-    for key, site in sites.items():
-        site.per_rank = {str(r): per_rank[key].get(str(r), 0.0) for r in ranks}
     first = reports[ranks[0]]
     by_phase: dict[str, float] = {}
     for r in ranks:
         for phase, v in reports[r].syncs_by_phase.items():
             by_phase[phase] = max(by_phase.get(phase, 0.0), v)
-    merged_sites = sorted(sites.values(), key=lambda s: (
-        s.setup, -len(set((s.per_rank or {}).values())), -s.per_step, -s.count, s.file, s.line))
     return dataclasses.replace(
-        first, sites=merged_sites, ranks=len(payloads),
+        first, sites=tuple(merged_sites(reports)), ranks=len(scans),
         steps=min(reports[r].steps for r in ranks),
         measured_steps=min(reports[r].measured_steps for r in ranks),
         syncs_per_step=max(reports[r].syncs_per_step for r in ranks),
         max_syncs_per_step=max(reports[r].max_syncs_per_step for r in ranks),
         syncs_by_phase=by_phase,
-        per_rank=[{"rank": r, "steps": reports[r].steps,
-                   "syncs_per_step": reports[r].syncs_per_step,
-                   "error": reports[r].error} for r in ranks],
+        per_rank=tuple(RankFigures(r, reports[r].steps, reports[r].syncs_per_step,
+                                   reports[r].error) for r in ranks),
         error="; ".join(failures) or first.error,
-        notes=[*first.notes, f"merged from {len(payloads)} ranks: a site's count and "
-               "per-step figures are the largest rank's; its per_rank has every rank's"],
+        notes=(*first.notes, f"merged from {len(scans)} ranks: a site's count and "
+               "per-step figures are the largest rank's; its per_rank has every rank's"),
     ), failures
 
 
 def merged_scan(runs: Runs) -> ScanOutcome:
     """Rank 0's outcome for all ranks: the merged report, and the failing ranks named (with
     the first failing rank's traceback for -v)."""
-    payloads = scan_payloads(runs)
-    report, failures = merge(payloads)
-    tracebacks = "".join(f"rank {r}:\n{p.get('traceback', '')}"
-                         for r, p in failed_first(payloads))
+    scans = rank_scans(runs)
+    report, failures = merge(scans)
+    tracebacks = "".join(f"rank {r}:\n{p.traceback}" for r, p in failed_first(scans))
     return ScanOutcome(report, "; ".join(failures) or None, tracebacks, located=True)
 
 
@@ -145,8 +146,7 @@ def merged_candidate(runs: Runs) -> tuple[ChildResult, str | None]:
     results = [done[rank] for rank in sorted(done)]
     report = None
     if results[0].report is not None:
-        merged, _ = merge({rank: {"report": r.report} for rank, r in enumerate(results)})
-        report = merged.to_dict() if merged is not None else None
+        report, _ = merge({rank: RankScan(r.report) for rank, r in enumerate(results)})
     alloc = [r.peak_alloc_mb for r in results if r.peak_alloc_mb is not None]
     reserved = [r.peak_reserved_mb for r in results if r.peak_reserved_mb is not None]
     return dataclasses.replace(

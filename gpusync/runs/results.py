@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import errors
+from ..detect.frames import is_users
 from ..errors import GpusyncError
 from ..report import Report
 
@@ -29,12 +31,23 @@ class Status(enum.Enum):
     INTERRUPTED = "interrupted"  # Ctrl-C
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScanOutcome:
     report: Report | None
     failure: str | None = None  # one line: why the verdict is exit 3
     traceback: str = ""
     located: bool = False  # the failure line already says where (merged ranks)
+
+
+def raised_at(traceback_text: str) -> str:
+    """' at FILE:LINE' of a formatted traceback's innermost frame in the user's code (as a
+    scan places sites: detect/frames.py; the innermost frame when there is none), or ''."""
+    found = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, re.M)
+    if not found:
+        return ""
+    users = [f for f in found if is_users(f[0])]
+    file, line = (users or found)[-1]
+    return f" at {file}:{line}"
 
 
 def describe_death(returncode: int) -> str:
@@ -58,7 +71,7 @@ class ChildResult:
 
     status: Status
     returncode: int = 0
-    report: dict[str, Any] | None = None
+    report: Report | None = None
     message: str = ""
     traceback: str = ""
     exit_code: int = errors.EXIT_BAD_INPUT  # FAILED: gpusync's exit code for it
@@ -84,7 +97,9 @@ class ChildResult:
         if returncode in (TIMED_OUT, STOPPED):
             data = {"report": data.get("report")}
         status = Status(data.get("status", Status.RUNNING.value))
-        return cls(status, returncode, data.get("report"), data.get("message", ""),
+        report = data.get("report")
+        return cls(status, returncode, Report.decode(report) if report is not None else None,
+                   data.get("message", ""),
                    data.get("traceback", ""), data.get("exit_code", errors.EXIT_BAD_INPUT),
                    data.get("code"), list(data.get("samples_ms") or []),
                    dict(data.get("builds") or {}), list(data.get("losses") or []),
@@ -94,16 +109,19 @@ class ChildResult:
 
     def to_json(self) -> dict[str, Any]:
         """For torchrun's store (a rank's run, read by rank 0)."""
-        return {**dataclasses.asdict(self), "status": self.status.value}
+        report = self.report.encode() if self.report is not None else None
+        return {**dataclasses.asdict(self), "status": self.status.value, "report": report}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChildResult:
-        return cls(**{**data, "status": Status(data["status"])})
+        report = data.get("report")
+        return cls(**{**data, "status": Status(data["status"]),
+                      "report": Report.decode(report) if report is not None else None})
 
     @property
     def done_steps(self) -> int:
         """The whole steps a run still going has done (progress)."""
-        return self.steps or (self.report or {}).get("steps", 0)
+        return self.steps or (self.report.steps if self.report is not None else 0)
 
     @property
     def failed(self) -> bool:
@@ -119,7 +137,7 @@ class ChildResult:
     def scan_outcome(self) -> ScanOutcome:
         """What a scan run means: its report, and why the verdict is exit 3 if it is."""
         self.raise_for_gpusync()
-        report = Report.from_dict(self.report) if self.report else None
+        report = self.report
         if self.status is Status.DONE:
             return ScanOutcome(report)
         if self.status is Status.USER_ERROR:
@@ -131,9 +149,7 @@ class ChildResult:
             failure = (f"the scan process {describe_death(self.returncode)} before the scan "
                        "finished" + (": the report covers what ran until then" if report else
                                      ", with nothing measured"))
-        if report is not None:
-            report.error = failure
-        return ScanOutcome(report, failure)
+        return ScanOutcome(report.with_error(failure) if report is not None else None, failure)
 
     def timing_samples(self, rank: str = "") -> list[float]:
         """A timing run's samples; a failure raises (UserCodeError), `rank` ("rank 1: ")

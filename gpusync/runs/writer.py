@@ -60,10 +60,11 @@ def describe(error: BaseException) -> str:
 
 
 def report_snapshot(session) -> dict | None:
+    """The session's report so far, encoded for the parent (Report.encode)."""
     from ..report import report_of
 
     try:
-        return report_of(session).to_dict() if session is not None else None
+        return report_of(session).encode() if session is not None else None
     except Exception:  # a snapshot must never break the run it describes
         return None
 

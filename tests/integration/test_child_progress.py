@@ -16,8 +16,9 @@ def test_a_scan_in_its_child_process_reports_its_whole_steps(tmp_path):
     out = io.StringIO()
     progress = Progress("gpusync scan", stream=out, live=False, every=0)
     progress.stage("scanning slow.py")
-    outcome = process.run_child(ScanJob(str(script), None, 0, "simulate"), on_snapshot=lambda
-                                r: progress.update(r.done_steps)).scan_outcome()
+    job = ScanJob(target=str(script), steps=None, warmup=0, mode="simulate")
+    outcome = process.run_child(job, on_snapshot=lambda r: progress.update(r.done_steps)
+                                ).scan_outcome()
     assert outcome.failure is None and outcome.report.steps == 4
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("gpusync scan: scanning slow.py")

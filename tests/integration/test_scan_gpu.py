@@ -8,7 +8,6 @@ import textwrap
 
 import pytest
 
-from gpusync.report import Report
 from gpusync.reporters import render
 from tests.conftest import check_contract, run_main, stderr_lines
 
@@ -84,8 +83,17 @@ def test_the_same_syncs_are_found_and_without_gpu_nothing_changes(scanned):
     assert sorted(map(key, report["sites"])) == sorted(map(key, plain["sites"]))
 
 
-def test_table_ranks_fixes_by_payoff_and_html_draws_the_timeline(scanned):
-    report = Report.from_dict(scanned[0])
+def test_table_ranks_fixes_by_payoff_and_html_draws_the_timeline(tmp_path, monkeypatch):
+    """The renderers take the typed report a child's result decodes to (the job run in this
+    process: only the JSON form is read from the CLI's output)."""
+    from gpusync.runs import ScanJob, inprocess
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    outcome = inprocess.run_in_process(ScanJob(target="train.py", steps=1, warmup=1, mode="auto",
+                                                 gpu="h100"))
+    report = outcome.scan_outcome().report
+    assert report is not None and report.gpu == "h100"
     table = render(report, "table")
     section = table.split("fixes ranked by payoff")[1].splitlines()[3:]
     payoffs = [float(row.split()[4]) for row in section if row.startswith("#")]

@@ -2,12 +2,16 @@
 prediction merged into a report (gpusync/costmodel/scan.py, annotate.py).  A fixed HostModel:
 nothing timed."""
 
+import json
+
 import pytest
 
 from gpusync.costmodel import HostModel, OpRecord, TensorMeta, get_gpu, predict_steps
-from gpusync.costmodel.annotate import annotate, site_key
+from gpusync.costmodel.annotate import annotate
 from gpusync.costmodel.scan import measured_steps, step_traces
 from gpusync.detect.events import Frame, SyncEvent
+from gpusync.report import Report, SiteKey, build_report
+from gpusync.schemas import validator
 
 H100 = get_gpu("h100")
 HOST = HostModel(dispatch_s=5e-6, launch_api_s=3e-6, gap_overhead_s=0.0)
@@ -22,8 +26,15 @@ def _mm(start: float) -> OpRecord:
                     host_end_s=T0 + start + 1e-6, flops=2 * N ** 3, math="bf16")
 
 
-def _read(line: int, ts: float) -> SyncEvent:
-    return SyncEvent(op="item", frames=(Frame("train.py", line, "step"),), ts=ts)
+def _read(line: int, ts: float, op: str = "item", step: int = 0) -> SyncEvent:
+    return SyncEvent(op=op, frames=(Frame("train.py", line, "step"),), ts=ts, step=step)
+
+
+def site_key(file: str, line: int, op: str) -> str:
+    """The cost model's name of a read's site: its SiteKey's, the report's place and op."""
+    named = SiteKey.of_event(SyncEvent(op=op, frames=(Frame(file, line, "step"),))).named
+    assert named == f"{file}:{line} {op}"
+    return named
 
 
 def test_reads_after_matmuls_stall_their_roofline_time_and_a_read_right_after_its_copy():
@@ -56,9 +67,14 @@ def test_annotate_adds_the_prediction_per_site_and_per_step():
     ops = [_mm(1.0 + i * 1e-5) for i in range(3)]
     events = [_read(10, 1.0 + 3e-5)]
     pred = predict_steps(step_traces(events, ops, [1.0], range(1, 2), t0=T0), H100, host=HOST)
-    site = {"file": "train.py", "line": 10, "op": "item", "process": None}
-    setup = {"file": "train.py", "line": 3, "op": "H2D copy", "process": None}
-    out = annotate({"sites": [site, setup]}, pred, H100, HOST)
+    report = build_report([_read(10, 1.0 + 3e-5, step=1), _read(3, 0.5, "H2D copy")],
+                          steps=2, warmup=1, mode="simulate")
+    annotated = annotate(report, pred, H100, HOST)
+    assert report.gpu is None and report.sites[0].blocks is None  # a new report
+    assert annotated.sites[0].blocks == ("cuda_graphs", "torch.compile")
+    out = annotated.to_dict()
+    validator(out["kind"]).validate(out)
+    assert Report.decode(json.loads(json.dumps(annotated.encode()))) == annotated
     assert out["gpu"] == "h100" and out["cost"]["gpu_name"] == H100.name
     read, other = out["sites"]
     assert read["predicted_stall_ms"] > 0 and read["payoff_ms"] > 0

@@ -118,14 +118,15 @@ def test_raised_at_names_the_users_line_not_a_library_or_gpusyncs():
 
     import torch
 
-    from gpusync import errors
+    import gpusync
+    from gpusync.runs.results import raised_at
 
-    gpusync_file = os.path.join(os.path.dirname(errors.__file__), "detect", "ops.py")
+    gpusync_file = os.path.join(os.path.dirname(gpusync.__file__), "detect", "ops.py")
     torch_file = os.path.join(os.path.dirname(torch.__file__), "autograd", "graph.py")
     text = (f'Traceback (most recent call last):\n  File "/work/train.py", line 12, in <module>\n'
             f'  File "{gpusync_file}", line 484, in __torch_function__\n'
             f'  File "{torch_file}", line 979, in _engine_run_backward\nRuntimeError: x\n')
-    assert errors.raised_at(text) == " at /work/train.py:12"
+    assert raised_at(text) == " at /work/train.py:12"
     only_library = f'  File "{torch_file}", line 979, in f\n'
-    assert errors.raised_at(only_library) == f" at {torch_file}:979"
-    assert errors.raised_at("no frames") == ""
+    assert raised_at(only_library) == f" at {torch_file}:979"
+    assert raised_at("no frames") == ""

@@ -1,7 +1,8 @@
 """The count gate and its GitHub annotations on fabricated baselines and reports."""
-from types import SimpleNamespace
+import dataclasses
 
 from gpusync.gate import Problem, Verdict, combine, compare_counts
+from gpusync.report import Process, Report, Site
 from gpusync.reporters import render_as
 
 
@@ -13,9 +14,8 @@ KEY = "item | other | - | train.py | <module>"
 
 
 def site(line, per_step, fix="keep the value on the device", setup=False):
-    return SimpleNamespace(op="item", phase="other", module=None, file="train.py",
-                           function="<module>", line=line, per_step=per_step, fix=fix,
-                           setup=setup, hook=None)
+    return Site(op="item", phase="other", module=None, file="train.py", function="<module>",
+                line=line, per_step=per_step, fix=fix, setup=setup, hook=None)
 
 
 def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
@@ -23,8 +23,11 @@ def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
                        "per_step": per_step, "margin": margin, "fix": fix}]}
 
 
-def report(*sites):
-    return SimpleNamespace(sites=list(sites))
+def report(*sites, measured_steps=2, syncs_per_step=0.5, max_syncs_per_step=1):
+    return Report(mode="simulate", device="cpu", steps=measured_steps + 1, warmup=1,
+                  measured_steps=measured_steps, syncs_per_step=syncs_per_step,
+                  max_syncs_per_step=max_syncs_per_step, syncs_by_phase={}, sites=sites,
+                  target="t.py")
 
 
 def test_a_margin_tolerates_more_syncs_never_fewer():
@@ -93,9 +96,8 @@ def test_the_same_run_gives_the_baselines_figure_exactly():
     from gpusync.baseline import from_report
 
     # two lines of one key, 6 in 7 steps each: summed then rounded on both sides (1.7143)
-    now = SimpleNamespace(sites=[site(7, 6 / 7), site(8, 6 / 7)], ranks=1, target="t.py",
-                          mode="simulate", device="cpu", warmup=1, measured_steps=7,
-                          syncs_per_step=12 / 7, max_syncs_per_step=2, syncs_by_phase={})
+    now = report(site(7, 6 / 7), site(8, 6 / 7), measured_steps=7, syncs_per_step=12 / 7,
+                 max_syncs_per_step=2)
     recorded = from_report(now)
     assert recorded["sites"][0]["per_step"] == 1.7143
     assert compare_counts(recorded, now) == []
@@ -112,12 +114,10 @@ def test_a_spawned_processs_site_is_keyed_on_its_own_by_the_processs_name():
     from run to run)."""
     from gpusync.baseline import from_report, keyed_sites
 
-    child = SimpleNamespace(**{**vars(site(8, 1.0)), "process": "pid 4027 (SpawnProcess-2)"})
-    now = SimpleNamespace(sites=[site(8, 0.5), child], ranks=1, target="t.py",
-                          mode="simulate", device="cpu", warmup=1, measured_steps=2,
-                          syncs_per_step=0.5, max_syncs_per_step=1, syncs_by_phase={})
+    child = dataclasses.replace(site(8, 1.0), process=Process(4027, "SpawnProcess-2"))
+    now = report(site(8, 0.5), child)
     keys = {k: v[0] for k, v in keyed_sites(now).items()}
     assert keys == {KEY: 0.5, f"{KEY} | spawned SpawnProcess-2": 1.0}
-    again = SimpleNamespace(**{**vars(now), "sites": [
-        site(8, 0.5), SimpleNamespace(**{**vars(child), "process": "pid 5120 (SpawnProcess-2)"})]})
+    again = report(site(8, 0.5), dataclasses.replace(child, process=Process(5120,
+                                                                          "SpawnProcess-2")))
     assert compare_counts(from_report(now), again) == []

@@ -43,7 +43,7 @@ def test_sites_are_the_users_lines_kept_apart_by_the_library_line_beneath():
     report = build_report([event(LIB_X, USER_A), event(LIB_X, USER_A), event(LIB_X, USER_B),
                            event(LIB_Y, USER_A), event(USER_B)], steps=2, warmup=1,
                           mode="simulate")
-    got = sorted((s.line, s.library["line"] if s.library else 0, s.count) for s in report.sites)
+    got = sorted((s.line, s.library.line if s.library else 0, s.count) for s in report.sites)
     assert got == [(7, 10, 2), (7, 20, 1), (9, 0, 1), (9, 10, 1)]
     text = render(report, "table")
     assert "train.py:7" in text and "in somelib/core.py:10 inner" in text

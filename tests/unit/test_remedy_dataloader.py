@@ -5,8 +5,9 @@ import textwrap
 import pytest
 import torch
 
-from gpusync.remedies import Facts, Proposal, Refusal, Site, dataloader
+from gpusync.remedies import Facts, Proposal, Refusal, dataloader
 from gpusync.remedies.source import Source, apply, check
+from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -49,7 +50,7 @@ def facts_for(text: str, copies: dict[int, list], build=(3, "DataLoader(ds, batc
 
 
 def site(line: int, op: str = "H2D copy") -> Site:
-    return Site(op, PATH, line, 2.0, 8, "other")
+    return Site(op=op, file=PATH, line=line, per_step=2.0, count=8, phase="other")
 
 
 BOTH = {5: [("x.to(device)", True, False, True), ("y.to(device)", True, False, True)],
@@ -176,7 +177,7 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     assert [v["built"] for v in facts.at(dataloader.COPY, file, 11).values] == [None]
     assert {k[2] for k in facts.data if k[0] == dataloader.COPY} <= {8, 11, 12}
 
-    sites = [Site.from_report(s) for s in result.report["sites"]]
+    sites = list(result.report.sites)
     copy = next(s for s in sites if s.line == 12)
     proposal = dataloader.propose(copy, Source.read(path), facts)
     assert isinstance(proposal, Proposal)
@@ -185,8 +186,8 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     patched = apply(SCRIPT, list(proposal.edits))
     assert "shuffle=True, pin_memory=torch.cuda.is_available())" in patched
     after = _run(path, {file: patched}, record=str(tmp_path / "after.pt"))
-    assert not [s for s in after.report["sites"] if s["line"] == 12 and s["per_step"]]
-    assert {s["line"] for s in after.report["sites"] if s["per_step"]} == {11, 17}
+    assert not [s for s in after.report.sites if s.line == 12 and s.per_step]
+    assert {s.line for s in after.report.sites if s.per_step} == {11, 17}
     before, now = torch.load(tmp_path / "before.pt"), torch.load(tmp_path / "after.pt")
     assert before["losses"] and before["losses"] == now["losses"]
     assert all(torch.equal(a, b) for a, b in zip(before["parameters"], now["parameters"],

@@ -5,11 +5,12 @@ mask torch made (causal.py)."""
 import pytest
 import torch
 
-from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site
+from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
 from gpusync.remedies.causal import IS_CAUSAL
 from gpusync.remedies.flags import CLIP_GRAD_NORM, VALIDATE_ARGS
 from gpusync.remedies.optimizers import FUSED
 from gpusync.remedies.source import Source, apply, check
+from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import recorded_run
 
 TORCH = "/venv/lib/python3.11/site-packages/torch/"
@@ -17,7 +18,7 @@ TORCH = "/venv/lib/python3.11/site-packages/torch/"
 
 def _site(line, lib_file, function, op="bool()", file="t.py"):
     return Site(op=op, file=file, line=line, per_step=1.0, count=3, phase="other",
-                library={"file": TORCH + lib_file, "line": 1, "function": function})
+                library=CodeLine(TORCH + lib_file, 1, function))
 
 
 def _applied(out, text):
@@ -186,7 +187,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     assert facts.at(FUSED.NAME, str(path), 23).value == {
         "class": "SGD", "why_not": None, "built": [str(path), 7]}
     edits, proposed = [], {}
-    for site in map(Site.from_report, before.report["sites"]):
+    for site in before.report.sites:
         for remedy in (CLIP_GRAD_NORM, VALIDATE_ARGS, FUSED, IS_CAUSAL):  # this file's
             out = remedy.propose(site, source, facts)
             if isinstance(out, Proposal):
@@ -197,7 +198,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     assert proposed == SITES
     after, patched = recorded_run(path, tmp_path / "b.pt", steps=3,
                                   sources={str(path): apply(source.text, edits)})
-    left = {s["line"] for s in after.report["sites"] if s["op"] != "H2D copy"}
+    left = {s.line for s in after.report.sites if s.op != "H2D copy"}
     assert left == {16}
     assert patched["losses"] == original["losses"] and len(original["losses"]) == 4
     assert all(torch.equal(a, b) for a, b in zip(original["parameters"],

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gpusync.remedies import Facts, Proposal, Refusal, logging_item
-from gpusync.remedies.remedy import LibraryLine, Site
 from gpusync.remedies.source import Source, apply, check
+from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import recorded_run
 
 
@@ -16,7 +16,8 @@ def propose(src: str, line: int, op: str = "item", dtype: str = "float32",
     src = textwrap.dedent(src)
     facts = Facts()
     facts.note(logging_item.KIND, {"dtype": dtype, "alias": alias}, where=("t.py", line))
-    return logging_item.propose(Site(op, "t.py", line, 1.0, 4, "other"), Source("t.py", src),
+    return logging_item.propose(Site(op=op, file="t.py", line=line, per_step=1.0, count=4,
+                                     phase="other"), Source("t.py", src),
                                 facts)
 
 
@@ -271,8 +272,9 @@ def test_reads_used_every_step_or_not_exactly_movable_are_refused_with_the_reaso
 
 
 def test_a_read_a_library_makes_under_the_scripts_line_is_not_the_scripts_to_move():
-    site = Site("item", "t.py", 2, 1.0, 4, "other", library=LibraryLine(
-        file="/venv/site-packages/torch/amp/grad_scaler.py", line=460, function="step"))
+    site = Site(op="item", file="t.py", line=2, per_step=1.0, count=4, phase="other",
+                library=CodeLine(file="/venv/site-packages/torch/amp/grad_scaler.py", line=460,
+                                 function="step"))
     facts = Facts()
     facts.note(logging_item.KIND, {"dtype": "float32", "alias": False}, where=("t.py", 2))
     refusal = logging_item.propose(site, Source("t.py", "for i in r:\n    scaler.step(opt)\n"),
@@ -335,7 +337,7 @@ def test_the_patched_script_reads_only_at_logging_steps_and_prints_the_same(tmp_
             if f["kind"] == logging_item.KIND}
     assert seen == {(20, "float32", 10), (21, "float32", 10), (22, "int64", 10),
                     (23, "float32", 10)}
-    sites = [Site.from_report(s) for s in result.report["sites"]]
+    sites = list(result.report.sites)
     assert {(s.op, s.line) for s in sites if s.per_step == 1} == {
         ("item", 20), ("item", 21), ("item", 22), ("float()", 23)}
     source = Source.read(path)
@@ -344,8 +346,8 @@ def test_the_patched_script_reads_only_at_logging_steps_and_prints_the_same(tmp_
     assert len([p for p in proposals if isinstance(p, Proposal)]) == 4
     text = apply(SCRIPT, edits)
     after_result, after = _run(path, tmp_path, "after", {str(path): text})
-    after_sites = {(s["op"], s["line"]): s["count"] for s in after_result.report["sites"]
-                   if s["op"] != "H2D copy"}
+    after_sites = {(s.op, s.line): s.count for s in after_result.report.sites
+                   if s.op != "H2D copy"}
     # the loss is read at the 2 logging steps of each epoch's 5, the count once per epoch
     assert text.splitlines()[21:28] == [
         "        acc = out.argmax(1).eq(y).float().mean().detach()",

@@ -6,9 +6,10 @@ import runpy
 import pytest
 import torch
 
-from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site
+from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
 from gpusync.remedies.sizes import NONZERO, ONE_HOT, REPEAT_INTERLEAVE
 from gpusync.remedies.source import Source, apply, check
+from gpusync.report import Site
 from tests.unit.remedy_runs import recorded_run
 
 
@@ -232,10 +233,10 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
 
     before, original = recorded_run(path, tmp_path / "a.pt", steps=3, observe=True)
     facts, source = Facts.from_json(before.facts), Source.read(path)
-    ours = {(s["op"], s["line"]) for s in before.report["sites"]}
+    ours = {(s.op, s.line) for s in before.report.sites}
     assert {("item", 15), ("repeat_interleave", 24), ("nonzero", 25)} <= ours
     edits = []
-    for site in map(Site.from_report, before.report["sites"]):
+    for site in before.report.sites:
         for remedy in (ONE_HOT, REPEAT_INTERLEAVE, NONZERO):
             out = remedy.propose(site, source, facts)
             if out is not None:
@@ -247,7 +248,7 @@ def test_the_patched_script_loses_its_sites_and_computes_the_same(tmp_path):
     # NUM_CLASSES, read in the loop, rather than model.n_classes, which holds it too
     assert "torch.nonzero_static(y < NUM_CLASSES, size=NUM_CLASSES)" in text
     after, patched = recorded_run(path, tmp_path / "b.pt", steps=3, sources={str(path): text})
-    left = {(s["op"], s["line"]) for s in after.report["sites"]}
+    left = {(s.op, s.line) for s in after.report.sites}
     assert not left & {("item", 15), ("repeat_interleave", 24), ("nonzero", 25)}
     assert all(op == "H2D copy" for op, _ in left)
     assert patched["losses"] == original["losses"] and len(original["losses"]) == 4

@@ -7,8 +7,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from gpusync import remedies
-from gpusync.remedies import Facts, Proposal, Refusal, Site, dataloader, tensor_list
+from gpusync.remedies import Facts, Proposal, Refusal, dataloader, tensor_list
 from gpusync.remedies.source import Source, apply, check
+from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -34,7 +35,8 @@ def facts_for(text: str, line: int, call: str | tuple[int, str], data: list,
 
 
 def propose(text: str, line: int, call: str, data: list, **more):
-    site = Site("H2D copy (torch.tensor)", PATH, line, 1.0, 4, "other")
+    site = Site(op="H2D copy (torch.tensor)", file=PATH, line=line, per_step=1.0, count=4,
+                phase="other")
     return tensor_list.propose(site, Source(PATH, text), facts_for(text, line, call, data, **more))
 
 
@@ -163,8 +165,10 @@ def test_other_sites_and_unobserved_lines_are_not_its_kind():
     text = f"for s in r:\n    w = {W}\n"
     facts = facts_for(text, 2, W, ["[1.0, 2.0]"])
     source = Source(PATH, text)
-    assert tensor_list.propose(Site("H2D copy", PATH, 2, 1.0, 3, "other"), source, facts) is None
-    assert tensor_list.propose(Site("H2D copy (torch.tensor)", PATH, 1, 1.0, 3, "other"),
+    assert tensor_list.propose(Site(op="H2D copy", file=PATH, line=2, per_step=1.0, count=3,
+                                    phase="other"), source, facts) is None
+    assert tensor_list.propose(Site(op="H2D copy (torch.tensor)", file=PATH, line=1,
+                                    per_step=1.0, count=3, phase="other"),
                                source, facts) is None
 
 
@@ -231,8 +235,7 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
 
     source = Source.read(path)
     proposals = []
-    for s in result.report["sites"]:
-        site = Site.from_report(s)
+    for site in result.report.sites:
         for remedy in (dataloader, tensor_list):
             answer = remedy.propose(site, source, facts) if site.per_step else None
             assert not isinstance(answer, Refusal), answer
@@ -245,7 +248,7 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     assert "torch.tensor([1.0 + step / 10], pin_memory=torch.cuda.is_available()).to(device, " \
         "non_blocking=True)" in text
     after = _run(path, {file: text}, record=str(tmp_path / "after.pt"))
-    assert [(s["op"], s["line"]) for s in after.report["sites"] if s["per_step"]] == []
+    assert [(s.op, s.line) for s in after.report.sites if s.per_step] == []
     before, now = torch.load(tmp_path / "before.pt"), torch.load(tmp_path / "after.pt")
     assert len(before["losses"]) == 4 and before["losses"] == now["losses"]
     assert all(torch.equal(a, b) for a, b in zip(before["parameters"], now["parameters"],

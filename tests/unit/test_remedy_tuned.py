@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpusync.examples import torchrec_train
-from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, Site, tuned
+from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, tuned
 from gpusync.remedies.source import Source, apply, check
 from gpusync.remedies.tuned_edits import (
     Unsafe,
@@ -15,6 +15,7 @@ from gpusync.remedies.tuned_edits import (
     precompute_edit,
     syncfree_edits,
 )
+from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import candidate_run
 
 PATH = "/w/train.py"
@@ -170,15 +171,16 @@ def facts_for(settings, pipeline=None, precompute=False) -> Facts:
 
 
 def hook_site(op="unique"):
-    return Site(op, PATH, 12, 1.0, 8, "hook", library={
-        "file": "/v/site-packages/fbgemm_gpu/utils/writeback_util.py", "line": 104,
-        "function": "compute_writeback_indices_first_feature_only"})
+    return Site(op=op, file=PATH, line=12, per_step=1.0, count=8, phase="hook", library=CodeLine(
+        file="/v/site-packages/fbgemm_gpu/utils/writeback_util.py", line=104,
+        function="compute_writeback_indices_first_feature_only"))
 
 
 def stage_site(phase="input_dist"):
-    return Site("Stream.synchronize", PATH, 12, 2.0, 16, phase, library={
-        "file": "/v/site-packages/torchrec/sparse/jagged_tensor.py", "line": 97,
-        "function": "_cuda_to_cpu_safe"})
+    return Site(op="Stream.synchronize", file=PATH, line=12, per_step=2.0, count=16,
+                phase=phase, library=CodeLine(
+                    file="/v/site-packages/torchrec/sparse/jagged_tensor.py", line=97,
+                    function="_cuda_to_cpu_safe"))
 
 
 def test_syncfree_is_one_proposal_for_every_writeback_site():
@@ -195,7 +197,7 @@ def test_syncfree_is_one_proposal_for_every_writeback_site():
 def test_no_settings_or_other_sites_are_not_its_kind():
     source = Source(PATH, TRAIN)
     assert tuned.propose(hook_site(), source, facts_for({})) is None
-    other = Site("item", PATH, 12, 1.0, 8, "forward")
+    other = Site(op="item", file=PATH, line=12, per_step=1.0, count=8, phase="forward")
     assert tuned.propose(other, source, facts_for({"gpusync.writeback": "syncfree"})) is None
 
 
@@ -232,8 +234,8 @@ def test_precompute_writeback_is_set_where_the_script_builds_its_config():
 def test_what_is_built_in_another_file_or_not_seen_is_refused():
     facts = facts_for({"gpusync.writeback": "syncfree"})
     elsewhere = Source("/w/other.py", TRAIN)
-    answer = tuned.propose(Site("unique", "/w/other.py", 12, 1.0, 8, "hook",
-                                library=hook_site().library), elsewhere, facts)
+    answer = tuned.propose(Site(op="unique", file="/w/other.py", line=12, per_step=1.0, count=8,
+                                phase="hook", library=hook_site().library), elsewhere, facts)
     assert isinstance(answer, Refusal) and "built in /w/train.py" in answer.reason
     empty = Facts()
     empty.settings = {"torchrec.pipeline": "fused"}
@@ -268,8 +270,8 @@ def test_observed_and_proved_on_the_torchrec_example(tmp_path):
                      (tuned.TBE_BUILT, line_of(text, "model = DistributedModelParallel(")),
                      (tuned.CONFIG_BUILT, line_of(text, "= UserEnabledConfigDefinition("))}
     facts.settings = {"torchrec.pipeline": "sparse_dist", "gpusync.writeback": "syncfree"}
-    sites = [Site.from_report(s) for s in before.report["sites"]
-             if s["per_step"] > 0 and not s["setup"]]
+    sites = [s for s in before.report.sites
+             if s.per_step > 0 and not s.setup]
     answers = [tuned.propose(s, Source.read(path), facts) for s in sites]
     proposals = [a for a in answers if isinstance(a, Proposal)]
     targets = {(p.site.op, p.site.line) for p in proposals}
@@ -279,8 +281,8 @@ def test_observed_and_proved_on_the_torchrec_example(tmp_path):
     assert len({p.edits for p in proposals}) == 1
     patched = apply(text, list(proposals[0].edits))
     after = run({path: patched}, str(tmp_path / "after.pt"))
-    left = {(s["op"], s["line"], s["phase"]) for s in after.report["sites"]
-            if s["per_step"] > 0 and not s["setup"]}
+    left = {(s.op, s.line, s.phase) for s in after.report.sites
+            if s.per_step > 0 and not s.setup}
     moved = line_of(patched, "pipeline.progress(data)")
     assert not {(op, moved, "hook") for op, _ in targets} & left
     a, b = (torch.load(tmp_path / f, weights_only=True) for f in ("before.pt", "after.pt"))
@@ -313,7 +315,7 @@ def test_observed_on_a_tbe_the_script_builds_itself(tmp_path):
     assert noted == {(tuned.TBE_BUILT, line_of(text, "tables = SplitTable")),
                      (tuned.CONFIG_BUILT, line_of(text, "extra_optimizer_config=User"))}
     facts.settings = {"fbgemm.precompute_writeback": True}
-    hook = next(Site.from_report(s) for s in result.report["sites"] if s["op"] == "unique")
+    hook = next(s for s in result.report.sites if s.op == "unique")
     answer = tuned.propose(hook, Source.read(path), facts)
     assert isinstance(answer, Proposal)
     assert "writeback_first_feature_only=True, precompute_writeback=True)" in apply(

@@ -1,9 +1,10 @@
+import dataclasses
 import json
 
 import pytest
 
 from gpusync.detect.events import Frame, SyncEvent
-from gpusync.report import Report, build_report
+from gpusync.report import Process, Report, SiteKey, build_report
 from gpusync.reporters import render
 
 
@@ -39,14 +40,46 @@ def test_json_round_trip_and_schema():
         assert key in d["sites"][0]
     assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step",
                                           "library": False}
-    assert Report.from_dict(d) == r
+    assert d == r.to_dict()
+    # how a report crosses to another gpusync process: every field, typed ones as objects
+    assert Report.decode(json.loads(json.dumps(r.encode()))) == r
 
 
 def test_unknown_schema_version_is_refused():
-    d = build_report([], steps=0, warmup=0, mode="simulate").to_dict()
+    d = build_report([], steps=0, warmup=0, mode="simulate").encode()
     d["schema_version"] = 99
     with pytest.raises(ValueError, match="schema_version"):
-        Report.from_dict(d)
+        Report.decode(d)
+
+
+def test_a_report_is_changed_only_into_a_new_one():
+    r = build_report([ev("item", 0)], steps=1, warmup=0, mode="simulate", notes=["a note"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.error = "x"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.sites[0].count = 2  # type: ignore[misc]
+    extra = dataclasses.replace(r.sites[0], line=11)
+    more = r.with_sites([extra]).with_error("boom").without_note("a note")
+    assert r.sites == (r.sites[0],) and r.error is None and len(r.notes) == 1
+    assert more.sites == (r.sites[0], extra) and more.error == "boom" and more.notes == ()
+
+
+def test_one_site_key_for_events_ranks_baselines_fix_and_the_cost_model():
+    """The site's identity (SiteKey): what build_report groups events by, and its views."""
+    r = build_report([ev("item", 0), ev("item", 0), ev("item", 0, 11)], steps=1, warmup=0,
+                     mode="simulate")
+    first, second = r.sites
+    assert first.count == 2 and first.key != second.key
+    assert first.key == SiteKey.of_event(ev("item", 3))  # the step is not part of it
+    assert first.key.stable() == "item | other | - | /x/train.py | step"
+    assert first.key.stable("1") == "item | other | - | /x/train.py | step | rank 1"
+    assert first.key.named == "/x/train.py:10 item"
+    spawned = dataclasses.replace(first, process=Process(7, "SpawnProcess-1"))
+    assert spawned.key != first.key
+    assert spawned.key == dataclasses.replace(spawned, process=Process(8, "SpawnProcess-1")).key
+    assert spawned.key.stable("0").endswith(" | rank 0 | spawned SpawnProcess-1")
+    moved = dataclasses.replace(first, phase="forward", fix="another")
+    assert moved.key != first.key and moved.key.place == first.key.place
 
 
 @pytest.mark.parametrize("fmt", ["table", "markdown"])
@@ -60,10 +93,9 @@ def test_text_renderers_name_every_site_and_fix(fmt):
 def test_a_spawned_processs_site_names_its_process(fmt):
     """A site a spawned child made (scan.py appends them) shows the child's pid by its line and
     its process in its fix; a v4 report without the field still reads (it is optional)."""
-    import dataclasses
-
     r = build_report([ev("item", 0), ev("nonzero", 0, 20)], steps=1, warmup=0, mode="simulate")
-    r.sites[1] = dataclasses.replace(r.sites[1], process="pid 4027 (SpawnProcess-2)")
+    r = dataclasses.replace(r, sites=(r.sites[0], dataclasses.replace(
+        r.sites[1], process=Process(4027, "SpawnProcess-2"))))
     text = render(r, fmt)
     assert "train.py:20 (pid 4027)" in text and "train.py:10 (pid" not in text
     assert "[in spawned process pid 4027 (SpawnProcess-2), per its own steps]" in text
@@ -72,7 +104,6 @@ def test_a_spawned_processs_site_names_its_process(fmt):
     from gpusync.schemas import validator
 
     validator(d["kind"]).validate(d)
-    assert Report.from_dict(d) == r
+    assert Report.decode(json.loads(json.dumps(r.encode()))) == r
     del d["sites"][0]["process"]
     validator(d["kind"]).validate(d)
-    assert Report.from_dict(d).sites[0].process is None

@@ -9,7 +9,8 @@ import warnings
 import pytest
 
 from gpusync import scan, verbosity
-from gpusync.runs import CandidateJob, ChildResult, ScanJob, TimingJob, inprocess
+from gpusync.report import build_report
+from gpusync.runs import CandidateJob, ChildResult, FixJob, ScanJob, TimingJob, inprocess
 from gpusync.runs.jobs import load_job
 from gpusync.runs.results import STOPPED, TIMED_OUT, Status
 
@@ -33,19 +34,24 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.parametrize("job", [
-    ScanJob("train.py", 3, 1, "simulate", ("--lr", "1"), False, "t.json"),
-    TimingJob("sparsenn", "simulate", 5, 2),
-    CandidateJob("train.py", "cuda", 2, 6, 3, {"env:X": "1"}, True, ("--a",)),
+    ScanJob(target="train.py", steps=3, warmup=1, mode="simulate", script_args=("--lr", "1"),
+            virtual_cuda=False, trace="t.json"),
+    TimingJob(target="sparsenn", mode="simulate", steps=5, warmup=2),
+    CandidateJob(target="train.py", mode="cuda", warmup=2, steps=6, block=3,
+                 settings={"env:X": "1"}, scan=True, script_args=("--a",), seed=0),
+    FixJob(target="train.py", mode="simulate", warmup=1, steps=None, seed=0, record="r.pt",
+           script_args=("--a",), sources={"train.py": "print(1)\n"}, observe=True),
 ])
 def test_a_job_is_what_its_json_says(job):
     assert load_job({**job.to_json(), "parent": 1}) == job
 
 
 def test_a_run_stopped_from_outside_keeps_only_its_report():
-    written = {"status": "done", "report": {"steps": 2}, "samples_ms": [1.0]}
+    report = build_report([], steps=2, warmup=1, mode="simulate")
+    written = {"status": "done", "report": report.encode(), "samples_ms": [1.0]}
     for code in (TIMED_OUT, STOPPED):
         result = ChildResult.decode(written, code)
-        assert result.status is Status.RUNNING and result.report == {"steps": 2}
+        assert result.status is Status.RUNNING and result.report == report
         assert not result.samples_ms
     assert "time limit" in ChildResult.decode(written, TIMED_OUT).candidate_failure()[1]
     assert ChildResult.decode(None, -9).scan_outcome().failure == (
@@ -62,8 +68,9 @@ def test_an_in_process_scan_leaves_the_process_as_it_found_it(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "train.py").write_text(SCRIPT)
     before = _state()
-    result = inprocess.run_in_process(ScanJob(str(tmp_path / "train.py"), None, 1, "simulate",
-                                              ("7",), verbosity=verbosity.QUIET))
+    result = inprocess.run_in_process(ScanJob(target=str(tmp_path / "train.py"), steps=None,
+                                              warmup=1, mode="simulate", script_args=("7",),
+                                              verbosity=verbosity.QUIET))
     assert _state() == before
     assert result.status is Status.EARLY_EXIT and result.code == 7 and result.returncode == 7
     outcome = result.scan_outcome()
@@ -78,10 +85,11 @@ def test_in_process_and_in_a_child_a_scan_has_one_outcome(tmp_path):
 
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "train.py").write_text(SCRIPT)
-    job = ScanJob(str(tmp_path / "train.py"), None, 1, "simulate", ("0",))
+    job = ScanJob(target=str(tmp_path / "train.py"), steps=None, warmup=1, mode="simulate",
+                  script_args=("0",))
     here, there = inprocess.run_in_process(job), process.run_child(job)
     assert here.status is there.status is Status.DONE
-    sites = [[(s["op"], s["line"], s["count"]) for s in r.report["sites"]] for r in (here, there)]
+    sites = [[(s.op, s.line, s.count) for s in r.report.sites] for r in (here, there)]
     assert sites[0] == sites[1] and sites[0]
 
 
@@ -95,7 +103,8 @@ def test_a_candidate_that_raises_fails_with_its_reason_and_last_lines(tmp_path, 
         print("TOY is", os.environ["TOY"])
         raise RuntimeError("toy crash")
     '''))
-    job = CandidateJob(str(tmp_path / "toy.py"), "simulate", 1, 3, settings={"env:TOY": "crash"})
+    job = CandidateJob(target=str(tmp_path / "toy.py"), mode="simulate", warmup=1, steps=3,
+                       settings={"env:TOY": "crash"})
     result, failure = runs.candidate(job, timeout=60)
     assert result.status is Status.USER_ERROR
     assert failure == "raised RuntimeError: toy crash"

@@ -48,7 +48,7 @@ def test_steps_n_measures_n_whole_steps(tmp_path, steps):
     assert report.measured_steps == steps and report.steps == steps + 1
     assert per_step(report) == {"item": 1.0}  # the warm-up's tolist is not averaged in
     assert report.max_syncs_per_step == 1 and report.step_unit == OPTIMIZER
-    assert report.notes == []
+    assert report.notes == ()
 
 
 def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):
@@ -159,6 +159,9 @@ def test_watch_counts_syncs_after_the_last_optimizer_step():
     report = w.report()
     assert report.steps == 3 and report.max_syncs_per_step == 1
     assert report.syncs_per_step == 1.0  # the last step's item() is in it
+    # the outcome's events carry their steps; the session's own stay as recorded
+    assert [e.step for e in w.outcome().events] == [0, 1, 2]
+    assert [e.step for e in w.events] == [0, 0, 0]
 
 
 def test_step_counter_places_a_round_boundary_at_the_first_new_work():

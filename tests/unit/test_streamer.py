@@ -75,7 +75,7 @@ def test_push_does_not_sync_but_blocking_does():
     with gpusync.watch(mode="simulate") as w:
         streamer.push(ids, rows)
     streamer.close()
-    assert w.report().sites == []
+    assert w.report().sites == ()
     with gpusync.watch(mode="simulate") as w:
         stream_blocking(lambda *a: None, 0, ids, rows)
     assert [(s.op, s.count) for s in w.report().sites] == [("D2H copy", 2)]  # ids and rows
