@@ -303,6 +303,10 @@ C_BINDINGS: dict[str, Callable[..., Any]] = {
     "_cuda_resetPeakHostMemoryStats": lambda: None,
     "_cuda_memorySnapshot": lambda options: {"segments": [], "device_traces": [[]]},
     "_cuda_getAllocatorBackend": lambda: "native",
+    # the memory-history recorder behind torch.cuda.memory._record_memory_history /
+    # _dump_snapshot (memory profiling guides use them): nothing to record, an empty snapshot
+    "_cuda_record_memory_history": lambda *args, **kwargs: None,
+    "_cuda_record_memory_history_legacy": lambda *args, **kwargs: None,
     "_cuda_tunableop_enable": _set_tunable("enable"),
     "_cuda_tunableop_is_enabled": _tunable("enable"),
     "_cuda_tunableop_tuning_enable": _set_tunable("tuning_enable"),

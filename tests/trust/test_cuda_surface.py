@@ -230,6 +230,19 @@ def test_what_the_answers_are_as_on_a_one_gpu_cuda_build():
         torch.cuda.initial_seed()
 
 
+def test_the_memory_history_guides_use_runs(tmp_path):
+    """torch.cuda.memory._record_memory_history / _dump_snapshot (private, but what PyTorch's
+    memory-profiling guide uses): torch's own Python, an empty snapshot written."""
+    import pickle
+
+    with scan():
+        torch.cuda.memory._record_memory_history(max_entries=1000)
+        torch.cuda.memory._dump_snapshot(str(tmp_path / "snapshot.pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    snapshot = pickle.loads((tmp_path / "snapshot.pickle").read_bytes())
+    assert snapshot["segments"] == []
+
+
 def test_a_jiterator_function_is_made_as_on_a_gpu_and_refused_when_called():
     made_without_a_gpu = torch.cuda.jiterator._create_jit_fn(ARGS["code_string"]())
     with scan():
