@@ -132,11 +132,18 @@ DOCUMENTED = {"torch.cuda.jiterator": ("_create_jit_fn", "_create_multi_output_j
 
 def cuda_modules() -> list[types.ModuleType]:
     """torch.cuda and each public module under it, imported (a name imported later from a
-    module not patched would be torch's own)."""
+    module not patched would be torch's own); one that fails to import is left out, as the
+    scanned code could not use it either."""
     names = ["torch.cuda"] + sorted(
         m.name for m in pkgutil.walk_packages(torch.cuda.__path__, "torch.cuda.")
         if not any(part.startswith("_") for part in m.name.split(".")[2:]))
-    return [importlib.import_module(name) for name in names]
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except Exception:  # noqa: BLE001 - a submodule this build cannot import
+            continue
+    return modules
 
 
 def public_callables(module: types.ModuleType) -> dict[str, Any]:
@@ -156,16 +163,33 @@ def key_of(obj: Any) -> str:
 
 
 def _resolve(key: str) -> tuple[Any, str]:
-    """(the module or class that defines `key`'s callable, its attribute name)."""
+    """(the module or class that defines `key`'s callable, its attribute name); KeyError or
+    AttributeError where this torch has no such callable."""
     module_name, _, name = ("torch." + key).rpartition(".")
     while module_name not in sys.modules:
+        if "." not in module_name:
+            raise KeyError(key)
         module_name, _, outer = module_name.rpartition(".")
         name = f"{outer}.{name}"
     owner: Any = sys.modules[module_name]
     *outer_names, name = name.split(".")
     for part in outer_names:
         owner = getattr(owner, part)
+    getattr(owner, name)
     return owner, name
+
+
+def _present(table: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `table` this torch has: a callable a newer torch dropped is skipped here
+    (and fails tests/trust/test_cuda_surface.py), never the scan."""
+    out = {}
+    for key, value in table.items():
+        try:
+            _resolve(key)
+        except (KeyError, AttributeError):
+            continue
+        out[key] = value
+    return out
 
 
 def _names() -> dict[int, list[tuple[types.ModuleType, str]]]:
@@ -259,6 +283,25 @@ def _swap_everywhere(key: str, value: Any, names: dict) -> list:
     return [patches.Swap(module, other, value) for module, other in names[id(original)]]
 
 
+def _standing_in(names: dict) -> list:
+    """The classes swapped, the functions answered and those refused."""
+    handles: list = []
+    for key, value in _present({**SWAPPED, **virtual_typed.stand_ins()}).items():
+        handles += _swap_everywhere(key, value, names)
+    answers = _present({**virtual_answers.CUDA, **virtual_answers.ACCELERATOR})
+    for key, answer in answers.items():
+        owner, name = _resolve(key)
+        handles += _layer_everywhere(key, _answering(getattr(owner, name), answer), names)
+    for key, why in _present(REFUSED).items():
+        owner, name = _resolve(key)
+        if isinstance(getattr(owner, name), type):
+            handles += _refuse_class(key, why, names)
+        else:
+            refusing = _refusing(display_name(getattr(owner, name), names), why)
+            handles += _layer_everywhere(key, refusing, names)
+    return handles
+
+
 def install() -> list:
     """Every handle that puts torch.cuda's surface on the virtual device; removed in reverse
     order."""
@@ -268,29 +311,18 @@ def install() -> list:
         import torch.accelerator
         import torch.cuda.jiterator
 
-        names = _names()  # taken before any change: the originals' names
-        for key, value in {**SWAPPED, **virtual_typed.stand_ins()}.items():
-            handles += _swap_everywhere(key, value, names)
-        for key, answer in {**virtual_answers.CUDA, **virtual_answers.ACCELERATOR}.items():
-            owner, name = _resolve(key)
-            handles += _layer_everywhere(key, _answering(getattr(owner, name), answer), names)
-        for key, why in REFUSED.items():
-            owner, name = _resolve(key)
-            if isinstance(getattr(owner, name), type):
-                handles += _refuse_class(key, why, names)
-            else:
-                refusing = _refusing(display_name(getattr(owner, name), names), why)
-                handles += _layer_everywhere(key, refusing, names)
+        handles += _standing_in(_names())  # the names taken before any change: the originals'
         handles.append(patches.add_layer(torch.cuda.jiterator._JittedFunction, "__call__",
                                          _jitted_call))
         handles += virtual_typed.refused_storages()
         for name, fn in virtual_answers.C_BINDINGS.items():
-            handles.append(patches.Swap(torch._C, name, fn))
+            if not hasattr(torch._C, name):  # a CPU build's: none of them is there
+                handles.append(patches.Swap(torch._C, name, fn))
         for (module, name), value in virtual_answers.module_globals().items():
-            handles.append(patches.Swap(sys.modules[module], name, value))
+            if module in sys.modules:
+                handles.append(patches.Swap(sys.modules[module], name, value))
     except BaseException:
         for h in reversed(handles):
             h.remove()
         raise
     return handles
-

@@ -266,3 +266,14 @@ def test_each_answer_takes_torchs_parameter_names(key):
     if [p.kind for p in params] == [inspect.Parameter.VAR_KEYWORD]:
         return  # an answer that is the same whatever the arguments (torch's bind checks them)
     assert [p.name for p in params] == torchs
+
+
+def test_a_callable_a_newer_torch_dropped_is_skipped_by_the_scan_not_fatal(monkeypatch):
+    """This test file fails on a stale entry; a user's scan on that torch still runs."""
+    for key in ("cuda.no_such_module.no_such_function", "cuda.random.no_such_function"):
+        with pytest.raises((KeyError, AttributeError)):
+            virtual_surface._resolve(key)
+    monkeypatch.setitem(virtual_surface.REFUSED, "cuda.random.no_such_function", "gone")
+    monkeypatch.setitem(virtual_answers.CUDA, "cuda.no_such_function", lambda: 0)
+    with scan():
+        assert torch.cuda.is_available()
