@@ -33,12 +33,29 @@ _STATE_BYTES = 16  # CUDAGeneratorImpl::get_state: the seed, then the Philox off
 _MEMORY = 80 * 2**30
 
 
+class _Properties(types.SimpleNamespace):
+    """torch._C._CudaDeviceProperties' fields (torch/_C/__init__.pyi) and repr."""
+
+    def __repr__(self) -> str:
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, "
+                f"minor={self.minor}, total_memory={self.total_memory // 2**20}MB, "
+                f"multi_processor_count={self.multi_processor_count}, uuid={self.uuid}, "
+                f"pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+                f"pci_domain_id={self.pci_domain_id}, "
+                f"L2_cache_size={self.L2_cache_size // 2**20}MB)")
+
+
 def properties() -> types.SimpleNamespace:
-    """torch.cuda.get_device_properties' answer: an H100 SXM (compute capability 9.0)."""
-    return types.SimpleNamespace(
+    """torch.cuda.get_device_properties' answer: an H100 SXM's (compute capability 9.0, NVIDIA's
+    H100 datasheet and CUDA programming guide, compute capability 9.0 table)."""
+    return _Properties(
         name="virtual CUDA device (gpusync scan)", major=9, minor=0,
-        total_memory=_MEMORY, multi_processor_count=132, is_integrated=False,
-        is_multi_gpu_board=False, L2_cache_size=50 * 2**20, warp_size=32)
+        total_memory=_MEMORY, multi_processor_count=132, is_integrated=0,
+        is_multi_gpu_board=0, max_threads_per_multi_processor=2048, warp_size=32,
+        uuid="00000000-0000-0000-0000-000000000000", L2_cache_size=50 * 2**20,
+        clock_rate=1_980_000, memory_clock_rate=2_619_000, memory_bus_width=5120,
+        shared_memory_per_block=48 * 1024, shared_memory_per_multiprocessor=228 * 1024,
+        pci_bus_id=0, pci_device_id=0, pci_domain_id=0)
 
 
 def _index(device) -> int:

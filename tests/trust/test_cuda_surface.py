@@ -225,6 +225,10 @@ def test_what_the_answers_are_as_on_a_one_gpu_cuda_build():
         assert legacy.is_cuda and isinstance(legacy, torch.cuda.LongTensor)
         assert not isinstance(torch.ones(1), torch.cuda.FloatTensor)
         assert torch.cuda.nvtx.range_push("a") == 0 and torch.cuda.nvtx.range_pop() == 0
+        props = torch.cuda.get_device_properties(0)
+        assert repr(props).startswith("_CudaDeviceProperties(name=")
+        assert (props.major, props.minor) == torch.cuda.get_device_capability()
+        assert torch.cuda.mem_get_info() == (props.total_memory, props.total_memory)
     assert torch.cuda.initial_seed  # the CPU build's again: raises when called
     with pytest.raises(AssertionError, match="not compiled with CUDA"):
         torch.cuda.initial_seed()
