@@ -315,6 +315,7 @@ def install() -> list:
         handles.append(patches.add_layer(torch.cuda.jiterator._JittedFunction, "__call__",
                                          _jitted_call))
         handles += virtual_typed.refused_storages()
+        handles += virtual_typed.tensor_type()
         for name, fn in virtual_answers.C_BINDINGS.items():
             if not hasattr(torch._C, name):  # a CPU build's: none of them is there
                 handles.append(patches.Swap(torch._C, name, fn))

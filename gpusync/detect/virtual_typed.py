@@ -7,7 +7,8 @@ name while the virtual device is on. On CUDA (torch/csrc/utils/tensor_new.cpp
 `legacy_tensor_ctor`): sizes make an uninitialized tensor on the device, a sequence is copied
 to the device as `torch.tensor(data, device=...)` copies it; `isinstance(t,
 torch.cuda.FloatTensor)` holds for a float32 strided tensor on the GPU. The stand-ins do the
-same on the virtual device. Sparse typed constructors and the legacy storages (a storage on
+same on the virtual device, and `t.type()` / `t.type(torch.cuda.FloatTensor)` name and cast as
+on CUDA. Sparse typed constructors and the legacy storages (a storage on
 the device, which the virtual device has none of) are refused.
 """
 from __future__ import annotations
@@ -80,6 +81,36 @@ def stand_ins() -> dict[str, type]:
             if isinstance(value, _TENSORTYPE):
                 out[f"{module.__name__}.{name}".removeprefix("torch.")] = _stand_in(value)
     return out
+
+
+def _legacy_target(dtype) -> tuple[torch.dtype, bool] | None:
+    """(dtype, on the device) a legacy type names: a typed class (torch.cuda.FloatTensor or
+    its stand-in, torch.FloatTensor) or its name; None for anything else (a torch.dtype, a
+    sparse type), which Tensor.type handles as it does."""
+    if isinstance(dtype, str):
+        cuda = dtype.startswith("torch.cuda.")
+        dtype = getattr(torch.cuda if cuda else torch, dtype.rpartition(".")[2], None)
+    if not isinstance(dtype, (_TypedMeta, _TENSORTYPE)) or dtype.is_sparse:
+        return None
+    return dtype.dtype, bool(dtype.is_cuda)
+
+
+def _tensor_type(call, self, dtype=None, non_blocking=False, **kwargs):
+    """Tensor.type: a tensor on the virtual device names its type torch.cuda.*, and a cast to
+    a legacy type moves it to where the type lives, as on CUDA (a copy to or from the host)."""
+    if dtype is None:
+        name = call(self, **kwargs)
+        return name.replace("torch.", "torch.cuda.", 1) if self.is_cuda else name
+    target = _legacy_target(dtype)
+    if target is None:
+        return call(self, dtype, non_blocking, **kwargs)
+    to_dtype, to_device = target
+    return self.to(device="cuda" if to_device else "cpu", dtype=to_dtype,
+                   non_blocking=non_blocking)
+
+
+def tensor_type() -> list:
+    return [patches.add_layer(torch.Tensor, "type", _tensor_type)]
 
 
 def _refuse_storage(call, cls, *args, **kwargs):

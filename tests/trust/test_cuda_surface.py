@@ -281,3 +281,17 @@ def test_a_callable_a_newer_torch_dropped_is_skipped_by_the_scan_not_fatal(monke
     monkeypatch.setitem(virtual_answers.CUDA, "cuda.no_such_function", lambda: 0)
     with scan():
         assert torch.cuda.is_available()
+
+
+def test_legacy_typed_casts_name_and_copy_as_on_cuda():
+    """PyTorch-GAN's `imgs.type(torch.cuda.FloatTensor)`: a blocking copy up on CUDA, and the
+    tensor then names its type torch.cuda.FloatTensor; a cast to a CPU type copies back."""
+    with scan() as session:
+        host = torch.ones(2)
+        moved = host.type(torch.cuda.FloatTensor)
+        assert moved.is_cuda and moved.type() == "torch.cuda.FloatTensor"
+        assert moved.type(torch.cuda.FloatTensor) is moved  # already that type: no copy
+        back = moved.type("torch.DoubleTensor")
+        assert not back.is_cuda and back.dtype == torch.float64
+        assert host.type() == "torch.FloatTensor" and moved.type(torch.float64).is_cuda
+        assert [e.op for e in session.events] == ["H2D copy", "D2H copy"]
