@@ -199,6 +199,11 @@ def test_swapped_classes_have_torchs_public_methods():
         original = _object(*SURFACE[key][0])
         wanted = {n for n in dir(original) if not n.startswith("_")}
         assert wanted <= set(dir(stand_in)), f"{key} lacks {wanted - set(dir(stand_in))}"
+        for name in wanted:
+            theirs, ours = _signature(getattr(original, name)), _signature(getattr(stand_in, name))
+            if theirs is not None and callable(getattr(original, name)):
+                assert [p.name for p in ours.parameters.values()] == [
+                    p.name for p in theirs.parameters.values()], f"{key}.{name}"
 
 
 def test_what_the_answers_are_as_on_a_one_gpu_cuda_build():
