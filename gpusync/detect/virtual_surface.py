@@ -217,8 +217,13 @@ def _answering(original: Any, answer: Callable[..., Any]):
     """The layer that answers for `original`: its arguments bound by its own signature."""
     signature = inspect.signature(original)
     name = getattr(original, "__name__", "function")
+    # the usual call passes nothing (is_available(), current_stream()): no binding needed
+    bare = ({p.name: p.default for p in signature.parameters.values()} if all(
+        p.default is not p.empty for p in signature.parameters.values()) else None)
 
     def layer(call, *args, **kwargs):
+        if bare is not None and not args and not kwargs:
+            return answer(**bare)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError as e:
