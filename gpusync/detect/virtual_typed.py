@@ -99,8 +99,10 @@ def _tensor_type(call, self, dtype=None, non_blocking=False, **kwargs):
     """Tensor.type: a tensor on the virtual device names its type torch.cuda.*, and a cast to
     a legacy type moves it to where the type lives, as on CUDA (a copy to or from the host)."""
     if dtype is None:
-        name = call(self, **kwargs)
-        return name.replace("torch.", "torch.cuda.", 1) if self.is_cuda else name
+        name = call(self, **kwargs)  # under a device context, torch's answer may be right
+        if self.is_cuda and not name.startswith("torch.cuda."):
+            return name.replace("torch.", "torch.cuda.", 1)
+        return name
     target = _legacy_target(dtype)
     if target is None:
         return call(self, dtype, non_blocking, **kwargs)
@@ -109,8 +111,23 @@ def _tensor_type(call, self, dtype=None, non_blocking=False, **kwargs):
                    non_blocking=non_blocking)
 
 
+def _set_default_tensor_type(call, t):
+    """torch.set_default_tensor_type(torch.cuda.FloatTensor) (or its name): factories then
+    make float32 tensors on the device, as `_C._set_default_tensor_type` sets the default
+    dtype and device type on CUDA; a CPU type sets them back."""
+    target = _legacy_target(t)
+    if target is None:
+        return call(t)
+    dtype, on_device = target
+    torch.set_default_dtype(dtype)
+    torch.set_default_device("cuda" if on_device else None)
+    return None
+
+
 def tensor_type() -> list:
-    return [patches.add_layer(torch.Tensor, "type", _tensor_type)]
+    """Tensor.type and torch.set_default_tensor_type, for the legacy types."""
+    return [patches.add_layer(torch.Tensor, "type", _tensor_type),
+            patches.add_layer(torch, "set_default_tensor_type", _set_default_tensor_type)]
 
 
 def _refuse_storage(call, cls, *args, **kwargs):

@@ -300,3 +300,17 @@ def test_legacy_typed_casts_name_and_copy_as_on_cuda():
         assert not back.is_cuda and back.dtype == torch.float64
         assert host.type() == "torch.FloatTensor" and moved.type(torch.float64).is_cuda
         assert [e.op for e in session.events] == ["H2D copy", "D2H copy"]
+
+
+def test_a_cuda_default_tensor_type_makes_factories_place_on_the_device():
+    """Old scripts' torch.set_default_tensor_type("torch.cuda.FloatTensor")."""
+    try:
+        with scan():
+            torch.set_default_tensor_type("torch.cuda.FloatTensor")
+            made = torch.zeros(2)
+            assert made.is_cuda and made.type() == "torch.cuda.FloatTensor"
+            torch.set_default_tensor_type(torch.FloatTensor)
+            assert not torch.zeros(2).is_cuda
+    finally:
+        torch.set_default_device(None)
+        torch.set_default_dtype(torch.float32)
