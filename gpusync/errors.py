@@ -47,6 +47,12 @@ class UserCodeError(GpusyncError):
         self.original = original
 
 
+class VirtualDeviceUnsupported(RuntimeError):
+    """The scanned code called what the virtual CUDA device cannot run (a kernel compiled at run
+    time, CUDA graphs, raw device memory). A RuntimeError, as a CUDA failure is, so code that
+    falls back on one falls back; the scan reports its message as it is, at the user's line."""
+
+
 class SyncsFound(AssertionError):
     """Raised by assert_no_syncs(); the message lists every site with file:line and fix."""
 

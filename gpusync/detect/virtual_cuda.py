@@ -23,91 +23,12 @@ from __future__ import annotations
 
 import functools
 import os
-import types
 from typing import Any, Callable
 
 import torch
 
-from . import patches, virtual_torch
-from .virtual_device import (
-    DEVICE,
-    StreamContext,
-    VirtualEvent,
-    VirtualStream,
-    device_count,
-    is_cuda_device,
-    pin_host,
-    set_device,
-    set_stream,
-    sync,
-)
-
-
-def _properties() -> types.SimpleNamespace:
-    return types.SimpleNamespace(
-        name="virtual CUDA device (gpusync scan)", major=9, minor=0,
-        total_memory=80 * 2**30, multi_processor_count=132, is_integrated=False,
-        is_multi_gpu_board=False, L2_cache_size=50 * 2**20, warp_size=32)
-
-
-
-
-
-def _cuda_api() -> dict[str, Any]:
-    """torch.cuda's functions as they answer with one GPU present."""
-    const = lambda value: (lambda *a, **k: value)  # noqa: E731
-    return {
-        "is_available": const(True),
-        "device_count": lambda *a, **k: device_count(),
-        "current_device": lambda *a, **k: DEVICE.index,
-        "set_device": lambda dev, *a, **k: set_device(dev),
-        "get_device_name": const(_properties().name),
-        "get_device_capability": const((9, 0)),
-        "get_device_properties": lambda *a, **k: _properties(),
-        "is_bf16_supported": const(True),
-        "synchronize": lambda *a, **k: DEVICE.sync("cuda.synchronize"),
-        "current_stream": lambda *a, **k: DEVICE.current,
-        "default_stream": lambda *a, **k: DEVICE.default,
-        "stream": lambda s=None: StreamContext(s),
-        "set_stream": set_stream,
-        "memory_allocated": const(0),
-        "max_memory_allocated": const(0),
-        "memory_reserved": const(0),
-        "max_memory_reserved": const(0),
-        "reset_peak_memory_stats": const(None),
-        "reset_max_memory_allocated": const(None),
-        "mem_get_info": const((80 * 2**30, 80 * 2**30)),
-        "manual_seed": const(None),
-        "manual_seed_all": const(None),
-        "ipc_collect": const(None),
-        "is_current_stream_capturing": const(False),
-        "_exchange_device": const(0),
-        "_maybe_exchange_device": const(0),
-        "_lazy_init": const(None),  # torch.set_default_device("cuda") and kin initialize CUDA
-        "get_rng_state": lambda *a, **k: torch.get_rng_state(),
-        "get_rng_state_all": lambda *a, **k: [torch.get_rng_state()],
-        "set_rng_state": const(None),
-        "set_rng_state_all": const(None),
-        "memory_stats": const({}),
-        "memory_summary": const(""),
-        "set_per_process_memory_fraction": const(None),
-        "utilization": const(0),
-        **virtual_torch.cuda_api_extras(sync),
-    }
-
-
-def _accelerator_api() -> dict[str, Any]:
-    const = lambda value: (lambda *a, **k: value)  # noqa: E731
-    return {
-        "is_available": const(True),
-        "device_count": lambda *a, **k: device_count(),
-        "current_accelerator": const(torch.device("cuda")),
-        "current_device_index": lambda *a, **k: DEVICE.index,
-        "set_device_index": lambda dev, *a, **k: set_device(dev),
-        "current_stream": lambda *a, **k: DEVICE.current,
-        "set_stream": set_stream,
-        "synchronize": lambda *a, **k: DEVICE.sync("cuda.synchronize"),
-    }
+from . import patches, virtual_surface, virtual_torch
+from .virtual_device import DEVICE, VirtualStream, is_cuda_device, pin_host, sync
 
 
 def _nccl_to_gloo(call, *args, **kwargs):
@@ -220,18 +141,9 @@ def _install() -> list:
 
     handles: list = []
     try:
-        for name, fn in _cuda_api().items():
-            handles.append(patches.add_layer(torch.cuda, name,
-                                             lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
-        for name, fn in _accelerator_api().items():
-            handles.append(patches.add_layer(torch.accelerator, name,
-                                             lambda call, *a, _fn=fn, **k: _fn(*a, **k)))
-        handles.append(patches.Swap(torch.cuda, "Stream", VirtualStream))
-        handles.append(patches.Swap(torch.cuda, "Event", VirtualEvent))
+        handles += virtual_surface.install()
         handles.append(patches.Swap(torch, "Generator", VirtualGenerator))
         handles.append(patches.add_layer(torch, "compile", _no_compile))
-        for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
-            handles.append(patches.add_layer(torch.cuda.nvtx, name, lambda call, *a, **k: 0))
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
@@ -251,9 +163,7 @@ def _install() -> list:
 def _uninstall(handles: list) -> None:
     for h in reversed(handles):
         h.remove()
-    DEVICE.current = DEVICE.default
-    DEVICE.sync_debug = 0
-    DEVICE.nccl = False
+    DEVICE.reset()
 
 
 _SHARED = patches.Shared(_install, _uninstall)

@@ -12,6 +12,19 @@ from typing import Any
 
 import torch
 
+from ..errors import VirtualDeviceUnsupported
+
+# c10/core/GeneratorImpl.h `default_rng_seed_val`: the seed of a CUDA generator nobody seeded
+DEFAULT_SEED = 67280421310721
+IPC = "CUDA IPC shares device memory between processes"
+
+
+def refuse(call: str, why: str):
+    """Stop at a call the virtual device cannot run: one line naming the call (raised from the
+    scanned code's line, so the scan reports it there)."""
+    raise VirtualDeviceUnsupported(
+        f"gpusync: {call} cannot run on the virtual CUDA device (no GPU): {why}") from None
+
 
 def current_device() -> torch.device:
     """The virtual GPU of this process: cuda:LOCAL_RANK under torchrun (one GPU per rank), or
@@ -56,11 +69,18 @@ class Pinned:
 
 
 class VirtualEvent:
-    """torch.cuda.Event on the virtual device: work has already run when it is recorded."""
+    """torch.cuda.Event on the virtual device: work has already run when it is recorded. Its
+    parameters are torch's (streams.py `Event.__new__`)."""
 
-    def __init__(self, enable_timing: bool = False, blocking: bool = False,
-                 interprocess: bool = False, external: bool = False):
+    def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
         self._at: float | None = None
+
+    @classmethod
+    def from_ipc_handle(cls, device, handle):
+        refuse("torch.cuda.Event.from_ipc_handle", IPC)
+
+    def ipc_handle(self):
+        refuse("torch.cuda.Event.ipc_handle", IPC)
 
     def record(self, stream=None) -> None:
         self._at = time.perf_counter()
@@ -74,10 +94,10 @@ class VirtualEvent:
     def synchronize(self) -> None:
         DEVICE.sync("Event.synchronize")
 
-    def elapsed_time(self, end: "VirtualEvent") -> float:
-        if self._at is None or end._at is None:
+    def elapsed_time(self, end_event: "VirtualEvent") -> float:
+        if self._at is None or end_event._at is None:
             raise RuntimeError("elapsed_time: both events must be recorded first")
-        return (end._at - self._at) * 1e3
+        return (end_event._at - self._at) * 1e3
 
 
 class VirtualStream:
@@ -88,7 +108,7 @@ class VirtualStream:
     device_index = 0
     device_type = 1  # c10 DeviceType::CUDA
 
-    def __init__(self, device=None, priority: int = 0, **kwargs):
+    def __init__(self, device=None, priority=0, **kwargs):
         self.priority = priority
 
     @property
@@ -115,8 +135,19 @@ class VirtualStream:
     def is_capturing(self) -> bool:
         return False
 
+    def __cuda_stream__(self):
+        return (0, self.cuda_stream)
+
     def __repr__(self) -> str:
         return f"<virtual torch.cuda.Stream priority={self.priority}>"
+
+
+class VirtualExternalStream(VirtualStream):
+    """torch.cuda.ExternalStream: a stream another library made, known by its pointer."""
+
+    def __init__(self, stream_ptr, device=None, **kwargs):
+        super().__init__(device)
+        self.cuda_stream = stream_ptr
 
 
 class VirtualDevice:
@@ -132,8 +163,20 @@ class VirtualDevice:
         # end first
         self.users: list[Any] = []
         self.index = 0  # the current device's index (LOCAL_RANK under torchrun)
+        self.reset()
+
+    def reset(self) -> None:
+        """The state a session's code may change, as a fresh CUDA process has it."""
+        self.current = self.default
         self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
         self.sync_debug = 0  # torch.cuda.set_sync_debug_mode's, as the script set it
+        # the CUDA generator's state (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp: a seed and a
+        # Philox offset); the virtual device's random numbers come from the CPU generator, so
+        # these are only what torch.cuda's RNG functions answer
+        self.seed = DEFAULT_SEED
+        self.offset = 0
+        # torch.cuda's settings kept in C on a CUDA build (memory fraction, TunableOp's, ...)
+        self.settings: dict[str, Any] = {}
 
     def sync(self, label: str) -> None:
         for user in list(self.users):
@@ -152,30 +195,13 @@ def pin_host(t: torch.Tensor) -> torch.Tensor:
     return DEVICE.pinned.add(t)
 
 
-class StreamContext:
-    def __init__(self, stream):
-        self.stream = stream
-        self.saved: VirtualStream = DEVICE.current
-
-    def __enter__(self):
-        self.saved = DEVICE.current
-        if self.stream is not None:
-            DEVICE.current = self.stream
-        return self.stream
-
-    def __exit__(self, *exc):
-        DEVICE.current = self.saved
-
-
-def set_stream(stream) -> None:
-    DEVICE.current = stream
-
-
-def set_device(dev) -> None:
-    if isinstance(dev, int):
-        DEVICE.index = dev
-    elif dev is not None and torch.device(dev).index is not None:
-        DEVICE.index = torch.device(dev).index
+def set_device(device) -> None:
+    """torch.cuda.set_device: a negative index changes nothing, as torch's."""
+    if isinstance(device, int):
+        if device >= 0:
+            DEVICE.index = device
+    elif device is not None and torch.device(device).index is not None:
+        DEVICE.index = torch.device(device).index
 
 
 def device_count() -> int:

@@ -155,6 +155,8 @@ class VirtualLibraries:
             patches.add_layer(torch._VF, "_pack_padded_sequence", self._second_on_host),
             patches.add_layer(torch._VF, "_pad_packed_sequence", self._second_on_host),
             patches.add_layer(torch.jit, "load", self._jit_load),
+            patches.add_layer(torch.random, "get_rng_state", self._host_state),
+            patches.add_alias(torch, "get_rng_state", torch.random, "get_rng_state"),
         ]
         self._fbgemm = _AfterImport(fbgemm.TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
@@ -191,6 +193,13 @@ class VirtualLibraries:
         if data is None or not self.det.host.on_device(data):
             self.det.host.mark_host(param)
         return param
+
+    def _host_state(self, call):
+        """The CPU generator's state is a host ByteTensor, made in C++ where no op is seen
+        (torch/random.py: `default_generator.get_state()`; Trainer checkpoints save it)."""
+        state = call()
+        self.det.host.mark_host(state)
+        return state
 
     def _grouped(self, call, *args, **kwargs):
         groups = call(*args, **kwargs)

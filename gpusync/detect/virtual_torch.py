@@ -27,8 +27,6 @@ what a CUDA build gives, read in torch's source (torch 2.13):
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from . import patches
@@ -39,7 +37,7 @@ CUDNN_VERSION = 91002  # the cuDNN those wheels ship (9.10.2)
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 
-def _set_sync_debug_mode(debug_mode) -> None:
+def set_sync_debug_mode(debug_mode) -> None:
     """torch.cuda's sync-debug mode as the script set it (0 default, 1 warn, 2 error): the
     device's (reset when the last session on it ends)."""
     if isinstance(debug_mode, str):
@@ -48,16 +46,6 @@ def _set_sync_debug_mode(debug_mode) -> None:
                 "invalid value of debug_mode, expected one of `default`, `warn`, `error`")
         debug_mode = _SYNC_DEBUG_MODES[debug_mode]
     DEVICE.sync_debug = int(debug_mode)
-
-
-def cuda_api_extras(sync) -> dict[str, Any]:
-    """torch.cuda functions a CUDA build answers; `sync(label)` reports a host wait."""
-    return {
-        "set_sync_debug_mode": lambda mode, *a, **k: _set_sync_debug_mode(mode),
-        "get_sync_debug_mode": lambda *a, **k: DEVICE.sync_debug,
-        "empty_cache": lambda *a, **k: sync("empty_cache"),
-        "get_arch_list": lambda *a, **k: ["sm_80", "sm_90"],
-    }
 
 
 def _cudnn_module():

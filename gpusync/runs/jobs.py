@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar
 from .. import verbosity
 from ..errors import GpusyncError
 from .results import Status
-from .writer import Results, describe, report_snapshot, saving_on_exit, snapshots
+from .writer import Results, failure_of, report_snapshot, saving_on_exit, snapshots
 
 
 def _level() -> int:
@@ -96,7 +96,7 @@ class ScanJob(_Job):
         data: dict[str, Any] = {"status": Status.DONE.value, "report": report.encode()}
         if result.error is not None:
             data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
-                        message=f"the scanned code raised {describe(result.error)}"
+                        message=failure_of(result.error)
                         if not isinstance(result.error, SystemExit) else result.report.error)
         results.write(data)
 

@@ -59,6 +59,16 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def failure_of(error: BaseException) -> str:
+    """The one line that says why the scanned code stopped: what the virtual device refused
+    is gpusync's own message, naming the call; anything else is what the code raised."""
+    from ..errors import VirtualDeviceUnsupported
+
+    if isinstance(error, VirtualDeviceUnsupported):
+        return one_line(str(error).removeprefix("gpusync: "), 300)
+    return f"the scanned code raised {describe(error)}"
+
+
 def report_snapshot(session) -> dict | None:
     """The session's report so far, encoded for the parent (Report.encode)."""
     from ..report import report_of

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-from tests.conftest import DETERMINISTIC, expected_sites, run_main
+from tests.conftest import DETERMINISTIC, expected_sites, run_main, stderr_lines
 
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build"),
               pytest.mark.usefixtures("in_process")]
@@ -150,6 +150,67 @@ SCRIPTS = {
             print(metrics, on_host, config)
         dist.destroy_process_group()
         ''',
+    # timm's PrefetchLoader: a side stream entered by keyword (issue #31)
+    "side_stream.py": '''
+        import torch
+
+        use_cuda = torch.cuda.is_available()
+        device = torch.device("cuda" if use_cuda else "cpu")
+        if use_cuda:
+            torch.cuda.set_device(device=0)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2).to(device)  # expect: H2D copy@other
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = [torch.randn(4, 8) for _ in range(3)]
+        stream = torch.cuda.Stream() if use_cuda else None
+        for step, batch in enumerate(batches):
+            if use_cuda:
+                with torch.cuda.stream(stream=stream):
+                    batch = batch.pin_memory().to(device, non_blocking=True)
+                torch.cuda.current_stream().wait_stream(stream)
+            loss = model(batch).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            print(f"step {step} loss {loss.item():.5f}")  # expect: item@other
+        ''',
+    # Hugging Face Trainer's checkpointed RNG states, through torch.cuda.random (issue #31):
+    # host ByteTensors on CUDA, so saving and restoring them syncs nothing
+    "rng_checkpoint.py": '''
+        import os
+        import random
+        import tempfile
+
+        import torch
+
+
+        def rng_state():
+            state = {"python": random.getstate(), "cpu": torch.random.get_rng_state()}
+            if torch.cuda.is_available():
+                state["cuda"] = torch.cuda.random.get_rng_state_all()
+                state["cuda_current"] = torch.cuda.random.get_rng_state()
+            return state
+
+
+        def restore(state):
+            random.setstate(state["python"])
+            torch.random.set_rng_state(state["cpu"])
+            if torch.cuda.is_available():
+                torch.cuda.random.set_rng_state_all(state["cuda"])
+                torch.cuda.random.set_rng_state(state["cuda_current"])
+
+
+        torch.manual_seed(0)
+        path = os.path.join(tempfile.mkdtemp(), "rng_state.pth")
+        torch.save(rng_state(), path)
+        first = torch.randn(3).tolist()
+        restore(torch.load(path, weights_only=False))
+        print("same draws after restore:", first == torch.randn(3).tolist())
+        state = rng_state()
+        on_host = all(s.dtype == torch.uint8 and s.device.type == "cpu"
+                      for s in state.get("cuda", [state["cpu"]]))
+        print("host byte tensors:", on_host)
+        ''',
 }
 
 
@@ -216,3 +277,28 @@ def test_dataparallel_packed_rnn_and_gcn_print_the_same(capfd, name):
     7): the corpus scripts print under the scan what they print plainly."""
     _check(CORPUS_CUDA / name, capfd)
 
+
+
+JITERATOR = """\
+import torch
+
+neg = torch.cuda.jiterator._create_jit_fn("template <typename T> T neg(T x) { return -x; }")
+x = torch.arange(3.0, device="cuda" if torch.cuda.is_available() else "cpu")
+print("negated:", (neg(x) if x.is_cuda else -x).tolist())
+"""
+
+
+def test_a_jiterator_kernel_stops_the_scan_with_one_line_naming_it(tmp_path):
+    """jiterator compiles CUDA C++ when its function is called (issue #31): the function is
+    made as on a GPU, and its call stops the scan at the script's line with gpusync's
+    message, not torch's CPU-build AttributeError."""
+    path = tmp_path / "jit.py"
+    path.write_text(JITERATOR)
+    assert _plain(path) == ["negated: [-0.0, -1.0, -2.0]"]
+    proc = run_main("scan", path)
+    assert proc.returncode == 3
+    assert stderr_lines(proc) == [
+        "gpusync: a function made by torch.cuda.jiterator._create_jit_fn cannot run on the "
+        "virtual CUDA device (no GPU): it is CUDA C++ compiled at run time (jiterator) at "
+        f"{path}:5 (-v: the traceback)"]
+    assert "Traceback" not in proc.stderr and "AttributeError" not in proc.stdout
