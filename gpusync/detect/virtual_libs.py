@@ -42,6 +42,7 @@ from . import patches, virtual_device
 from .libraries import fbgemm
 from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
 from .libraries.pytorch import SERIALIZATION_FIX
+from .virtual_collectives import ObjectCollectives
 from .virtual_device import current_device, is_cuda_device
 
 
@@ -173,6 +174,7 @@ class VirtualLibraries:
                 patches.add_layer(torch.distributed, "barrier", self._barrier),
                 patches.add_layer(torch.distributed, "new_group", self._new_group),
             ]
+            self._handles += ObjectCollectives(self.det, self._host_groups).install()
 
     def _patch_tbe(self, module) -> None:
         self._handles.append(patches.add_layer(

@@ -118,7 +118,43 @@ SCRIPTS = {
             print(f"step {step} loss {loss.item():.5f}")  # expect: item@other
         dist.destroy_process_group()
         ''',
+    # object collectives on NCCL pickle through the GPU (issue #31): each evaluation's gather
+    "object_collectives.py": '''
+        import os
+        import tempfile
+
+        import torch
+        import torch.distributed as dist
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        store = os.path.join(tempfile.mkdtemp(), "store")
+        dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+        host = dist.new_group(backend="gloo")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1).to(device)  # expect: H2D copy@other
+        config = [{"lr": 0.1}, "sgd"]
+        dist.broadcast_object_list(config, src=0)  # expect: H2D copy@other
+        opt = torch.optim.SGD(model.parameters(), lr=config[0]["lr"])
+        for epoch in range(2):
+            x = torch.randn(6, 4, device=device)
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            value = round(loss.item(), 5)  # expect: item@other
+            metrics = [None]
+            dist.all_gather_object(metrics, {"epoch": epoch, "loss": value})  # expect: H2D copy@other, item@other, D2H copy@other, index()@other
+            on_host = [None]
+            dist.all_gather_object(on_host, metrics[0], group=host)
+            print(metrics, on_host, config)
+        dist.destroy_process_group()
+        ''',
 }
+
+
+PREDICTED = {"barrier.py": {"Stream.synchronize"},
+             "object_collectives.py": {"H2D copy", "item", "D2H copy", "index()"}}
 
 
 def _write(tmp_path, name: str) -> pathlib.Path:
@@ -167,7 +203,7 @@ def test_scripts_run_as_on_a_cuda_build_and_report_what_cuda_syncs(tmp_path, cap
         request.getfixturevalue("in_child")
     report = _check(_write(tmp_path, name), capfd)
     predicted = {s["op"] for s in report["sites"] if s["predicted"]}
-    assert predicted == ({"Stream.synchronize"} if name == "barrier.py" else set())
+    assert predicted == PREDICTED.get(name, set())
     if name == "whole_model.py":
         # item 9: parameters built on the host and moved once are blocking copies at setup
         to_device = [s for s in report["sites"] if s["line"] == 9]
