@@ -101,8 +101,12 @@ class OpDetector:
             self._observer.install()
 
     def _next_batch(self, call, it):
-        self.rec.tracker.batch_fetched()
-        batch = call(it)
+        self.rec.tracker.batch_fetched(it)
+        try:
+            batch = call(it)
+        except StopIteration:
+            self.rec.tracker.loader_ran_out(it)
+            raise
         if not self.real:
             for leaf in tree_leaves(batch):
                 if isinstance(leaf, Tensor):
