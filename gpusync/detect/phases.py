@@ -185,7 +185,8 @@ class PhaseTracker:
             self._span_start = self.now()
             self.steps.begin(OPTIMIZER, id(optimizer))
         self._in_optimizer += 1
-        return self._closure_as_work(args, kwargs)
+        # the outermost step's closure: an optimizer stepping others hands it on as it is
+        return self._closure_as_work(args, kwargs) if self._in_optimizer == 1 else None
 
     def _closure_as_work(self, args, kwargs):
         """`optimizer.step(closure)` runs the closure inside the step (Lightning's
