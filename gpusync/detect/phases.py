@@ -89,6 +89,7 @@ class PhaseTracker:
         self._in_backward = 0
         self._in_closure = 0
         self._eval = False
+        self._loaders.clear()  # the datasets it held
 
     def now(self) -> float:
         """Seconds since the tracker was made (the scan's clock: events, steps, spans)."""

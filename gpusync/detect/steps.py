@@ -5,8 +5,8 @@ starts: `loss.item()` logged after `optimizer.step()` belongs to that step, not 
 A round ends when an optimizer steps a second time (so a GAN stepping its discriminator and
 generator once each per iteration makes one step, not two); it begins at the first sign of
 new work after the previous round's last optimizer step: a top-level module forward, a
-backward pass, an optimizer step, or a DataLoader handing out a batch (its copy to the device
-belongs to the step that uses it). Since a round's end is known only when it repeats, its
+backward pass, an optimizer step, a DataLoader handing out a batch, or a batch it handed out
+moved to the device (its copy to the device belongs to the step that uses it). Since a round's end is known only when it repeats, its
 boundary is placed afterwards, at a position in the event list: events carry no step number
 until the report is built.
 
@@ -158,8 +158,10 @@ class StepCounter:
 
     def epoch_ended(self) -> None:
         """A loader whose batches were trained on ran out, or began again: an epoch ends in
-        the step under way (its boundary is not placed yet)."""
-        self._epoch_ends.append(len(self._rounds[self.live_unit()].boundaries))
+        the step under way: the one after the last boundary, or after the one that waits to be
+        placed (the work of the next step has begun)."""
+        r = self._rounds[self.live_unit()]
+        self._epoch_ends.append(len(r.boundaries) + (r.candidate is not None))
 
     def end_step(self) -> None:
         """A Workload step ended (explicit counting)."""

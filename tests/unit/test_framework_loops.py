@@ -353,3 +353,41 @@ def test_a_script_that_never_used_the_gpu_says_so_in_the_table(tmp_path):
     ''')
     for fmt in ("table", "markdown"):
         assert "the code never put a tensor on the GPU" in render(report, fmt)
+
+
+def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its_step(tmp_path):
+    """accelerate's DataLoaderShard (the Hugging Face Trainer's loader) moves batch k to the
+    device, then fetches batch k+1, then yields batch k: the copy, not the fetch after it,
+    begins the step that uses the batch."""
+    text = '''
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    class Shard(DataLoader):
+        def __iter__(self):
+            it = super().__iter__()
+            current = next(it)
+            while True:
+                current = current.to("cuda")  # COPY
+                try:
+                    following = next(it)
+                except StopIteration:
+                    yield current
+                    return
+                yield current
+                current = following
+
+
+    model = torch.nn.Linear(4, 1).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = Shard([torch.full((4,), float(i)) for i in range(8)], batch_size=2)
+    for epoch in range(2):
+        for x in loader:
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+    '''
+    report = scan(tmp_path, text)
+    [copy] = sites_at(report, text, "# COPY")
+    assert report.steps == 8 and copy.period == "every step" and copy.per_step == 1.0
+    assert report.epoch_ends == (3, 7)
