@@ -6,9 +6,9 @@ A round ends when an optimizer steps a second time (so a GAN stepping its discri
 generator once each per iteration makes one step, not two); it begins at the first sign of
 new work after the previous round's last optimizer step: a top-level module forward, a
 backward pass, an optimizer step, a DataLoader handing out a batch, or a batch it handed out
-moved to the device (its copy to the device belongs to the step that uses it). Since a round's end is known only when it repeats, its
-boundary is placed afterwards, at a position in the event list: events carry no step number
-until the report is built.
+moved to the device (its copy to the device belongs to the step that uses it). Since a round's
+end is known only when it repeats, its boundary is placed afterwards, at a position in the
+event list: events carry no step number until the report is built.
 
 Scripts without an optimizer step are counted by backward passes, and without those by
 top-level module forwards, and the report says so. A Workload's steps are its step() calls.
