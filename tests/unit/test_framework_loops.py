@@ -391,3 +391,23 @@ def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its
     [copy] = sites_at(report, text, "# COPY")
     assert report.steps == 8 and copy.period == "every step" and copy.per_step == 1.0
     assert report.epoch_ends == (3, 7)
+
+
+def test_an_inference_forward_is_eval_and_moving_the_model_after_it_is_not(tmp_path):
+    """Lightning's evaluation stops by the loader's length (no StopIteration ends it) and runs
+    under inference_mode; its teardown's model.cpu() runs under Module._apply's own no_grad."""
+    text = '''
+    import torch
+    model = torch.nn.Linear(4, 2).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+        with torch.inference_mode():
+            out = model(torch.randn(2, 4, device="cuda"))
+            out.argmax(1).tolist()  # METRIC
+    with torch.no_grad():
+        model.cpu()  # TEARDOWN
+    '''
+    report = scan(tmp_path, text)
+    assert {s.phase for s in sites_at(report, text, "# METRIC")} == {"eval"}
+    assert {s.phase for s in sites_at(report, text, "# TEARDOWN")} == {"other"}
