@@ -26,7 +26,8 @@ from .schemas import VERSIONS, validator
 KIND = "gpusync-baseline"
 # 2: steps are whole steps (README "Steps"), steps may be null; 3: a library's syncs are keyed
 # at the user's file and function, and setup-only sites are left out; 4: `ranks`, and under
-# torchrun each rank's sites keyed on their own ("| rank N")
+# torchrun each rank's sites keyed on their own ("| rank N"); 5: phase "eval" and an optimizer
+# step's closure as forward change keys, and sites after the last step are left out
 BASELINE_SCHEMA = VERSIONS[KIND]
 
 
@@ -41,11 +42,12 @@ def _git_commit() -> str | None:
 
 def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
     """(site, baseline key, per_step) for each per-step site (sites that ran only before the
-    measured steps are not counted per step); under torchrun one per rank that made it, so a
-    baseline and a gate count each rank on its own (`key | rank 1`). A spawned process's site
-    is keyed on its own (SiteKey.stable), as its per-step figure is per that process's steps."""
+    measured steps or only after the last step are not counted per step); under torchrun one
+    per rank that made it, so a baseline and a gate count each rank on its own (`key | rank 1`).
+    A spawned process's site is keyed on its own (SiteKey.stable), as its per-step figure is
+    per that process's steps."""
     for s in report.sites:
-        if s.setup:
+        if s.setup or s.after:
             continue
         if report.ranks > 1 and s.per_rank:
             for rank, value in s.per_rank.items():

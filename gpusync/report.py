@@ -7,12 +7,14 @@ import datetime as _dt
 import os
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import torch
 
 from ._version import __version__
+from .cost import Cost
 from .detect.events import PHASES, Frame, SyncEvent
+from .detect.steps import NONE as NO_STEP
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
 
@@ -23,6 +25,7 @@ KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
 # 4: virtual_cuda, ranks, per_rank, and each site's predicted and per_rank
 # 5: --gpu: gpu, cost, and each site's predicted_stall_ms, payoff_ms, blocks (absent without)
+# 6: phase "eval", epoch_ends, after_last_step, and each site's after, in_steps, period
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -154,6 +157,9 @@ class Site:
     # the library line that synced beneath the user's: None when the user's own line synced
     library: CodeLine | None = None
     setup: bool = False  # ran only before the measured steps (building, warm-up): not per step
+    after: bool = False  # ran only after the last step (detect/steps.py): not per step
+    in_steps: int = 0  # how many measured steps it synced in
+    period: str = ""  # how often, from the steps it synced in: "every step", "once", ... (period)
     predicted: str = ""  # why it was predicted rather than seen (C++ code's GPU path); "" if seen
     per_rank: dict[str, float] | None = None  # under torchrun: {rank: per_step}; None for one
     # a site made in a process the script spawned (gpusync/_spawned.py): its count and
@@ -209,50 +215,6 @@ class Site:
 
 
 @dataclass(frozen=True)
-class StepCost:
-    """--gpu: one measured step as the cost model predicts it (costmodel/predict.py)."""
-
-    index: int
-    predicted_step_ms: float
-    gpu_busy: float
-    bound: str  # "host" or "device"
-    predicted_stall_ms: float
-
-
-@dataclass(frozen=True)
-class StepLanes:
-    """--gpu: one step's predicted lanes, in milliseconds from its start: the device's busy
-    spans (start, end), the host's stalls (start, end, site: SiteKey.named) and where the
-    host's own work ends."""
-
-    step: int
-    step_ms: float
-    host_end_ms: float
-    device: tuple[tuple[float, float], ...]
-    stalls: tuple[tuple[float, float, str], ...]
-
-
-@dataclass(frozen=True)
-class Cost:
-    """--gpu: the GPU predicted for, the host model, each measured step, one step's lanes."""
-
-    gpu_name: str
-    host_dispatch_us: float
-    launch_api_us: float
-    gap_overhead_us: float
-    steps: tuple[StepCost, ...]
-    timeline: StepLanes | None
-
-    @classmethod
-    def decode(cls, d: dict[str, Any]) -> Cost:
-        lanes = d.get("timeline")
-        return cls(**{**d, "steps": tuple(StepCost(**s) for s in d["steps"]),
-                      "timeline": None if lanes is None else StepLanes(**{
-                          **lanes, "device": tuple(tuple(x) for x in lanes["device"]),
-                          "stalls": tuple(tuple(x) for x in lanes["stalls"])})})
-
-
-@dataclass(frozen=True)
 class RankFigures:
     """One rank's figures in a report merged over torchrun's ranks."""
 
@@ -283,6 +245,8 @@ class Report:
     virtual_cuda: bool = False  # simulated on a virtual CUDA device: the code took its GPU path
     ranks: int = 1  # processes merged into this report (torchrun), gpusync/runs/merge.py
     per_rank: tuple[RankFigures, ...] | None = None  # each rank's steps, syncs_per_step, error
+    epoch_ends: tuple[int, ...] = ()  # the steps in which a training loader ran out
+    after_last_step: int = 0  # syncs after the last step (detect/steps.py), not per step
     gpu: str | None = None  # --gpu: the GPU the cost model predicted for
     cost: Cost | None = None  # --gpu: per step predictions, host model, a step's lanes
     schema_version: int = SCHEMA_VERSION
@@ -312,6 +276,7 @@ class Report:
         return cls(**{**d, "sites": tuple(Site.decode(s) for s in d.get("sites", ())),
                       "notes": tuple(d.get("notes", ())),
                       "cost": Cost.decode(cost) if cost is not None else None,
+                      "epoch_ends": tuple(d.get("epoch_ends", ())),
                       "per_rank": tuple(RankFigures(**r) for r in per_rank)
                       if per_rank is not None else None})
 
@@ -350,15 +315,84 @@ def report_of(session: Session, error: str | None = None,
     o = session.outcome()
     return build_report(o.events, steps=o.steps.count, warmup=o.warmup, mode=o.mode,
                         target=o.target, error=error, step_unit=o.steps.unit,
-                        notes=[*(notes or []), *o.notes], virtual_cuda=o.virtual_cuda)
+                        notes=[*(notes or []), *o.notes], virtual_cuda=o.virtual_cuda,
+                        epoch_ends=o.steps.epoch_ends,
+                        after_last=o.steps.tail is not None)
+
+
+SETUP, AFTER, OUTSIDE = ("before the measured steps", "after the last step",
+                         "outside the measured steps")
+BOTH_ENDS = "before the measured steps and after the last step"
+
+
+def period(seen: set[int], first: int, end: int, epoch_ends: Iterable[int] = ()) -> str:
+    """How often a site syncs, from the measured steps (first..end-1) it synced in: "every
+    step", "at epoch end" (exactly the steps in which a training loader ran out), "once",
+    "every N steps" (evenly, from the first N steps on), else "in K of M steps"."""
+    n, ends = end - first, {k for k in epoch_ends if first <= k < end}
+    if not seen:
+        return ""
+    if len(seen) == n:
+        return "every step"
+    if seen == ends:
+        return "at epoch end"
+    if len(seen) == 1:
+        return "once"
+    ordered = sorted(seen)
+    gaps = {b - a for a, b in zip(ordered, ordered[1:], strict=False)}
+    if len(gaps) == 1:
+        gap = gaps.pop()
+        if ordered[0] - first < gap and end - 1 - ordered[-1] < gap:
+            return f"every {gap} steps"
+    return f"in {len(seen)} of {n} steps"
+
+
+def _site(key: SiteKey, evs: list[SyncEvent], first: int, end: int,
+          epoch_ends: Sequence[int], after_last: bool) -> Site:
+    """The site of one key's events; `first`..`end`-1 are the measured steps; events at
+    `end` or past it are after the last step when `after_last`."""
+    inside = [e for e in evs if first <= e.step < end]
+    stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
+    first_ev = evs[0]
+    lib = first_ev.library
+    seen = {e.step for e in inside}
+    # a site that ran after the last step and never in a measured one is listed there, also
+    # when it ran before them too (a framework clearing its cache at setup and at teardown)
+    after = not inside and after_last and any(e.step >= end for e in evs)
+    setup = not inside and not after and all(e.step < first for e in evs)
+    before = any(e.step < first for e in evs)
+    return Site(
+        op=key.op, phase=key.phase, hook=key.hook, module=key.module, file=key.file,
+        line=key.line, function=key.function, frames=tuple(first_ev.frames),
+        count=len(evs), per_step=len(inside) / (end - first),
+        stall_ms=round(sum(stalls), 4) if stalls else None,
+        fix=first_ev.fix, detail=first_ev.detail,
+        library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
+        setup=setup, after=after, in_steps=len(seen),
+        period=SETUP if setup else (BOTH_ENDS if before else AFTER) if after else (
+            period(seen, first, end, epoch_ends) or OUTSIDE),
+        predicted=first_ev.predicted,
+    )
+
+
+def rank(sites: Iterable[Site]) -> list[Site]:
+    """Per-step sites first, then the setup-only ones, then those after the last step; within
+    each, by stall, then by what happens per step: a site in more steps first (a checkpoint's
+    copies at each epoch's end after a sync in every step), then per step, then count."""
+    return sorted(sites, key=lambda s: (s.setup + 2 * s.after, -(s.stall_ms or 0.0),
+                                        -s.in_steps, -s.per_step, -s.count, s.file, s.line))
 
 
 def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
                  target: str = "", error: str | None = None, step_unit: str = "optimizer",
-                 notes: list[str] | None = None, virtual_cuda: bool = False) -> Report:
+                 notes: list[str] | None = None, virtual_cuda: bool = False,
+                 epoch_ends: Sequence[int] = (), after_last: bool = False) -> Report:
     """Events carry their step; `steps` whole steps ran (events past them are outside any
-    step: what a Workload's close() ran, or the step a --steps limit cut short)."""
+    step: what ran after the last step when `after_last`, else what a Workload's close() ran,
+    or the step a --steps limit cut short); `epoch_ends`: steps in which an epoch ended."""
     first, end, n, range_note = _measured_range(steps, warmup)
+    if step_unit == NO_STEP:  # the whole run is one step: no warm-up to speak of
+        range_note = None
     notes = [*([UNIT_NOTES[step_unit]] if step_unit in UNIT_NOTES else []),
              *([range_note] if range_note else []), *(notes or [])]
 
@@ -369,24 +403,8 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
     for e in events:
         groups[SiteKey.of_event(e)].append(e)
 
-    sites = []
-    for key, evs in groups.items():
-        inside = [e for e in evs if measured(e)]
-        stalls = [e.stall_ms for e in inside if e.stall_ms is not None]
-        first_ev = evs[0]
-        lib = first_ev.library
-        sites.append(Site(
-            op=key.op, phase=key.phase, hook=key.hook, module=key.module, file=key.file,
-            line=key.line, function=key.function, frames=tuple(first_ev.frames),
-            count=len(evs), per_step=len(inside) / n,
-            stall_ms=round(sum(stalls), 4) if stalls else None,
-            fix=first_ev.fix, detail=first_ev.detail,
-            library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
-            setup=not inside and all(e.step < first for e in evs),
-            predicted=first_ev.predicted,
-        ))
-    sites.sort(key=lambda s: (s.setup, -(s.stall_ms or 0.0), -s.per_step, -s.count, s.file,
-                              s.line))
+    sites = rank(_site(key, evs, first, end, epoch_ends, after_last)
+                 for key, evs in groups.items())
 
     in_range = [e for e in events if measured(e)]
     per_step_counts = Counter(e.step for e in in_range)
@@ -397,7 +415,8 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
         max_syncs_per_step=max(per_step_counts.values(), default=0),
         syncs_by_phase={p: round(by_phase[p] / n, 4) for p in PHASES if by_phase[p]},
         sites=tuple(sites), target=target, error=error, step_unit=step_unit,
-        notes=tuple(notes),
+        notes=tuple(notes), epoch_ends=tuple(sorted(set(epoch_ends))),
+        after_last_step=sum(e.step >= end for e in events) if after_last else 0,
         virtual_cuda=virtual_cuda,
         created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
     )

@@ -123,6 +123,11 @@ def _scan_factory(target: FactoryTarget, steps: int, warmup: int, mode: str,
     return _result(session, error)
 
 
+STOPPED = ("stopped by --steps: what the script runs after its last step (a final evaluation, "
+           "the last checkpoint, teardown) did not run and is not reported; scan without "
+           "--steps to see it")
+
+
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
                  args: tuple, on_session, detect: bool, virtual_cuda: bool) -> ScanResult:
     """Run the script as `python SCRIPT ARGS` runs it (targets.as_main), stopped after
@@ -149,7 +154,8 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         spawned = children()
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
-    result = _result(session, error, notes=_spawned.notes(spawned))
+    notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
+    result = _result(session, error, notes=notes)
     # the children's sites, after the parent's: the report's per-step figures stay the parent's
     report = result.report.with_sites(_spawned.sites(spawned))
     if _spawned.placed(spawned):  # the script's device work ran in its spawned processes

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 PID = 1
 STEPS, PHASES, SYNCS, STALLS = 1, 2, 3, 4
-_TRACKS = {STEPS: "steps", PHASES: "phases (forward, backward, optimizer)",
+_TRACKS = {STEPS: "steps", PHASES: "phases (forward, eval, backward, optimizer)",
            SYNCS: "host<-device syncs", STALLS: "host stalls (GPU)"}
 
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from gpusync.cost import Cost, StepCost, StepLanes
 from gpusync.costmodel.gpus import GPU
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.predict import Prediction, StepPrediction
-from gpusync.report import Cost, Report, StepCost, StepLanes
+from gpusync.report import Report
 
 _MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
 

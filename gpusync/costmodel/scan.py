@@ -105,7 +105,8 @@ class CostScan:
         if session is None:
             return None
         first, end = measured_steps(report.steps, report.warmup)
-        starts = list(session.tracker.steps.result().times)
+        # the outcome's: the last step ends where what runs after it begins
+        starts = list(session.outcome().step_starts)
         traces = step_traces(list(session.events), self.stream.ops, starts, range(first, end),
                              t0=session.tracker.t0)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None

@@ -16,11 +16,13 @@ class Frame:
                 "library": self.library}
 
 
-# Phases a sync can be attributed to. "hook" events also carry the hook's name.
+# Phases a sync can be attributed to. "hook" events also carry the hook's name. "eval": a
+# forward without autograd (validation, evaluation, inference) and its loop (phases.py).
 FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER = "forward", "backward", "optimizer", "hook", "other"
+EVAL = "eval"
 # Stages of a train pipeline (torchrec's), which run batches other than the one in forward.
 INPUT_DIST, EMB_LOOKUP, BATCH_COPY = "input_dist", "emb_lookup", "batch_copy"
-PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, INPUT_DIST, EMB_LOOKUP, BATCH_COPY, OTHER)
+PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, EVAL, INPUT_DIST, EMB_LOOKUP, BATCH_COPY, OTHER)
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -81,6 +82,9 @@ class OpDetector:
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
         self.device_default = 0  # >0: tensors C++ code makes from nothing live on the device
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
+        # the tensors of the last two batches a DataLoader handed out, by id (a WeakSet would
+        # compare tensors with ==): moving one to the device begins the step that uses it
+        self._batches: list[dict[int, weakref.ref]] = [{}, {}]
         self.libraries: VirtualLibraries | None = None  # virtual CUDA: set by its install
 
     # -- install / uninstall ---------------------------------------------------------------
@@ -101,13 +105,28 @@ class OpDetector:
             self._observer.install()
 
     def _next_batch(self, call, it):
-        self.rec.tracker.batch_fetched()
-        batch = call(it)
-        if not self.real:
-            for leaf in tree_leaves(batch):
-                if isinstance(leaf, Tensor):
+        self.rec.tracker.batch_fetched(it)
+        try:
+            batch = call(it)
+        except StopIteration:
+            self.rec.tracker.loader_ran_out(it)
+            raise
+        leaves = {}
+        for leaf in tree_leaves(batch):
+            if isinstance(leaf, Tensor):
+                if not self.real:
                     self.host.mark_host(leaf)  # DataLoader batches are made in host memory
+                with contextlib.suppress(TypeError):
+                    leaves[id(leaf)] = weakref.ref(leaf)
+        self._batches = [self._batches[1], leaves]
         return batch
+
+    def _batch_moved(self, t: object) -> None:
+        """A loader that copies each batch to the device before it fetches the next one
+        (accelerate's DataLoaderShard) copies it before any fetch begins its step: the copy
+        is the sign that the step begins."""
+        if any(ref() is t for ref in (b.get(id(t)) for b in self._batches) if ref is not None):
+            self.rec.tracker.batch_fetched()
 
     def new_parameter(self, call, cls, *args, **kwargs):
         param = call(cls, *args, **kwargs)
@@ -273,6 +292,8 @@ class OpDetector:
                 to_host = self.mode.to_host(device)
                 if to_host is None:
                     return func(*args, **kwargs)
+        if not to_host and args:
+            self._batch_moved(args[0])
         return self.mode.move(self, func, args, kwargs, to_host, kind)
 
     def handle_device(self, func, args, kwargs):

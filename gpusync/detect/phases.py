@@ -5,8 +5,11 @@ Everything is installed through torch's removable global hooks; `uninstall` remo
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import weakref
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -16,6 +19,7 @@ from torch.optim import optimizer as optim_module
 from . import patches
 from .events import (
     BACKWARD,
+    EVAL,
     FORWARD,
     HOOK,
     OPTIMIZER,
@@ -27,6 +31,7 @@ from .libraries import pytorch, torchrec
 from .steps import StepCounter
 
 _ENGINE_FRAME = ("graph.py", "_engine_run_backward")
+_MODULE_FILE = "torch/nn/modules/module.py"
 _CUSTOM_FN_FRAME = ("function.py", "BackwardCFunction.apply")
 # Key under which forward frames are stored on autograd nodes (node.metadata).
 NODE_KEY = "gpusync_forward"
@@ -52,6 +57,12 @@ class PhaseTracker:
         self._paths: dict[int, dict[int, str]] = {}
         self._in_optimizer = 0
         self._in_backward = 0
+        self._in_closure = 0  # an optimizer step's closure runs (forward and backward)
+        # since a top-level forward (or a batch fetched) without autograd: an evaluation loop,
+        # until the next training work
+        self._eval = False
+        self._loaders: dict[int, _Epoch] = {}  # by the id of the dataset a DataLoader reads
+        self._fetch_placed: list[str] = []  # boundaries the latest batch request placed
         self._handles: list = []
         self._thread = threading.get_ident()
 
@@ -76,6 +87,9 @@ class PhaseTracker:
         self._module_stack.clear()
         self._in_optimizer = 0
         self._in_backward = 0
+        self._in_closure = 0
+        self._eval = False
+        self._loaders.clear()  # the datasets it held
 
     def now(self) -> float:
         """Seconds since the tracker was made (the scan's clock: events, steps, spans)."""
@@ -93,19 +107,60 @@ class PhaseTracker:
         return not self._module_stack and not self._in_optimizer and not self._in_backward
 
     # -- hooks -----------------------------------------------------------------------------
-    def batch_fetched(self) -> None:
+    def batch_fetched(self, loader: object = None) -> None:
         """A DataLoader hands out a batch: outside any forward, backward or optimizer step that
         is the next iteration beginning, so copying the batch to the device belongs to it
         (not to the step before). Under no_grad (a validation loader) it moves only the
         forward count's boundary, as a forward there does."""
-        if self._ours() and self._between_work():
-            self.steps.work_starts(training=torch.is_grad_enabled())
+        if not self._ours():
+            return
+        if loader is not None:
+            self._batch_from(loader)
+        self._fetch_placed = []
+        if self._between_work():
+            training = torch.is_grad_enabled()
+            self._eval = self._eval or not training
+            self._fetch_placed = self.steps.work_starts(training=training)
+
+    def loader_ran_out(self, loader: object) -> None:
+        """A DataLoader iterator raised StopIteration: no batch, so no step begins; an epoch's
+        end when training happened since its first batch, else an evaluation loop's end."""
+        if not self._ours():
+            return
+        self.steps.retract(self._fetch_placed)
+        self._fetch_placed = []
+        epoch = self._loaders.get(id(getattr(loader, "_dataset", loader)))
+        if epoch is None or epoch.iterator() is not loader or epoch.ended:
+            return
+        epoch.ended = True
+        if self.steps.trained() > epoch.trained:
+            self.steps.epoch_ended()
+        else:
+            self._eval = False
+
+    def _batch_from(self, loader: object) -> None:
+        """A batch is asked of a DataLoader iterator. A new iterator over a dataset whose
+        previous one was trained on begins the next epoch (a loop that stops by the loader's
+        length, as Lightning's does, never sees it run out)."""
+        dataset = getattr(loader, "_dataset", loader)
+        epoch = self._loaders.get(id(dataset))
+        if epoch is not None and epoch.iterator() is loader:
+            return
+        if epoch is not None and not epoch.ended and self.steps.trained() > epoch.trained:
+            self.steps.epoch_ended()
+        try:
+            ref = weakref.ref(loader)
+        except TypeError:  # an iterator that cannot be weakly held: no epochs from it
+            return
+        self._loaders[id(dataset)] = _Epoch(dataset, ref, self.steps.trained())
 
     def _fwd_pre(self, module, args):
         if not self._ours():
             return
         if self._between_work():
-            self.steps.work_starts(training=torch.is_grad_enabled())
+            training = torch.is_grad_enabled()
+            self._eval = not training
+            self.steps.work_starts(training=training)
             self._span_start = self.now()
             self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push
         self._module_stack.append(module)
@@ -119,7 +174,7 @@ class PhaseTracker:
         elif module in self._module_stack:
             del self._module_stack[self._module_stack.index(module):]
         if self._between_work():
-            self._span(FORWARD)
+            self._span(EVAL if self._eval else FORWARD)
             self.steps.end(FORWARD)
 
     def _opt_pre(self, optimizer, args, kwargs):
@@ -127,9 +182,39 @@ class PhaseTracker:
             return
         if self._in_optimizer == 0:  # an optimizer stepping others (torchrec's) is one step
             self.steps.work_starts()
+            self._eval = False
             self._span_start = self.now()
             self.steps.begin(OPTIMIZER, id(optimizer))
         self._in_optimizer += 1
+        # the outermost step's closure: an optimizer stepping others hands it on as it is
+        return self._closure_as_work(args, kwargs) if self._in_optimizer == 1 else None
+
+    def _closure_as_work(self, args, kwargs):
+        """`optimizer.step(closure)` runs the closure inside the step (Lightning's
+        training_step, LBFGS's loss): what it runs is the step's forward and backward, not the
+        optimizer's work, so the closure is handed on in a wrapper that sets the step aside
+        while it runs. None (arguments unchanged) without a closure."""
+        if "closure" in kwargs:
+            if callable(kwargs["closure"]):
+                return args, {**kwargs, "closure": self._as_work(kwargs["closure"])}
+        elif len(args) > 1 and callable(args[1]):
+            return (args[0], self._as_work(args[1]), *args[2:]), kwargs
+        return None
+
+    def _as_work(self, closure):
+        @functools.wraps(closure)
+        def run(*args, **kwargs):
+            if not self._ours():
+                return closure(*args, **kwargs)
+            depth, start = self._in_optimizer, self._span_start
+            self._in_optimizer, self._in_closure = 0, self._in_closure + 1
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._in_optimizer, self._in_closure = depth, self._in_closure - 1
+                self._span_start = start
+
+        return run
 
     def _opt_post(self, optimizer, args, kwargs):
         if not self._ours():
@@ -148,6 +233,7 @@ class PhaseTracker:
         outer = self._ours() and self._in_backward == 0
         if outer:
             self.steps.work_starts()
+            self._eval = False
             self._span_start = self.now()
             self.steps.begin(BACKWARD, BACKWARD)
         self._in_backward += int(outer)
@@ -182,7 +268,7 @@ class PhaseTracker:
     def classify(self, raw: list[tuple[str, int, str]]):
         """Return (phase, name, forward frames or None, module path or None); name is the hook
         for HOOK and the autograd node for BACKWARD."""
-        in_scaler, stage, hook = _facts(raw)
+        in_scaler, stage, hook, moving = _facts(raw)
         if torch._C._current_graph_task_id() != -1:
             return self._classify_backward(hook)
         if self._in_optimizer or in_scaler:
@@ -190,7 +276,11 @@ class PhaseTracker:
         if stage is not None:  # a pipeline working on a batch ahead: not this step's forward
             return stage, None, None, self.module_path()
         if self._module_stack:
-            return FORWARD, None, None, self.module_path()
+            return (EVAL if self._eval else FORWARD), None, None, self.module_path()
+        if self._in_closure:  # the closure computes the loss: the step's forward
+            return FORWARD, None, None, None
+        if self._eval and not torch.is_grad_enabled() and not moving:
+            return EVAL, None, None, None  # the evaluation loop, between its forwards
         return OTHER, None, None, None
 
     def _classify_backward(self, hook: str | bool | None):
@@ -207,18 +297,31 @@ class PhaseTracker:
         return BACKWARD, node.name() if node is not None else None, None, None
 
 
+@dataclass
+class _Epoch:
+    """A DataLoader's current pass: its dataset (held, so its id stays its own), the iterator,
+    and the optimizer steps and backward passes begun before its first batch."""
+
+    dataset: object
+    iterator: weakref.ref
+    trained: int
+    ended: bool = False
+
+
 # What a stack says, by the identity of capture()'s cached list: (list, facts); the list is
 # held, so its id is not reused while the entry is kept.
 _stack_facts: dict[int, tuple[list, tuple]] = {}
 
 
-def _facts(raw: list[tuple[str, int, str]]) -> tuple[bool, str | None, str | bool | None]:
+def _facts(raw: list[tuple[str, int, str]]) -> tuple[bool, str | None, str | bool | None, bool]:
     """(in GradScaler.step, pipeline stage, what runs inside backward: a hook's name, True for
-    user code in a custom autograd Function's backward, None for the engine's own nodes)."""
+    user code in a custom autograd Function's backward, None for the engine's own nodes, in
+    Module._apply: a module moved, under the no_grad of its own that is no evaluation)."""
     found = _stack_facts.get(id(raw))
     if found is not None and found[0] is raw:
         return found[1]
-    facts = (_in_scaler_step(raw), _pipeline_stage(raw), _backward_code(raw))
+    facts = (_in_scaler_step(raw), _pipeline_stage(raw), _backward_code(raw),
+             any(fn == "Module._apply" and f.endswith(_MODULE_FILE) for f, _, fn in raw))
     if len(_stack_facts) >= 4096:
         _stack_facts.clear()
     _stack_facts[id(raw)] = (raw, facts)

@@ -15,7 +15,7 @@ from .modes import mode_of
 from .ops import OpDetector
 from .phases import PhaseTracker
 from .recorder import Recorder
-from .steps import Steps
+from .steps import Steps, after_last_step
 
 MODES = ("auto", "simulate", "cuda")
 NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
@@ -180,6 +180,12 @@ class Session:
         """What the session saw so far, each event given its step: what gpusync/report.py and
         gpusync/trace.py build the report and the trace from."""
         steps = self._frozen_steps or self.tracker.steps.result()
+        starts = self.tracker.steps.result().times
+        if self._frozen_steps is None:  # a run that ended on its own: what ran after its steps
+            tail = after_last_step(steps, [_kind(e) for e in self.events])
+            if tail is not None:
+                steps = dataclasses.replace(steps, tail=tail)
+                starts = [*starts, self.events[tail].ts]
         # copies: the session's own events stay as recorded (nested sessions share them, and
         # each counts its own steps)
         events = [dataclasses.replace(e, step=steps.step_of(i))
@@ -188,5 +194,10 @@ class Session:
                                      and not self.detector.placed) else []
         return Outcome(events=events, steps=steps, warmup=self.warmup, mode=self.mode,
                        target=self.target, virtual_cuda=self.virtual_cuda, notes=notes,
-                       step_starts=self.tracker.steps.result().times,
+                       step_starts=starts,
                        spans=list(self.tracker.spans), end=self.tracker.now())
+
+
+def _kind(e: SyncEvent) -> tuple:
+    """What makes two syncs one kind for the end of the last step: the op and its lines."""
+    return (e.op, e.location, e.library)

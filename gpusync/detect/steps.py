@@ -5,19 +5,27 @@ starts: `loss.item()` logged after `optimizer.step()` belongs to that step, not 
 A round ends when an optimizer steps a second time (so a GAN stepping its discriminator and
 generator once each per iteration makes one step, not two); it begins at the first sign of
 new work after the previous round's last optimizer step: a top-level module forward, a
-backward pass, an optimizer step, or a DataLoader handing out a batch (its copy to the device
-belongs to the step that uses it). Since a round's end is known only when it repeats, its
-boundary is placed afterwards, at a position in the event list: events carry no step number
-until the report is built.
+backward pass, an optimizer step, a DataLoader handing out a batch, or a batch it handed out
+moved to the device (its copy to the device belongs to the step that uses it). Since a round's
+end is known only when it repeats, its boundary is placed afterwards, at a position in the
+event list: events carry no step number until the report is built.
 
 Scripts without an optimizer step are counted by backward passes, and without those by
 top-level module forwards, and the report says so. A Workload's steps are its step() calls.
+
+What runs after the last step (a final evaluation, the last checkpoint, a framework's teardown
+moving the model to the host) is not averaged into it. Earlier steps show what a step does after
+its last optimizer step (its logging, its progress bar, an evaluation at each epoch's end): the
+last step goes on while the syncs that follow its last optimizer step are of the kinds those
+parts made, and ends at the first one that is not (`after_last_step`). A run stopped by
+--steps has nothing after its last step; a run of one step has nothing to compare with, and
+keeps all of it.
 """
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Sequence
 
 OPTIMIZER, BACKWARD, FORWARD = "optimizer", "backward", "forward"
 WORKLOAD, NONE = "workload", "none"
@@ -42,6 +50,8 @@ class _Rounds:
     candidate: int | None = None
     candidate_time: float = 0.0
     events: int = 0  # keys seen in all
+    last_end: int | None = None  # where the latest round's key last finished
+    ends: list[int] = field(default_factory=list)  # last_end at each boundary
 
 
 @dataclass
@@ -52,9 +62,31 @@ class Steps:
     boundaries: list[int]
     count: int  # whole steps; events at positions past the last one's end are outside
     times: list[float] = field(default_factory=list)  # when step k+1 began (s since start)
+    # where each step's last optimizer step (backward, forward: its unit) finished; the last
+    # step's only when it finished
+    round_ends: list[int] = field(default_factory=list)
+    epoch_ends: list[int] = field(default_factory=list)  # steps in which an epoch ended
+    tail: int | None = None  # where what runs after the last step begins (after_last_step)
 
     def step_of(self, position: int) -> int:
+        """The step of the event at `position`; `count` for one after the last step."""
+        if self.tail is not None and position >= self.tail:
+            return self.count
         return bisect.bisect_right(self.boundaries, position)
+
+
+def after_last_step(steps: Steps, kinds: Sequence[Hashable]) -> int | None:
+    """Where what runs after the last step begins: the first event after the last step's last
+    round whose kind (`kinds[i]` for the event at position i: its op and lines) no earlier
+    step made after its own last round; None when all of it is the step's. Only for a run
+    that ended on its own (a stopped run's steps are frozen before it could)."""
+    if steps.unit in (WORKLOAD, NONE) or steps.count < 2 or len(steps.round_ends) < steps.count:
+        return None
+    after_rounds: set[Hashable] = set()
+    for k in range(steps.count - 1):
+        after_rounds.update(kinds[steps.round_ends[k]:steps.boundaries[k]])
+    return next((pos for pos in range(steps.round_ends[-1], len(kinds))
+                 if kinds[pos] not in after_rounds), None)
 
 
 class StepCounter:
@@ -73,19 +105,29 @@ class StepCounter:
         self._rounds = {unit: _Rounds() for unit in _FALLBACKS}
         self._marked: list[int] = []  # end_step() positions
         self._marked_times: list[float] = []
+        self._epoch_ends: list[int] = []
 
     # -- signals -----------------------------------------------------------------------------
-    def work_starts(self, training: bool = True) -> None:
+    def work_starts(self, training: bool = True) -> list[str]:
         """A top-level forward, a backward or an optimizer step is about to run. A forward
         without autograd (validation after optimizer.step(), logging) is no sign of the next
-        training round: `training=False` moves only the forward count's boundary."""
-        pos = None
+        training round: `training=False` moves only the forward count's boundary. Returns the
+        units whose boundary this placed (for `retract`)."""
+        pos, placed = None, []
         for unit, r in self._rounds.items():
             if not training and unit != FORWARD:
                 continue
             if r.pending and r.candidate is None:
                 r.candidate = pos = self.position() if pos is None else pos
                 r.candidate_time = self.clock()
+                placed.append(unit)
+        return placed
+
+    def retract(self, units: list[str]) -> None:
+        """The work that `work_starts` announced did not start (a DataLoader asked for a batch
+        ran out): its boundaries wait for the next sign of work."""
+        for unit in units:
+            self._rounds[unit].candidate = None
 
     def begin(self, unit: str, key: Hashable) -> None:
         """`key` (an optimizer, or the backward / forward pass) starts; call work_starts first."""
@@ -94,6 +136,8 @@ class StepCounter:
         if key in r.seen:
             r.boundaries.append(r.candidate if r.candidate is not None else self.position())
             r.times.append(r.candidate_time if r.candidate is not None else self.clock())
+            r.ends.append(r.last_end if r.last_end is not None else r.boundaries[-1])
+            r.last_end = None
             r.seen = {key}
             r.pending, r.candidate = False, None
             if unit == self.live_unit():
@@ -105,6 +149,19 @@ class StepCounter:
     def end(self, unit: str) -> None:
         r = self._rounds[unit]
         r.pending, r.candidate = True, None
+        r.last_end = self.position()
+
+    def trained(self) -> int:
+        """Optimizer steps and backward passes begun so far (a loader whose batches saw none
+        is no training loader)."""
+        return self._rounds[OPTIMIZER].events + self._rounds[BACKWARD].events
+
+    def epoch_ended(self) -> None:
+        """A loader whose batches were trained on ran out, or began again: an epoch ends in
+        the step under way: the one after the last boundary, or after the one that waits to be
+        placed (the work of the next step has begun)."""
+        r = self._rounds[self.live_unit()]
+        self._epoch_ends.append(len(r.boundaries) + (r.candidate is not None))
 
     def end_step(self) -> None:
         """A Workload step ended (explicit counting)."""
@@ -134,5 +191,10 @@ class StepCounter:
             if r.events:
                 # a run stopped at a boundary has not finished the round that just began
                 count = len(r.boundaries) if self.stopped else len(r.boundaries) + 1
-                return Steps(unit, list(r.boundaries), count, list(r.times))
+                ends = [*r.ends, *([r.last_end] if r.last_end is not None else [])]
+                epochs = {k for k in self._epoch_ends if k < count}
+                if epochs and not self.stopped:  # a run's end ends its last epoch
+                    epochs.add(count - 1)
+                return Steps(unit, list(r.boundaries), count, list(r.times), ends[:count],
+                             sorted(epochs))
         return Steps(NONE, [], 1)

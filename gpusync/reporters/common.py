@@ -3,8 +3,12 @@ import dataclasses
 import os
 import re
 
-HEADERS = ["#", "op", "phase", "module", "where", "count", "per step", "stall ms"]
+from ..detect.steps import UNIT_NOTES
+
+HEADERS = ["#", "op", "phase", "module", "where", "count", "per step", "when", "stall ms"]
 SETUP_TITLE = "only before the measured steps (building, warm-up): not counted per step"
+AFTER_TITLE = ("only after the last step (final evaluation, last checkpoint, teardown): not "
+               "counted per step")
 
 
 def short_path(path: str) -> str:
@@ -21,9 +25,18 @@ def short_path(path: str) -> str:
 
 
 def numbered(report):
-    """(number, site) for the per-step sites, then the setup-only ones: one numbering."""
-    sites = [s for s in report.sites if not s.setup] + [s for s in report.sites if s.setup]
-    return list(enumerate(sites, 1))
+    """(number, site) for the per-step sites, then the setup-only ones, then those after the
+    last step: one numbering."""
+    steady = [s for s in report.sites if not s.setup and not s.after]
+    setup = [s for s in report.sites if s.setup]
+    return list(enumerate(steady + setup + [s for s in report.sites if s.after], 1))
+
+
+def parts(report):
+    """The numbered sites as (per step, setup-only, after the last step)."""
+    sites = numbered(report)
+    return ([(i, s) for i, s in sites if not s.setup and not s.after],
+            [(i, s) for i, s in sites if s.setup], [(i, s) for i, s in sites if s.after])
 
 
 def headers(report) -> list[str]:
@@ -37,8 +50,9 @@ def rows(sites):
         # a spawned child's site: its pid by the line
         where = f"{short_path(s.file)}:{s.line}" + (f" (pid {s.process.pid})"
                                                     if s.process is not None else "")
+        when = "" if s.setup or s.after else s.period
         row = [i, s.op, phase, s.module or "", where, s.count,
-               f"{s.per_step:g}", stall]
+               f"{s.per_step:g}", when, stall]
         if s.per_rank and len(s.per_rank) > 1:
             values = list(s.per_rank.values())
             # a sync on some ranks only stalls the others at their next collective
@@ -73,12 +87,25 @@ def summary(report) -> str:
             if report.virtual_cuda
             else "simulated: what would sync on CUDA" if report.mode == "simulate"
             else f"measured on {report.device}")
-    phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
     ranks = f", {report.ranks} ranks" if report.ranks > 1 else ""
-    return (f"gpusync scan of {report.target or 'watch'} ({mode}{ranks}): "
-            f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) over "
-            f"{report.measured_steps} measured step(s) after {report.warmup} warm-up; "
-            f"by phase: {phases}")
+    head = f"gpusync scan of {report.target or 'watch'} ({mode}{ranks}): "
+    if report.step_unit == "none":  # no training step: a per-step figure would mean nothing
+        syncs = sum(s.count for s in report.sites)
+        ended = "raised" if report.error else "ended"
+        return (head + f"the code {ended} before its first step (no optimizer step, backward "
+                f"pass or module forward ran); {syncs} sync(s) in all that ran")
+    phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
+    after = (f"; {report.after_last_step} after the last step (listed apart)"
+             if report.after_last_step else "")
+    return (head + f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) "
+            f"over {report.measured_steps} measured step(s) after {report.warmup} warm-up; "
+            f"by phase: {phases}{after}")
+
+
+def note_lines(report) -> list[str]:
+    """The report's notes as every format shows them (the none-step unit's note is the
+    summary's own words)."""
+    return [n for n in report.notes if n != UNIT_NOTES.get("none")]
 
 
 _MD_SPECIAL = re.compile(r"([\\`*_<>\[\]~&|])")

@@ -12,7 +12,17 @@ from collections.abc import Callable, Sequence
 
 from ..stats import percentile
 from . import common
-from .common import HEADERS, SETUP_TITLE, fix_line, numbered, rows, short_path, summary
+from .common import (
+    AFTER_TITLE,
+    HEADERS,
+    SETUP_TITLE,
+    fix_line,
+    note_lines,
+    parts,
+    rows,
+    short_path,
+    summary,
+)
 
 SVG_NS = "http://www.w3.org/2000/svg"  # a namespace name, never fetched
 BLUE, GREY, GREEN, ORANGE, RED = "#4c78a8", "#8a96a3", "#2e9d5b", "#e8a317", "#c0392b"
@@ -214,9 +224,7 @@ def site_table(report, sites: list) -> str:
 
 
 def render_scan(report) -> str:
-    sites = numbered(report)
-    steady = [(i, s) for i, s in sites if not s.setup]
-    setup = [(i, s) for i, s in sites if s.setup]
+    steady, setup, after = parts(report)
     title = f"gpusync scan of {report.target or 'watch'}"
     body = [f"<h1>gpusync scan: {esc(report.target or 'watch')}</h1>",
             f'<p class="summary">{esc(summary(report))}</p>',
@@ -225,8 +233,9 @@ def render_scan(report) -> str:
     if report.error:
         body.append(f'<p class="error">the scanned code raised: {esc(report.error)} '
                     "(the report covers what ran before)</p>")
-    if report.notes:
-        body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in report.notes) + "</ul>")
+    notes = note_lines(report)
+    if notes:
+        body.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>")
     if not report.sites:
         return page(title, body + ["<p>No host&lt;-device syncs found.</p>"])
     if report.syncs_by_phase:
@@ -242,6 +251,8 @@ def render_scan(report) -> str:
                  "<h2>Sites, per step</h2>", site_table(report, steady)]
     if setup:
         body += [f"<h2>Setup: {esc(SETUP_TITLE)}</h2>", site_table(report, setup)]
+    if after:
+        body += [f"<h2>After the last step: {esc(AFTER_TITLE)}</h2>", site_table(report, after)]
     if report.gpu is not None:  # --gpu: what each sync costs, and a step's predicted lanes
         body += _cost_section(report)
     return page(title, body)

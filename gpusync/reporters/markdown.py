@@ -2,6 +2,7 @@ from tabulate import tabulate
 
 from . import cost
 from .common import (
+    AFTER_TITLE,
     SETUP_TITLE,
     fix_line,
     headers,
@@ -9,7 +10,8 @@ from .common import (
     md_fence,
     md_line,
     md_rows,
-    numbered,
+    note_lines,
+    parts,
     rows,
     summary,
 )
@@ -21,17 +23,20 @@ def scan_markdown(report) -> str:
         error = md_line(report.error)
         fence = md_fence(error, minimum=1)
         out += [f"> the scanned code raised: {fence} {error} {fence}", ""]
+    notes = note_lines(report)
+    if notes:
+        out += [f"- note: {md_cell(n)}" for n in notes] + [""]
     if not report.sites:
         return "\n".join(out + ["No host<-device syncs found.", ""])
-    sites = numbered(report)
-    steady = [(i, s) for i, s in sites if not s.setup]
-    setup = [(i, s) for i, s in sites if s.setup]
+    steady, setup, after = parts(report)
     if steady:
         out += [_sites_table(steady, report), ""]
     if setup:
         out += [f"### Setup: {SETUP_TITLE}", "", _sites_table(setup, report), ""]
+    if after:
+        out += [f"### After the last step: {AFTER_TITLE}", "", _sites_table(after, report), ""]
     out += ["### Fixes", ""]
-    out += [f"{i}. {md_line(fix_line(s))}" for i, s in sites]
+    out += [f"{i}. {md_line(fix_line(s))}" for i, s in steady + setup + after]
     if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
         out += ["", f"### {md_cell(cost.steps_line(report))}", ""]
         if cost.ranked(report):

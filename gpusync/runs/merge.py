@@ -71,10 +71,14 @@ def merged_sites(reports: dict[int, Report]) -> list[Site]:
         sites.append(dataclasses.replace(
             made[0][1], count=max(s.count for _, s in made),
             per_step=max(s.per_step for _, s in made),
-            setup=all(s.setup for _, s in made), stall_ms=max(stalls) if stalls else None,
+            setup=all(s.setup for _, s in made), after=all(s.after for _, s in made),
+            in_steps=max(s.in_steps for _, s in made),
+            period=max(made, key=lambda rs: rs[1].in_steps)[1].period,
+            stall_ms=max(stalls) if stalls else None,
             per_rank={str(r): on.get(str(r), 0.0) for r in ranks}))
     return sorted(sites, key=lambda s: (
-        s.setup, -len(set((s.per_rank or {}).values())), -s.per_step, -s.count, s.file, s.line))
+        s.setup + 2 * s.after, -len(set((s.per_rank or {}).values())), -s.in_steps,
+        -s.per_step, -s.count, s.file, s.line))
 
 
 def merge(scans: dict[int, RankScan | None]) -> tuple[Report | None, list[str]]:

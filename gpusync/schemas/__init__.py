@@ -10,8 +10,8 @@ from importlib import resources
 from typing import Any
 
 VERSIONS = {
-    "gpusync-scan": 5,
-    "gpusync-baseline": 4,
+    "gpusync-scan": 6,
+    "gpusync-baseline": 5,
     "gpusync-gate": 1,
     "gpusync-bench": 1,
     "gpusync-bench-all": 1,

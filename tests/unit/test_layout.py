@@ -100,8 +100,8 @@ def test_detection_core_imports_nothing_above_it():
 LAYERS = [
     "cli", "commands", "reporters", "fix", "tune_script", "tune", "gate", "baseline", "bench",
     "examples", "runs", "knobs", "remedies", "integrations", "techniques", "scan", "_spawned",
-    "costmodel", "outputs", "trace", "report", "targets", "profiles", "workload", "stats", "fileio",
-    "yamlfile", "progress", "verbosity", "processes", "schemas", "devtools", "detect",
+    "costmodel", "outputs", "trace", "report", "cost", "targets", "profiles", "workload", "stats",
+    "fileio", "yamlfile", "progress", "verbosity", "processes", "schemas", "devtools", "detect",
 ]
 
 

@@ -107,3 +107,82 @@ def test_a_spawned_processs_site_names_its_process(fmt):
     assert Report.decode(json.loads(json.dumps(r.encode()))) == r
     del d["sites"][0]["process"]
     validator(d["kind"]).validate(d)
+
+
+def test_how_often_a_site_syncs_from_the_steps_it_synced_in():
+    from gpusync.report import period
+
+    assert period(set(range(1, 9)), 1, 9) == "every step"
+    assert period({2, 4, 6, 8}, 1, 9) == "every 2 steps"
+    assert period({3, 6}, 1, 9) == "every 3 steps"
+    assert period({7, 8}, 1, 9) == "in 2 of 8 steps"  # not from within the first 2 steps on
+    assert period({4}, 1, 9) == "once"
+    assert period({4, 8}, 1, 9, epoch_ends=[0, 4, 8]) == "at epoch end"
+    assert period(set(), 1, 9) == ""
+
+
+def test_a_checkpoint_at_each_epoch_end_ranks_after_a_sync_every_step():
+    """26 copies at each of 2 epoch ends over 16 measured steps average 3.25/step, more than
+    the item() made every step; ranked by what happens per step, the item() comes first."""
+    events = [ev("item", s) for s in range(17)]
+    events += [ev("D2H copy", s, 20) for s in (8, 16) for _ in range(26)]
+    r = build_report(events, steps=17, warmup=1, mode="simulate", epoch_ends=[8, 16])
+    item, checkpoint = r.sites
+    assert (item.op, item.period, item.in_steps) == ("item", "every step", 16)
+    assert (checkpoint.period, checkpoint.per_step, checkpoint.in_steps) == (
+        "at epoch end", 3.25, 2)
+    assert "at epoch end" in render(r, "table") and r.epoch_ends == (8, 16)
+
+
+def after_report(extra_after: int = 0):
+    events = [ev("item", s) for s in range(4)] + [ev("cpu", 4, 30)] * (2 + extra_after)
+    events += [ev("empty_cache", 0, 40), ev("empty_cache", 4, 40)]
+    return build_report(events, steps=4, warmup=1, mode="simulate", after_last=True)
+
+
+def test_sites_after_the_last_step_are_apart_and_out_of_the_per_step_figures():
+    r = after_report()
+    assert r.syncs_per_step == 1.0 and r.after_last_step == 3
+    by_op = {s.op: s for s in r.sites}
+    assert by_op["cpu"].after and by_op["cpu"].period == "after the last step"
+    assert by_op["empty_cache"].after and not by_op["empty_cache"].setup
+    assert by_op["empty_cache"].period == "before the measured steps and after the last step"
+    assert [s.op for s in r.sites][0] == "item"  # per-step sites first
+    d = json.loads(render(r, "json"))
+    from gpusync.schemas import validator
+
+    validator(d["kind"]).validate(d)
+    assert d["after_last_step"] == 3 and [s["after"] for s in d["sites"]] == [False, True, True]
+    assert Report.decode(json.loads(json.dumps(r.encode()))) == r
+
+
+def test_a_baseline_and_its_gate_leave_out_what_ran_after_the_last_step():
+    from gpusync import baseline
+    from gpusync.gate import compare_counts
+
+    data = baseline.from_report(after_report())
+    assert [s["op"] for s in data["sites"]] == ["item"]
+    assert compare_counts(data, after_report(extra_after=5)) == []
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "html"])
+def test_notes_are_in_every_format(fmt):
+    note = "the code never put a tensor on the GPU (no .to('cuda'))"
+    r = build_report([ev("item", 0)], steps=1, warmup=0, mode="simulate", notes=[note])
+    text = render(r, fmt)
+    assert ("the code never put a tensor on the GPU" in text
+            and ("no .to(&#x27;cuda&#x27;)" if fmt == "html" else "no .to(") in text)
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "html"])
+def test_a_run_that_ended_before_its_first_step_says_so(fmt):
+    """A script that failed in its own argparse: no step ran, which is what the report says,
+    not "0 syncs/step over 1 measured step"."""
+    r = build_report([], steps=1, warmup=1, mode="simulate", step_unit="none",
+                     error="SystemExit: 2 (sys.exit(2))")
+    text = render(r, fmt)
+    assert "the code raised before its first step" in text and "syncs/step" not in text
+    assert "0 sync(s) in all that ran" in text
+    ended = build_report([ev("item", 0)], steps=1, warmup=1, mode="simulate", step_unit="none")
+    assert "the code ended before its first step" in render(ended, fmt)
+    assert "1 sync(s) in all that ran" in render(ended, fmt)

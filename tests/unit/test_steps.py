@@ -10,7 +10,7 @@ import torch
 import gpusync
 from gpusync.detect.steps import BACKWARD, FORWARD, NONE, OPTIMIZER, StepCounter
 from gpusync.errors import BadInput
-from gpusync.scan import run_scan
+from gpusync.scan import STOPPED, run_scan
 from gpusync.workload import Workload
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -48,7 +48,7 @@ def test_steps_n_measures_n_whole_steps(tmp_path, steps):
     assert report.measured_steps == steps and report.steps == steps + 1
     assert per_step(report) == {"item": 1.0}  # the warm-up's tolist is not averaged in
     assert report.max_syncs_per_step == 1 and report.step_unit == OPTIMIZER
-    assert report.notes == ()
+    assert report.notes == (STOPPED,)  # what runs after the stop is not seen: it says so
 
 
 def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):

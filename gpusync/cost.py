@@ -1,0 +1,50 @@
+"""--gpu: the cost model's predictions as a report carries them (gpusync/costmodel/ makes them;
+the report, the renderers and the trace read them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """--gpu: one measured step as the cost model predicts it (costmodel/predict.py)."""
+
+    index: int
+    predicted_step_ms: float
+    gpu_busy: float
+    bound: str  # "host" or "device"
+    predicted_stall_ms: float
+
+
+@dataclass(frozen=True)
+class StepLanes:
+    """--gpu: one step's predicted lanes, in milliseconds from its start: the device's busy
+    spans (start, end), the host's stalls (start, end, site: SiteKey.named) and where the
+    host's own work ends."""
+
+    step: int
+    step_ms: float
+    host_end_ms: float
+    device: tuple[tuple[float, float], ...]
+    stalls: tuple[tuple[float, float, str], ...]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """--gpu: the GPU predicted for, the host model, each measured step, one step's lanes."""
+
+    gpu_name: str
+    host_dispatch_us: float
+    launch_api_us: float
+    gap_overhead_us: float
+    steps: tuple[StepCost, ...]
+    timeline: StepLanes | None
+
+    @classmethod
+    def decode(cls, d: dict[str, Any]) -> Cost:
+        lanes = d.get("timeline")
+        return cls(**{**d, "steps": tuple(StepCost(**s) for s in d["steps"]),
+                      "timeline": None if lanes is None else StepLanes(**{
+                          **lanes, "device": tuple(tuple(x) for x in lanes["device"]),
+                          "stalls": tuple(tuple(x) for x in lanes["stalls"])})})
