@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import torch
 
 from ._version import __version__
-from .detect.events import PHASES, Frame, SyncEvent
+from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
 
@@ -21,6 +21,7 @@ KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
 # 4: virtual_cuda, ranks, per_rank, and each site's predicted and per_rank
 # 5: --gpu: gpu, cost, and each site's predicted_stall_ms, payoff_ms, blocks (absent without)
+# 6: each site's framework (the framework's step that made it: detect/libraries/)
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -158,6 +159,9 @@ class Site:
     predicted_stall_ms: float | None = None
     payoff_ms: float | None = None
     blocks: tuple[str, ...] | None = None
+    # the step of a framework's loop that made the sync (its logging, its NaN/Inf loss
+    # filter, its checkpoint), when the user's line only called the framework
+    framework: FrameworkStep | None = None
 
     def __hash__(self) -> int:  # per_rank is a dict: a site is hashed by its identity
         return hash((self.key, self.line, self.count, self.per_step))
@@ -197,8 +201,10 @@ class Site:
     def decode(cls, d: dict[str, Any]) -> Site:
         """A site as `encode` wrote it (in another gpusync process)."""
         lib, proc, blocks = d.get("library"), d.get("process"), d.get("blocks")
+        step = d.get("framework")
         return cls(**{**d, "frames": tuple(Frame(**f) for f in d.get("frames", ())),
                       "library": CodeLine(**lib) if lib is not None else None,
+                      "framework": FrameworkStep(**step) if step is not None else None,
                       "process": Process(**proc) if proc is not None else None,
                       "blocks": tuple(blocks) if blocks is not None else None})
 
@@ -333,7 +339,7 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
             fix=first_ev.fix, detail=first_ev.detail,
             library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
             setup=not inside and all(e.step < first for e in evs),
-            predicted=first_ev.predicted,
+            predicted=first_ev.predicted, framework=first_ev.framework,
         ))
     sites.sort(key=lambda s: (s.setup, -(s.stall_ms or 0.0), -s.per_step, -s.count, s.file,
                               s.line))

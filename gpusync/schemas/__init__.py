@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 VERSIONS = {
-    "gpusync-scan": 5,
+    "gpusync-scan": 6,
     "gpusync-baseline": 4,
     "gpusync-gate": 1,
     "gpusync-bench": 1,

@@ -1,0 +1,140 @@
+"""A framework's own lever, set where the user's script gives the framework its arguments: the
+sync is made by the framework's loop (the site is the user's `trainer.train()` /
+`trainer.fit()` line, its step named by detect/libraries/), so the edit is not at the line
+that synced but at the call that configures that step.
+
+- "trainer.logging_nan_inf_filter": the Hugging Face Trainer's NaN/Inf loss filter
+  (detect/libraries/transformers.py) reads every step's loss on the host; the edit sets
+  `logging_nan_inf_filter=False` on the script's one `TrainingArguments(...)` call. It changes
+  only what is logged for a nan/inf loss (added as it is instead of skipped). Arguments parsed
+  from the command line (HfArgumentParser) are refused with the flag that sets it.
+- "lightning.prog_bar": values a LightningModule's `training_step` logs with
+  `self.log(..., prog_bar=True)` are read on the host at every progress-bar refresh
+  (detect/libraries/lightning.py); the edit sets `prog_bar=False` on those calls. The values
+  still reach the loggers and callback_metrics; the progress bar no longer shows them. What is
+  logged with prog_bar=True outside `training_step` (validation) stays, read at the epoch's
+  end: the site falls to fewer reads per step (Proposal.fewer), it does not go.
+
+Both edit only literal keyword arguments the source shows; the run proves the rest."""
+from __future__ import annotations
+
+import ast
+import contextlib
+import os
+
+from ..detect.libraries import lightning, transformers
+from ..report import Site
+from .flags import keyword, literal
+from .observe import Facts
+from .remedy import Proposal, Refusal
+from .source import Source, callee_name
+
+# TrainingArguments and its subclass in transformers whose fields include the filter
+_ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
+_PARSER = "HfArgumentParser"
+
+
+def _made_by(site: Site, label: str) -> bool:
+    return site.framework is not None and site.framework.label == label
+
+
+def _named(source: Source, name: str) -> bool:
+    """Whether the file mentions `name` (an import or a use)."""
+    return any(isinstance(n, ast.Name) and n.id == name or
+               isinstance(n, ast.alias) and (n.asname or n.name).split(".")[-1] == name or
+               isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(source.tree))
+
+
+class _NanInfFilter:
+    NAME = "trainer.logging_nan_inf_filter"
+
+    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext(facts)  # the site's step and the source say all it needs
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if not _made_by(site, transformers.NAN_INF_STEP):
+            return None
+        field = transformers.NAN_INF_FILTER
+        calls = [n for n in ast.walk(source.tree) if isinstance(n, ast.Call)
+                 and callee_name(n) in _ARGUMENT_CLASSES]
+        if not calls:
+            if _named(source, _PARSER):
+                return Refusal(self.NAME, site, "the TrainingArguments are parsed from the "
+                               f"command line ({_PARSER}): run the script with "
+                               f"--{field} False (no edit needed)")
+            return Refusal(self.NAME, site, f"no TrainingArguments(...) call in "
+                           f"{os.path.relpath(site.file)}: pass {field}=False where the "
+                           "script builds its TrainingArguments")
+        if len(calls) > 1:
+            return Refusal(self.NAME, site, f"{len(calls)} TrainingArguments(...) calls in the "
+                           f"file (lines {', '.join(str(c.lineno) for c in calls)}): which one "
+                           "the Trainer got is the script's choice")
+        call = calls[0]
+        given = keyword(call, field)
+        if given is not None:
+            return Refusal(self.NAME, site, f"{field}={source.segment(given.value)} is given "
+                           f"at line {call.lineno}: the script asks for it")
+        if any(k.arg is None for k in call.keywords):
+            return Refusal(self.NAME, site, f"TrainingArguments(..., **...) at line "
+                           f"{call.lineno} may pass {field} already")
+        edit = source.set_keyword(call, field, "False")
+        return Proposal(self.NAME, site, (edit,), (
+            f"TrainingArguments(..., {field}=False) at line {call.lineno}: the Trainer no "
+            "longer reads each step's loss on the host to skip nan/inf losses; the same for "
+            "finite losses (every one run was), a nan/inf loss is then logged as it is"))
+
+
+class _ProgBar:
+    NAME = "lightning.prog_bar"
+    METHODS = ("log", "log_dict")
+    HOOK = "training_step"
+
+    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext(facts)
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if not _made_by(site, lightning.PROGRESS_BAR_STEP):
+            return None
+        calls = [c for c in self._logs(source) if literal(_value(c, "prog_bar")) is True
+                 and literal(_value(c, "on_step")) is not False]
+        if not calls:
+            return Refusal(self.NAME, site, "no self.log(..., prog_bar=True) in a "
+                           f"{self.HOOK} of {os.path.relpath(site.file)}: set prog_bar=False "
+                           "(or on_step=False) where the LightningModule logs per step")
+        edits = tuple(source.set_keyword(c, "prog_bar", "False") for c in calls)
+        lines = ", ".join(str(c.lineno) for c in calls)
+        return Proposal(self.NAME, site, edits, (
+            f"self.log(..., prog_bar=False) in {self.HOOK} (line(s) {lines}): Lightning no "
+            "longer reads these values on the host at each progress-bar refresh; they still "
+            "reach the loggers and callback_metrics, but the progress bar no longer shows them"),
+            fewer=True, printed_changes="the progress bar no longer shows "
+            f"{', '.join(_names(source, calls))} (a bar that writes to stdout, as "
+            "Lightning's Rich bar does, prints differently)")
+
+    def _logs(self, source: Source) -> list[ast.Call]:
+        """`self.log(...)` / `self.log_dict(...)` calls inside a method named training_step."""
+        found = []
+        for fn in ast.walk(source.tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or \
+                    fn.name != self.HOOK:
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                        node.func.attr in self.METHODS and \
+                        isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+                    found.append(node)
+        return found
+
+
+def _names(source: Source, calls: list[ast.Call]) -> list[str]:
+    """What each call logs, as the source spells it ('"train_loss"', "{...}")."""
+    return [source.segment(c.args[0]) if c.args else "?" for c in calls]
+
+
+def _value(call: ast.Call, name: str) -> ast.AST | None:
+    kw = keyword(call, name)
+    return kw.value if kw is not None else None
+
+
+NAN_INF_FILTER = _NanInfFilter()
+PROG_BAR = _ProgBar()
