@@ -102,7 +102,7 @@ def test_trainer_syncs_are_at_the_train_line_told_apart_by_the_trainers_step(tmp
     table = run_main("scan", "train.py", cwd=tmp_path).stdout
     assert f"train.py:{TRAIN_LINE} · Trainer NaN/Inf loss filter" in table
     assert f"train.py:{TRAIN_LINE} · Trainer logging (logging_steps)" in table
-    assert "[Trainer NaN/Inf loss filter: `if ( self.args.logging_nan_inf_filter" in table
+    assert "[Trainer NaN/Inf loss filter: `if (self.args.logging_nan_inf_filter and" in table
 
 
 def test_lightning_progress_bar_reads_are_the_fit_lines_and_the_users_log_stays_theirs(

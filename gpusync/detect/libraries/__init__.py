@@ -122,7 +122,7 @@ def _step(entry: Entry, frame: Frame) -> FrameworkStep:
                          statement(frame.file, frame.line))
 
 
-def statement(file: str, line: int, most: int = 6, width: int | None = 100) -> str:
+def statement(file: str, line: int, most: int = 6, width: int | None = 140) -> str:
     """The source text at `line`, with the lines that follow while its brackets are open (a
     condition over several lines), whitespace collapsed; "" when the file cannot be read."""
     parts: list[str] = []
@@ -136,6 +136,10 @@ def statement(file: str, line: int, most: int = 6, width: int | None = 100) -> s
         if depth <= 0:
             break
     joined = " ".join(p for p in parts if p)
+    for opened in "([{":  # "if (\n    cond\n):" reads "if (cond):"
+        joined = joined.replace(opened + " ", opened)
+    for closed in ")]}":
+        joined = joined.replace(" " + closed, closed)
     return joined if width is None or len(joined) <= width else joined[:width - 3] + "..."
 
 
