@@ -38,7 +38,7 @@ def rows(sites):
         where = f"{short_path(s.file)}:{s.line}" + (f" (pid {s.process.pid})"
                                                     if s.process is not None else "")
         if s.framework is not None:  # rows of one `trainer.fit()` line told apart
-            where += f" · {s.framework.label}"
+            where += f" via {s.framework.label}"
         row = [i, s.op, phase, s.module or "", where, s.count,
                f"{s.per_step:g}", stall]
         if s.per_rank and len(s.per_rank) > 1:

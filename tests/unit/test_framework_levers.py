@@ -100,8 +100,8 @@ def test_trainer_syncs_are_at_the_train_line_told_apart_by_the_trainers_step(tmp
     assert logging["framework"]["label"] == "Trainer logging (logging_steps)"
     assert "logging_steps=N" in logging["fix"]
     table = run_main("scan", "train.py", cwd=tmp_path).stdout
-    assert f"train.py:{TRAIN_LINE} · Trainer NaN/Inf loss filter" in table
-    assert f"train.py:{TRAIN_LINE} · Trainer logging (logging_steps)" in table
+    assert f"train.py:{TRAIN_LINE} via Trainer NaN/Inf loss filter" in table
+    assert f"train.py:{TRAIN_LINE} via Trainer logging (logging_steps)" in table
     assert "[Trainer NaN/Inf loss filter: `if (self.args.logging_nan_inf_filter and" in table
 
 
