@@ -17,6 +17,11 @@ source:
 - `ModelCheckpoint` (pytorch/callbacks/model_checkpoint.py) compares the monitored value
   (`monitor_op(current, best)`, `torch.isnan(current)`) and saves (trainer.save_checkpoint ->
   fabric's `_atomic_save`: torch.save) at each epoch's end by default.
+- `Trainer._run_sanity_check` runs `num_sanity_val_steps` (default 2) validation batches
+  before training: what they sync is setup.
+- `_LoggerConnector.on_epoch_end` (logger_connector.py), at the end of each training epoch
+  and validation run: `self.metrics` reduces what was logged with `on_epoch=True`
+  (torchmetrics' `compute`) and converts the progress bar's values.
 - `Trainer._teardown` (pytorch/trainer/trainer.py), once after the last step: the strategy's
   teardown moves the model to the host (`lightning_module.cpu()`), the loops' results and the
   logged values are moved with `move_data_to_device(..., "cpu")`, the CUDA accelerator empties
@@ -39,6 +44,19 @@ LOG_CLASS = ("lightning.pytorch.core.module", "LightningModule")
 PROGRESS_BAR_STEP = "Lightning progress-bar metrics (prog_bar=True)"
 
 ENTRIES = (
+    Entry("lightning/pytorch/trainer/trainer.py", ("Trainer._run_sanity_check",),
+          "before training, Lightning runs num_sanity_val_steps validation batches (default "
+          "2): setup, not per step; Trainer(num_sanity_val_steps=0) skips them",
+          "lightning/pytorch/trainer/trainer.py Trainer._run_sanity_check", V,
+          step="Lightning sanity check"),
+    Entry("lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py",
+          ("_LoggerConnector.on_epoch_end",),
+          "at the end of each epoch and validation run, Lightning computes what was logged "
+          "with on_epoch=True (torchmetrics' compute included) and reads the progress bar's "
+          "values: once per epoch, not per step",
+          "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py "
+          "_LoggerConnector.on_epoch_end (self.metrics)", V,
+          step="Lightning epoch-end metrics"),
     Entry("lightning/pytorch/trainer/trainer.py", ("Trainer._teardown",),
           "once after the last step, Lightning's teardown moves the model, its metrics and "
           "logged values to the host and empties the CUDA cache: not per step, nothing to "
