@@ -17,6 +17,7 @@ the host, each with the TrainingArguments field that is its lever (a Trainer use
 - `Trainer.evaluation_loop` (every `eval_steps` with `eval_strategy="steps"`): the losses and
   predictions gathered to the host (`losses.mean().item()`, nested_numpify).
 - `Trainer._finalize_training`: `self._tr_loss.item()` once when training ends.
+- `Trainer.save_model` called by the script (`_save`: safetensors copies each tensor).
 - The batches reach the device through accelerate's `DataLoaderShard.__iter__`
   (`send_to_device(..., non_blocking=self._non_blocking)`): `non_blocking` comes from
   `accelerator_config={"non_blocking": True}` (trainer.py create_accelerator_and_postprocess),
@@ -66,6 +67,12 @@ ENTRIES = (
           "of at the end",
           "transformers/trainer.py Trainer.evaluation_loop", V,
           step="Trainer evaluation (eval_steps)"),
+    # outermost first: within a checkpoint, _save_checkpoint (above) names the step
+    Entry(TRAINER, ("Trainer.save_model",),
+          "Trainer.save_model copies every tensor of the model to the host (safetensors): "
+          "once where the script saves (after training), not per step; nothing to change",
+          "transformers/trainer.py Trainer.save_model -> _save (safetensors save_file)", V,
+          step="Trainer.save_model"),
     Entry(TRAINER, ("Trainer._finalize_training",),
           "the Trainer reads the summed loss once when training ends: not per step, nothing "
           "to change",
