@@ -209,6 +209,11 @@ def test_framework_entries_name_the_outermost_step_and_need_their_framework_path
     fix, step = known(save)
     assert step is not None and step.label == "Trainer checkpoint (save_steps)"
     assert "save_steps=N" in (fix or "")  # the framework's lever, not torch.save's advice
+    saved = (Frame(sp + "safetensors/torch.py", 479, "_to_ndarray", True),
+             Frame(sp + "transformers/trainer.py", 6, "Trainer._save", True),
+             Frame(sp + "transformers/trainer.py", 7, "Trainer.save_model", True))
+    assert known((*saved, user))[1].label == "Trainer.save_model"  # the script's own call
+    assert known((*saved, save[2], user))[1].label == "Trainer checkpoint (save_steps)"
 
 
 def test_accelerates_batch_copy_has_the_trainers_lever_inside_the_trainer(tmp_path):
