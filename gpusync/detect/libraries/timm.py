@@ -25,7 +25,8 @@ ENTRIES = (
           "(timm's train.py: --pin-mem)",
           "timm/data/loader.py PrefetchLoader.__iter__ (.to(device, non_blocking=True))", V,
           text=("non_blocking",), step="timm PrefetchLoader copy (--pin-mem)"),
-    Entry("timm/utils/checkpoint_saver.py", ("CheckpointSaver.",),
+    Entry("timm/utils/checkpoint_saver.py", ("CheckpointSaver.save_checkpoint",
+                                              "CheckpointSaver.save_recovery"),
           "timm's CheckpointSaver copies the model and optimizer state to the host each time "
           "it saves: at every epoch's end (once per epoch, not per step), and every "
           "--recovery-interval batches when that is set (train.py; leave it 0 or raise it)",

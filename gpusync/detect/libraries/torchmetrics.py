@@ -11,7 +11,9 @@ from . import Entry
 V = "torchmetrics 1.0.3"
 
 ENTRIES = (
-    Entry("torchmetrics/functional/classification/", ("_tensor_validation",),
+    Entry("torchmetrics/functional/classification/",
+          ("_binary_stat_scores_tensor_validation", "_multiclass_stat_scores_tensor_validation",
+           "_multilabel_stat_scores_tensor_validation"),
           "torchmetrics checks the targets' values on the host at every update "
           "(validate_args=True, the default): build the metric with validate_args=False "
           "(e.g. Accuracy(task=\"multiclass\", num_classes=C, validate_args=False)) once the "
