@@ -306,6 +306,7 @@ def test_every_entry_names_a_function_its_installed_library_has():
         for function in entry.functions:
             name = function.rstrip(".").split(".")[-1]
             assert f"def {name}(" in text or f"class {name}(" in text, (entry.source, name)
+        assert not entry.text or any(t in text for t in entry.text), (entry.source, entry.text)
 
 
 ON = lambda t: isinstance(t, torch.Tensor)  # noqa: E731  everything on the device
