@@ -9,11 +9,12 @@ that synced but at the call that configures that step.
   only what is logged for a nan/inf loss (added as it is instead of skipped). Arguments parsed
   from the command line (HfArgumentParser) are refused with the flag that sets it.
 - "lightning.prog_bar": values a LightningModule's `training_step` logs with
-  `self.log(..., prog_bar=True)` are read on the host at every progress-bar refresh
-  (detect/libraries/lightning.py); the edit sets `prog_bar=False` on those calls. The values
-  still reach the loggers and callback_metrics; the progress bar no longer shows them. What is
-  logged with prog_bar=True outside `training_step` (validation) stays, read at the epoch's
-  end: the site falls to fewer reads per step (Proposal.fewer), it does not go.
+  `self.log(..., prog_bar=True)` are read on the host after every batch and at every
+  progress-bar refresh (detect/libraries/lightning.py); the edit sets `prog_bar=False` on
+  those calls. The values still reach the loggers and callback_metrics; the progress bar no
+  longer shows them. What is logged with prog_bar=True outside `training_step` (validation)
+  stays, read at the epoch's end: the site may fall to fewer reads per step
+  (Proposal.fewer) rather than go.
 
 Both edit only literal keyword arguments the source shows; the run proves the rest."""
 from __future__ import annotations
@@ -105,7 +106,7 @@ class _ProgBar:
         lines = ", ".join(str(c.lineno) for c in calls)
         return Proposal(self.NAME, site, edits, (
             f"self.log(..., prog_bar=False) in {self.HOOK} (line(s) {lines}): Lightning no "
-            "longer reads these values on the host at each progress-bar refresh; they still "
+            "longer reads these values on the host after each batch; they still "
             "reach the loggers and callback_metrics, but the progress bar no longer shows them"),
             fewer=True, printed_changes="the progress bar no longer shows "
             f"{', '.join(_names(source, calls))} (a bar that writes to stdout, as "

@@ -112,7 +112,7 @@ def test_lightning_progress_bar_reads_are_the_fit_lines_and_the_users_log_stays_
     [bar] = [s for s in sites if s["op"] == "item"]
     assert bar["line"] == FIT_LINE and bar["phase"] == "other"
     assert bar["framework"]["label"] == "Lightning progress-bar metrics (prog_bar=True)"
-    assert "prog_bar=False" in bar["fix"] and "refresh_rate" in bar["fix"]
+    assert "prog_bar=False" in bar["fix"] and "on_step=False" in bar["fix"]
     # what the user's training_step does itself is placed at its line, no framework step
     assert all(s["framework"] is None for s in sites if s["line"] != FIT_LINE)
 

@@ -6,12 +6,14 @@ source:
 
 - `_ResultCollection.metrics` (pytorch/trainer/connectors/logger_connector/result.py) converts
   every value logged with `prog_bar=True` with `convert_tensors_to_scalars` (fabric/utilities/
-  apply_func.py: `value.item()`) each time the metrics are collected: by the progress bar at
-  each refresh (TQDMProgressBar.on_train_batch_end -> get_metrics -> trainer.
-  progress_bar_metrics; `refresh_rate`, default 1), at each logging step
-  (`_LoggerConnector.update_train_step_metrics`, every `log_every_n_steps`, default 50) and
-  when callbacks read `callback_metrics`. `self.log(..., prog_bar=False)` (the default)
-  keeps a value out of that conversion; `on_step=False` logs it at the epoch's end only.
+  apply_func.py: `value.item()`) each time the metrics are collected: after every batch
+  (`_LoggerConnector.on_batch_end`: `metrics = self.metrics`, whatever the progress bar's
+  `refresh_rate`), at each bar refresh (TQDMProgressBar.on_train_batch_end -> get_metrics ->
+  trainer.progress_bar_metrics), at each logging step and when callbacks read
+  `callback_metrics` (checked by wrapping `_ResultCollection.metrics` in a plain run: a
+  training batch's end collects them once more than the bar's refreshes). `self.log(...,
+  prog_bar=False)` (the default) keeps a value out of that conversion; `on_step=False` logs
+  it at the epoch's end only.
 - `_LoggerConnector.log_metrics` converts the values it hands to the loggers the same way,
   every `log_every_n_steps` (no logger: nothing).
 - `ModelCheckpoint` (pytorch/callbacks/model_checkpoint.py) compares the monitored value
@@ -71,10 +73,11 @@ ENTRIES = (
           "(_save_topk_checkpoint, check_monitor_top_k)", V, step="Lightning ModelCheckpoint"),
     Entry(RESULT, ("_ResultCollection.metrics",),
           "each value logged with self.log(..., prog_bar=True) is read on the host whenever "
-          "Lightning collects its metrics: at every progress-bar refresh, every "
-          "log_every_n_steps and when a callback reads callback_metrics: log it with "
-          "prog_bar=False (it still reaches the logger), or on_step=False (read at the "
-          "epoch's end), or refresh the bar less often (TQDMProgressBar(refresh_rate=N))",
+          "Lightning collects its metrics: after every batch (_LoggerConnector.on_batch_end), "
+          "at each progress-bar refresh and when a callback reads callback_metrics: log it "
+          "with prog_bar=False (it still reaches the loggers and callback_metrics), or "
+          "on_step=False (read at the epoch's end); a larger TQDMProgressBar(refresh_rate=N) "
+          "does not stop the read after every batch",
           "lightning/pytorch/trainer/connectors/logger_connector/result.py "
           "_ResultCollection.metrics (convert_tensors_to_scalars: .item())", V,
           text=("convert_tensors_to_scalars",), step=PROGRESS_BAR_STEP),
