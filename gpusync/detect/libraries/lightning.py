@@ -21,8 +21,9 @@ source:
   fabric's `_atomic_save`: torch.save) at each epoch's end by default.
 - `Trainer._run_sanity_check` runs `num_sanity_val_steps` (default 2) validation batches
   before training: what they sync is setup.
-- `_LoggerConnector.on_epoch_end` (logger_connector.py), at the end of each training epoch
-  and validation run: `self.metrics` reduces what was logged with `on_epoch=True`
+- `_LoggerConnector.on_epoch_end`, `update_train_epoch_metrics`, `update_eval_epoch_metrics`
+  (logger_connector.py), at the end of each training epoch and validation run: `self.metrics`
+  reduces what was logged with `on_epoch=True`
   (torchmetrics' `compute`) and converts the progress bar's values.
 - `Trainer._teardown` (pytorch/trainer/trainer.py), once after the last step: the strategy's
   teardown moves the model to the host (`lightning_module.cpu()`), the loops' results and the
@@ -52,7 +53,8 @@ ENTRIES = (
           "lightning/pytorch/trainer/trainer.py Trainer._run_sanity_check", V,
           step="Lightning sanity check"),
     Entry("lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py",
-          ("_LoggerConnector.on_epoch_end",),
+          ("_LoggerConnector.on_epoch_end", "_LoggerConnector.update_train_epoch_metrics",
+           "_LoggerConnector.update_eval_epoch_metrics"),
           "at the end of each epoch and validation run, Lightning computes what was logged "
           "with on_epoch=True (torchmetrics' compute included) and reads the progress bar's "
           "values: once per epoch, not per step",
