@@ -319,3 +319,23 @@ def test_the_real_lightning_progress_bar_is_placed_and_fixed(tmp_path):
     assert proc.returncode == 0, proc.stderr
     [patch] = json.loads(proc.stdout)["patches"]
     assert patch["remedy"] == PROG_BAR.NAME
+
+
+def test_a_fewer_target_passes_only_when_it_syncs_less_often_and_nothing_else_rises():
+    from gpusync.fix import sites
+
+    def at(per_step, line=9, op="item"):
+        return Site(op=op, phase="other", file="t.py", line=line, per_step=per_step, count=8)
+
+    target, other = at(4.0), at(1.0, line=5, op="bool()")
+    maps = {"t.py": sites.LineMap.of("a\n" * 12, "a\n" * 12)}
+    fewer = frozenset({target})
+    assert sites.compare([target], [target, other], [at(0.5), other], maps, fewer)[0] is None
+    why = sites.compare([target], [target, other], [at(4.0), other], maps, fewer)[0]
+    assert why is not None and "is still there (4/step)" in why
+    assert sites.compare([target], [target, other], [at(0.5), other], maps)[0] is not None
+    rises = sites.compare([target], [target, other], [at(0.5), at(2.0, line=5, op="bool()")],
+                          maps, fewer)[0]
+    assert rises is not None and "syncs more often than before" in rises
+    _, removed, _ = sites.compare([target], [target], [at(0.5)], maps, fewer)
+    assert removed == ["item at t.py:9 (4/step) down to 0.5/step"]
