@@ -5,7 +5,7 @@ from .events import BACKWARD, HOOK, SyncEvent
 from .frames import capture
 from .libraries import known
 from .phases import PhaseTracker
-from .rules import fix_for
+from .rules import PINNED_DETAIL, PINNED_SOURCE, fix_for
 
 
 class Recorder:
@@ -43,6 +43,8 @@ class Recorder:
         # Trainer's checkpoint): the user cannot edit the framework's call
         lever, framework = known(frames)
         text = lever if lever and framework is not None else fix or lever or fix_for(label)
+        if framework is not None and detail == PINNED_DETAIL:
+            detail = PINNED_SOURCE
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
             stall_ms=stall_ms, detail=detail,

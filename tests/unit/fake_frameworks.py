@@ -7,6 +7,27 @@ first on sys.path themselves."""
 import textwrap
 
 TRANSFORMERS = {
+    # accelerate's loader as transformers 5.24's Trainer gets it (accelerate/data_loader.py
+    # DataLoaderShard.__iter__, non_blocking False by default)
+    "accelerate/__init__.py": "",
+    "accelerate/utils/__init__.py": "",
+    "accelerate/utils/operations.py": """
+        def send_to_device(batch, device, non_blocking=False):
+            return [t.to(device, non_blocking=non_blocking) for t in batch]
+        """,
+    "accelerate/data_loader.py": """
+        from .utils.operations import send_to_device
+
+
+        class DataLoaderShard:
+            def __init__(self, batches, device):
+                self.batches, self.device, self._non_blocking = batches, device, False
+
+            def __iter__(self):
+                for batch in self.batches:
+                    batch = send_to_device(batch, self.device, non_blocking=self._non_blocking)
+                    yield batch
+        """,
     "transformers/__init__.py": """
         from .trainer import Trainer
         from .training_args import TrainingArguments
@@ -25,11 +46,13 @@ TRANSFORMERS = {
     # writes them (transformers/trainer.py)
     "transformers/trainer.py": """
         import torch
+        from accelerate.data_loader import DataLoaderShard
 
 
         class Trainer:
             def __init__(self, model, args, train_dataset):
-                self.model, self.args, self.data = model, args, train_dataset
+                self.model, self.args = model, args
+                self.data = DataLoaderShard(train_dataset, "cuda")
                 self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
             def train(self):

@@ -26,7 +26,7 @@ HF_SCRIPT = """
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1).to("cuda")
-    data = [(torch.randn(8, 4, device="cuda"), torch.randn(8, 1, device="cuda"))
+    data = [(torch.randn(8, 4).pin_memory(), torch.randn(8, 1).pin_memory())
             for _ in range(6)]
     args = TrainingArguments(
         output_dir="out",
@@ -99,6 +99,11 @@ def test_trainer_syncs_are_at_the_train_line_told_apart_by_the_trainers_step(tmp
     assert "logging_nan_inf_filter=False" in nan_inf["fix"]
     assert logging["framework"]["label"] == "Trainer logging (logging_steps)"
     assert "logging_steps=N" in logging["fix"]
+    # accelerate's copy: the Trainer's lever, and no "add non_blocking=True" at its call
+    copy = sites["H2D copy"]
+    assert copy["framework"]["label"] == "Trainer batch copy (accelerate)"
+    assert 'accelerator_config={"non_blocking": True}' in copy["fix"]
+    assert copy["detail"] == "the source is pinned already"
     table = run_main("scan", "train.py", cwd=tmp_path).stdout
     assert f"train.py:{TRAIN_LINE} via Trainer NaN/Inf loss filter" in table
     assert f"train.py:{TRAIN_LINE} via Trainer logging (logging_steps)" in table
