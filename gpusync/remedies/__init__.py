@@ -31,6 +31,7 @@ REMEDIES: tuple[Remedy, ...] = (
     optimizers.FUSED,
     causal.IS_CAUSAL,
     framework_args.NAN_INF_FILTER,
+    framework_args.NON_BLOCKING,
     framework_args.PROG_BAR,
     logging_item,
     tuned,

@@ -8,6 +8,10 @@ that synced but at the call that configures that step.
   `logging_nan_inf_filter=False` on the script's one `TrainingArguments(...)` call. It changes
   only what is logged for a nan/inf loss (added as it is instead of skipped). Arguments parsed
   from the command line (HfArgumentParser) are refused with the flag that sets it.
+- "trainer.non_blocking": the Trainer's batches, pinned (dataloader_pin_memory=True, the
+  default), are copied by accelerate with non_blocking=False, a copy the host waits for; the
+  edit sets `accelerator_config={"non_blocking": True}` on the same call (refused where the
+  script gives accelerator_config, or where the batch is not pinned).
 - "lightning.prog_bar": values a LightningModule's `training_step` logs with
   `self.log(..., prog_bar=True)` are read on the host after every batch and at every
   progress-bar refresh (detect/libraries/lightning.py); the edit sets `prog_bar=False` on
@@ -24,6 +28,7 @@ import contextlib
 import os
 
 from ..detect.libraries import lightning, transformers
+from ..detect.rules import PINNED_SOURCE
 from ..report import Site
 from .flags import keyword, literal
 from .observe import Facts
@@ -46,43 +51,51 @@ def _named(source: Source, name: str) -> bool:
                isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(source.tree))
 
 
-class _NanInfFilter:
-    NAME = "trainer.logging_nan_inf_filter"
+class _TrainingArgument:
+    """One TrainingArguments field set on the script's one `TrainingArguments(...)` call, for
+    the sites of one Trainer step."""
+
+    def __init__(self, name: str, step: str, field: str, value: str, flag: str, summary: str,
+                 detail: str | None = None):
+        self.NAME, self.step, self.field, self.value = name, step, field, value
+        self.flag, self.summary, self.detail = flag, summary, detail
 
     def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext(facts)  # the site's step and the source say all it needs
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-        if not _made_by(site, transformers.NAN_INF_STEP):
+        if not _made_by(site, self.step):
             return None
-        field = transformers.NAN_INF_FILTER
+        if self.detail is not None and site.detail != self.detail:
+            return Refusal(self.NAME, site, f"{site.detail or 'the copied batch is pageable'}"
+                           f": {self.field} alone does not help (the source must be pinned: "
+                           "dataloader_pin_memory=True)")
         calls = [n for n in ast.walk(source.tree) if isinstance(n, ast.Call)
                  and callee_name(n) in _ARGUMENT_CLASSES]
         if not calls:
             if _named(source, _PARSER):
                 return Refusal(self.NAME, site, "the TrainingArguments are parsed from the "
-                               f"command line ({_PARSER}): run the script with "
-                               f"--{field} False (no edit needed)")
+                               f"command line ({_PARSER}): run the script with {self.flag} "
+                               "(no edit needed)")
             return Refusal(self.NAME, site, f"no TrainingArguments(...) call in "
-                           f"{os.path.relpath(site.file)}: pass {field}=False where the "
-                           "script builds its TrainingArguments")
+                           f"{os.path.relpath(site.file)}: pass {self.field}={self.value} "
+                           "where the script builds its TrainingArguments")
         if len(calls) > 1:
             return Refusal(self.NAME, site, f"{len(calls)} TrainingArguments(...) calls in the "
                            f"file (lines {', '.join(str(c.lineno) for c in calls)}): which one "
                            "the Trainer got is the script's choice")
         call = calls[0]
-        given = keyword(call, field)
+        given = keyword(call, self.field)
         if given is not None:
-            return Refusal(self.NAME, site, f"{field}={source.segment(given.value)} is given "
-                           f"at line {call.lineno}: the script asks for it")
+            return Refusal(self.NAME, site, f"{self.field}={source.segment(given.value)} is "
+                           f"given at line {call.lineno}: the script asks for it")
         if any(k.arg is None for k in call.keywords):
             return Refusal(self.NAME, site, f"TrainingArguments(..., **...) at line "
-                           f"{call.lineno} may pass {field} already")
-        edit = source.set_keyword(call, field, "False")
+                           f"{call.lineno} may pass {self.field} already")
+        edit = source.set_keyword(call, self.field, self.value)
         return Proposal(self.NAME, site, (edit,), (
-            f"TrainingArguments(..., {field}=False) at line {call.lineno}: the Trainer no "
-            "longer reads each step's loss on the host to skip nan/inf losses; the same for "
-            "finite losses (every one run was), a nan/inf loss is then logged as it is"))
+            f"TrainingArguments(..., {self.field}={self.value}) at line {call.lineno}: "
+            f"{self.summary}"))
 
 
 class _ProgBar:
@@ -137,5 +150,15 @@ def _value(call: ast.Call, name: str) -> ast.AST | None:
     return kw.value if kw is not None else None
 
 
-NAN_INF_FILTER = _NanInfFilter()
+NAN_INF_FILTER = _TrainingArgument(
+    "trainer.logging_nan_inf_filter", transformers.NAN_INF_STEP, transformers.NAN_INF_FILTER,
+    "False", f"--{transformers.NAN_INF_FILTER} False",
+    "the Trainer no longer reads each step's loss on the host to skip nan/inf losses; the same "
+    "for finite losses (every one run was), a nan/inf loss is then logged as it is")
+NON_BLOCKING = _TrainingArgument(
+    "trainer.non_blocking", transformers.BATCH_COPY_STEP, transformers.ACCELERATOR_CONFIG,
+    '{"non_blocking": True}',
+    '--accelerator_config FILE (a JSON file holding {"non_blocking": true})',
+    "accelerate copies each pinned batch to the device with non_blocking=True: the host no "
+    "longer waits for the copy; the same batches", detail=PINNED_SOURCE)
 PROG_BAR = _ProgBar()

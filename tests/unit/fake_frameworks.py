@@ -41,6 +41,7 @@ TRANSFORMERS = {
             output_dir: str
             logging_steps: int = 500
             logging_nan_inf_filter: bool = True
+            accelerator_config: dict | None = None
         """,
     # Trainer._run_epoch's filter and _maybe_log_save_evaluate's read as transformers 5.24
     # writes them (transformers/trainer.py)
@@ -53,6 +54,8 @@ TRANSFORMERS = {
             def __init__(self, model, args, train_dataset):
                 self.model, self.args = model, args
                 self.data = DataLoaderShard(train_dataset, "cuda")
+                self.data._non_blocking = (args.accelerator_config or {}).get(
+                    "non_blocking", False)
                 self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 
             def train(self):

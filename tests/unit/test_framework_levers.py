@@ -5,6 +5,7 @@ the lever where the script configures the framework (remedies/framework_args.py)
 frameworks are the stand-ins of fake_frameworks.py (CI has neither); the last tests run the
 real ones where they are installed. The scripts run in gpusync's child process: the stand-ins
 are imported under the frameworks' own names, which this process may hold already."""
+import dataclasses
 import importlib.util
 import json
 import textwrap
@@ -14,7 +15,7 @@ import pytest
 from gpusync.detect.events import Frame, FrameworkStep
 from gpusync.detect.libraries import known
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
-from gpusync.remedies.framework_args import NAN_INF_FILTER, PROG_BAR
+from gpusync.remedies.framework_args import NAN_INF_FILTER, NON_BLOCKING, PROG_BAR
 from gpusync.remedies.source import Source, apply
 from gpusync.report import Site
 from tests.conftest import check_contract, run_main
@@ -130,7 +131,10 @@ def test_fix_sets_logging_nan_inf_filter_on_the_scripts_training_arguments(tmp_p
     [patch] = [p for p in data["patches"] if p["remedy"] == NAN_INF_FILTER.NAME]
     assert patch["verification"]["removed"][0].startswith(f"bool() at train.py:{TRAIN_LINE}")
     assert "losses identical" in " ".join(patch["verification"]["parity"])
-    assert "logging_steps=2, logging_nan_inf_filter=False," in json.dumps(data["hunks"])
+    assert "logging_nan_inf_filter=False," in json.dumps(data["hunks"])
+    [copy] = [p for p in data["patches"] if p["remedy"] == NON_BLOCKING.NAME]
+    assert copy["verification"]["removed"][0].startswith(f"H2D copy at train.py:{TRAIN_LINE}")
+    assert 'accelerator_config={\\"non_blocking\\": True},' in json.dumps(data["hunks"])
 
 
 def test_fix_sets_prog_bar_false_in_training_step_and_the_bar_reads_less(tmp_path):
@@ -241,7 +245,23 @@ def test_accelerates_batch_copy_has_the_trainers_lever_inside_the_trainer(tmp_pa
 
 
 def test_the_framework_remedies_are_registered():
-    assert {NAN_INF_FILTER, PROG_BAR} <= set(REMEDIES)
+    assert {NAN_INF_FILTER, NON_BLOCKING, PROG_BAR} <= set(REMEDIES)
+
+
+def test_non_blocking_is_offered_only_for_a_pinned_batch():
+    site = dataclasses.replace(_site("Trainer batch copy (accelerate)"), op="H2D copy",
+                               detail="the source is pinned already")
+    text = "a = TrainingArguments('o')\n"
+    out = NON_BLOCKING.propose(site, Source("t.py", text), Facts())
+    assert isinstance(out, Proposal)
+    assert apply(text, list(out.edits)) == \
+        "a = TrainingArguments('o', accelerator_config={\"non_blocking\": True})\n"
+    pageable = NON_BLOCKING.propose(dataclasses.replace(site, detail=""), Source("t.py", text),
+                                    Facts())
+    assert isinstance(pageable, Refusal) and "dataloader_pin_memory=True" in pageable.reason
+    given = NON_BLOCKING.propose(site, Source(
+        "t.py", "a = TrainingArguments('o', accelerator_config=cfg)\n"), Facts())
+    assert isinstance(given, Refusal) and "the script asks for it" in given.reason
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,

@@ -34,6 +34,8 @@ TRAINER = "transformers/trainer.py"
 ARGUMENTS_CLASS = "TrainingArguments"
 NAN_INF_FILTER = "logging_nan_inf_filter"
 NAN_INF_STEP = "Trainer NaN/Inf loss filter"
+ACCELERATOR_CONFIG = "accelerator_config"
+BATCH_COPY_STEP = "Trainer batch copy (accelerate)"
 
 ENTRIES = (
     Entry(TRAINER, ("Trainer._run_epoch", "Trainer._inner_training_loop"),
@@ -86,7 +88,7 @@ ENTRIES = (
           "dataloader_pin_memory=True (the default), so the copy overlaps",
           "accelerate/data_loader.py DataLoaderShard.__iter__ (send_to_device(..., "
           "non_blocking=self._non_blocking))", V + ", accelerate 1.15.0",
-          text=("send_to_device",), step="Trainer batch copy (accelerate)",
+          text=("send_to_device",), step=BATCH_COPY_STEP,
           inside=(TRAINER,)),
     Entry("transformers/masking_utils.py", ("_preprocess_mask_arguments",
                                             "find_packed_sequence_indices"),
