@@ -295,11 +295,12 @@ def test_the_real_trainer_nan_inf_filter_is_placed_and_fixed(tmp_path):
     assert steps["Trainer NaN/Inf loss filter"]["line"] == train
     # bool(torch.isnan(loss)), then bool(torch.isinf(loss)) for a finite loss: two reads
     assert steps["Trainer NaN/Inf loss filter"]["per_step"] == 2
-    proc = run_main("fix", "train.py", "--only", NAN_INF_FILTER.NAME, "--format", "json",
-                    cwd=tmp_path)
+    assert steps["Trainer batch copy (accelerate)"]["detail"] == "the source is pinned already"
+    proc = run_main("fix", "train.py", "--only", NAN_INF_FILTER.NAME, "--only",
+                    NON_BLOCKING.NAME, "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    [patch] = json.loads(proc.stdout)["patches"]
-    assert patch["remedy"] == NAN_INF_FILTER.NAME
+    patches = json.loads(proc.stdout)["patches"]
+    assert {p["remedy"] for p in patches} == {NAN_INF_FILTER.NAME, NON_BLOCKING.NAME}
 
 
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
