@@ -20,7 +20,8 @@ that synced but at the call that configures that step.
   stays, read at the epoch's end: the site may fall to fewer reads per step
   (Proposal.fewer) rather than go.
 
-Both edit only literal keyword arguments the source shows; the run proves the rest."""
+Each edits only a literal keyword argument the source shows (or adds one); the run proves the
+rest."""
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,7 @@ from .observe import Facts
 from .remedy import Proposal, Refusal
 from .source import Source, callee_name
 
-# TrainingArguments and its subclass in transformers whose fields include the filter
+# TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
 _PARSER = "HfArgumentParser"
 
@@ -57,6 +58,7 @@ class _TrainingArgument:
 
     def __init__(self, name: str, step: str, field: str, value: str, flag: str, summary: str,
                  detail: str | None = None):
+        # flag: how to set it from the command line; detail: the only site detail it fixes
         self.NAME, self.step, self.field, self.value = name, step, field, value
         self.flag, self.summary, self.detail = flag, summary, detail
 
