@@ -9,7 +9,8 @@ the host, each with the TrainingArguments field that is its lever (a Trainer use
   measured 7% of a step). With False the loss is added to `_tr_loss` on the device as it is,
   which differs only when a loss is nan or inf.
 - `Trainer._maybe_log_save_evaluate`, at each logging step (`logging_steps`, default 500):
-  `nested_gather(tr_loss, ...).mean().item()` and `grad_norm.item()`.
+  `nested_gather(tr_loss, ...).mean().item()` and `grad_norm.item()`; `_get_learning_rate`
+  there reads a tensor learning rate with `.item()`.
 - `Trainer._save_checkpoint` (every `save_steps`, default 500, with `save_strategy="steps"`):
   `save_model` (safetensors copies each tensor to the host), `_save_optimizer_and_scheduler`
   (torch.save of the optimizer's CUDA state), `_save_rng_state` (the CUDA generator's state is a
@@ -48,7 +49,7 @@ ENTRIES = (
           "torch.isinf(tr_loss_step))", V, text=("logging_nan_inf_filter", "isnan(tr_loss_step)",
                                                  "isinf(tr_loss_step)"),
           step=NAN_INF_STEP),
-    Entry(TRAINER, ("Trainer._maybe_log_save_evaluate",),
+    Entry(TRAINER, ("Trainer._maybe_log_save_evaluate", "Trainer._get_learning_rate"),
           "the Trainer reads the loss (and the gradient norm) on the host at each logging "
           "step: log less often with TrainingArguments(..., logging_steps=N) (command line: "
           "--logging_steps N; default 500); the loss is summed on the device in between",
