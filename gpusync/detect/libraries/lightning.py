@@ -10,8 +10,9 @@ source:
   (`_LoggerConnector.on_batch_end`: `metrics = self.metrics`, whatever the progress bar's
   `refresh_rate`), at each bar refresh (TQDMProgressBar.on_train_batch_end -> get_metrics ->
   trainer.progress_bar_metrics), at each logging step and when callbacks read
-  `callback_metrics` (checked by wrapping `_ResultCollection.metrics` in a plain run: a
-  training batch's end collects them once more than the bar's refreshes). `self.log(...,
+  `callback_metrics` (checked by wrapping `_ResultCollection.metrics` in a plain run: 8
+  training batches with TQDMProgressBar(refresh_rate=10) collected them 8 times after the
+  batches and 2 times for the bar). `self.log(...,
   prog_bar=False)` (the default) keeps a value out of that conversion; `on_step=False` logs
   it at the epoch's end only.
 - `_LoggerConnector.log_metrics` converts the values it hands to the loggers the same way,
