@@ -33,6 +33,7 @@ REMEDIES: tuple[Remedy, ...] = (
     framework_args.NAN_INF_FILTER,
     framework_args.NON_BLOCKING,
     framework_args.PROG_BAR,
+    framework_args.METRIC_VALIDATION,
     logging_item,
     tuned,
 )  # each remedy, in the order their proposals are tried

@@ -12,6 +12,11 @@ that synced but at the call that configures that step.
   default), are copied by accelerate with non_blocking=False, a copy the host waits for; the
   edit sets `accelerator_config={"non_blocking": True}` on the same call (refused where the
   script gives accelerator_config, or where the batch is not pinned).
+- "torchmetrics.validate_args": a torchmetrics classification metric built with
+  validate_args=True (the default) checks its targets on the host at every update
+  (detect/libraries/torchmetrics.py); the edit sets `validate_args=False` where the file
+  builds the metric called at the site's line (`self.acc = Accuracy(...)` for
+  `self.acc(preds, y)` or `self.acc.update(...)`). Invalid targets then no longer raise.
 - "lightning.prog_bar": values a LightningModule's `training_step` logs with
   `self.log(..., prog_bar=True)` are read on the host after every batch and at every
   progress-bar refresh (detect/libraries/lightning.py); the edit sets `prog_bar=False` on
@@ -39,6 +44,7 @@ from .source import Source, callee_name
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
 _PARSER = "HfArgumentParser"
+_MOVES = ("to", "cuda", "cpu", "float", "double", "half", "set_dtype")  # return the module
 
 
 def _made_by(site: Site, label: str) -> bool:
@@ -142,6 +148,82 @@ class _ProgBar:
         return found
 
 
+class _MetricValidation:
+    NAME = "torchmetrics.validate_args"
+    METHODS = ("update", "forward")
+
+    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext(facts)
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        lib = site.library
+        if lib is None or "torchmetrics/functional/classification/" not in \
+                lib.file.replace("\\", "/") or not lib.function.endswith("_tensor_validation"):
+            return None
+        metrics = {source.segment(self._metric(c)) for c in ast.walk(source.tree)
+                   if isinstance(c, ast.Call) and c.lineno <= site.line <= (c.end_lineno or 0)}
+        builds = [(name, a) for name in sorted(metrics) for a in self._built(source, name)]
+        if len(builds) != 1:
+            return Refusal(self.NAME, site, "the metric called at line "
+                           f"{site.line} is not built at one line of this file "
+                           f"({len(builds)} found): set validate_args=False where it is built")
+        name, build = builds[0]
+        given = keyword(build, "validate_args")
+        if given is not None:
+            return Refusal(self.NAME, site, f"validate_args={source.segment(given.value)} is "
+                           f"given at line {build.lineno}: the script asks for it")
+        if any(k.arg is None for k in build.keywords):
+            return Refusal(self.NAME, site, f"{source.segment(build.func)}(..., **...) at line "
+                           f"{build.lineno} may pass validate_args already")
+        return Proposal(self.NAME, site, (source.set_keyword(build, "validate_args", "False"),), (
+            f"{name} = {source.segment(build.func)}(..., validate_args=False) at line "
+            f"{build.lineno}: torchmetrics no longer checks the targets on the host at each "
+            "update; the same for valid targets (every one run was), invalid ones no longer "
+            "raise"))
+
+    def _metric(self, call: ast.Call) -> ast.AST:
+        """What the call calls: `self.acc` for `self.acc(p, y)` and `self.acc.update(p, y)`."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr in self.METHODS:
+            return func.value
+        return func
+
+    def _built(self, source: Source, name: str) -> list[ast.Call]:
+        """The calls of a name the file imports from torchmetrics assigned to `name`."""
+        bound = _imported_from(source, "torchmetrics")
+        built = [(n, _constructor(n.value)) for n in ast.walk(source.tree)
+                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)]
+        return [call for n, call in built if _root(call.func) in bound
+                and any(source.segment(t) == name for t in n.targets)]
+
+
+def _constructor(call: ast.Call) -> ast.Call:
+    """The call that builds the object: `Acc(...)` in `Acc(...).to(device)`."""
+    while isinstance(call.func, ast.Attribute) and call.func.attr in _MOVES and \
+            isinstance(call.func.value, ast.Call):
+        call = call.func.value
+    return call
+
+
+def _imported_from(source: Source, package: str) -> set[str]:
+    """The names the file binds to `package` or to what it imports from it."""
+    names: set[str] = set()
+    for n in ast.walk(source.tree):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == package:
+            names.update(a.asname or a.name for a in n.names)
+        elif isinstance(n, ast.Import):
+            names.update(a.asname or a.name.split(".")[0] for a in n.names
+                         if a.name.split(".")[0] == package)
+    return names
+
+
+def _root(node: ast.AST) -> str | None:
+    """`torchmetrics` for `torchmetrics.classification.Accuracy`, `Accuracy` for itself."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
 def _names(source: Source, calls: list[ast.Call]) -> list[str]:
     """What each call logs, as the source spells it ('"train_loss"', "{...}")."""
     return [source.segment(c.args[0]) if c.args else "?" for c in calls]
@@ -152,6 +234,7 @@ def _value(call: ast.Call, name: str) -> ast.AST | None:
     return kw.value if kw is not None else None
 
 
+METRIC_VALIDATION = _MetricValidation()
 NAN_INF_FILTER = _TrainingArgument(
     "trainer.logging_nan_inf_filter", transformers.NAN_INF_STEP, transformers.NAN_INF_FILTER,
     "False", f"--{transformers.NAN_INF_FILTER} False",

@@ -15,9 +15,14 @@ import pytest
 from gpusync.detect.events import Frame, FrameworkStep
 from gpusync.detect.libraries import known
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
-from gpusync.remedies.framework_args import NAN_INF_FILTER, NON_BLOCKING, PROG_BAR
+from gpusync.remedies.framework_args import (
+    METRIC_VALIDATION,
+    NAN_INF_FILTER,
+    NON_BLOCKING,
+    PROG_BAR,
+)
 from gpusync.remedies.source import Source, apply
-from gpusync.report import Site
+from gpusync.report import CodeLine, Site
 from tests.conftest import check_contract, run_main
 from tests.unit import fake_frameworks as fake
 
@@ -245,7 +250,7 @@ def test_accelerates_batch_copy_has_the_trainers_lever_inside_the_trainer(tmp_pa
 
 
 def test_the_framework_remedies_are_registered():
-    assert {NAN_INF_FILTER, NON_BLOCKING, PROG_BAR} <= set(REMEDIES)
+    assert {NAN_INF_FILTER, NON_BLOCKING, PROG_BAR, METRIC_VALIDATION} <= set(REMEDIES)
 
 
 def test_non_blocking_is_offered_only_for_a_pinned_batch():
@@ -365,3 +370,70 @@ def test_a_fewer_target_passes_only_when_it_syncs_less_often_and_nothing_else_ri
     assert rises is not None and "syncs more often than before" in rises
     _, removed, _ = sites.compare([target], [target], [at(0.5)], maps, fewer)
     assert removed == ["item at t.py:9 (4/step) down to 0.5/step"]
+
+
+METRICS = '''import torchmetrics
+from torchmetrics import Accuracy as Acc
+
+
+class M:
+    def __init__(self):
+        self.model = make_model()
+        self.acc = Acc(task="multiclass", num_classes=3)
+        self.f1 = torchmetrics.F1Score(task="multiclass", num_classes=3, validate_args=True)
+
+    def step(self, x, y):
+        self.acc(self.model(x), y)
+        self.f1.update(self.model(x), y)
+'''
+
+
+def _metric_site(line):
+    return Site(op="unique", phase="forward", file="t.py", line=line, per_step=1.0, count=3,
+                library=CodeLine("/v/site-packages/torchmetrics/functional/classification/"
+                                 "stat_scores.py", 301,
+                                 "_multiclass_stat_scores_tensor_validation"))
+
+
+def test_validate_args_false_where_the_file_builds_the_metric_the_line_calls():
+    source = Source("t.py", METRICS)
+    out = METRIC_VALIDATION.propose(_metric_site(12), source, Facts())
+    assert isinstance(out, Proposal)
+    assert apply(METRICS, list(out.edits)).splitlines()[7] == \
+        '        self.acc = Acc(task="multiclass", num_classes=3, validate_args=False)'
+    assert out.summary.startswith("self.acc = Acc(..., validate_args=False) at line 8")
+    asked = METRIC_VALIDATION.propose(_metric_site(13), source, Facts())
+    assert isinstance(asked, Refusal) and "validate_args=True is given" in asked.reason
+    elsewhere = METRIC_VALIDATION.propose(_metric_site(12), Source(
+        "t.py", "acc(p, y)\n"), Facts())
+    assert isinstance(elsewhere, Refusal) and "not built at one line" in elsewhere.reason
+    other = dataclasses.replace(_metric_site(12), library=None)
+    assert METRIC_VALIDATION.propose(other, source, Facts()) is None
+
+
+def test_fix_builds_the_scripts_torchmetrics_metric_without_validation(tmp_path):
+    pytest.importorskip("torchmetrics")
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torchmetrics.classification import MulticlassAccuracy
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3).to("cuda")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        acc = MulticlassAccuracy(num_classes=3).to("cuda")
+        for step in range(4):
+            x, y = torch.randn(8, 4, device="cuda"), torch.randint(0, 3, (8,), device="cuda")
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            acc.update(out.detach(), y)
+        """))
+    proc = run_main("fix", "train.py", "--only", METRIC_VALIDATION.NAME, "--format", "json",
+                    cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = check_contract(json.loads(proc.stdout))
+    [patch] = data["patches"]
+    assert patch["verification"]["removed"][0].startswith("unique at train.py:16")
+    assert "MulticlassAccuracy(num_classes=3, validate_args=False)" in json.dumps(data["hunks"])
