@@ -13,7 +13,7 @@ import torch
 
 from ._version import __version__
 from .cost import Cost
-from .detect.events import PHASES, Frame, SyncEvent
+from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent
 from .detect.steps import NONE as NO_STEP
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
@@ -25,7 +25,8 @@ KIND = "gpusync-scan"
 # 2: step_unit and notes; 3: kind, sites at the user's frame, library, setup;
 # 4: virtual_cuda, ranks, per_rank, and each site's predicted and per_rank
 # 5: --gpu: gpu, cost, and each site's predicted_stall_ms, payoff_ms, blocks (absent without)
-# 6: phase "eval", epoch_ends, after_last_step, and each site's after, in_steps, period
+# 6: phase "eval", epoch_ends, after_last_step, and each site's after, in_steps, period,
+#    framework (the framework's step that made it: detect/libraries/)
 SCHEMA_VERSION = VERSIONS[KIND]
 
 
@@ -169,6 +170,9 @@ class Site:
     predicted_stall_ms: float | None = None
     payoff_ms: float | None = None
     blocks: tuple[str, ...] | None = None
+    # the step of a framework's loop that made the sync (its logging, its NaN/Inf loss
+    # filter, its checkpoint), when the user's line only called the framework
+    framework: FrameworkStep | None = None
 
     def __hash__(self) -> int:  # per_rank is a dict: a site is hashed by its identity
         return hash((self.key, self.line, self.count, self.per_step))
@@ -208,8 +212,10 @@ class Site:
     def decode(cls, d: dict[str, Any]) -> Site:
         """A site as `encode` wrote it (in another gpusync process)."""
         lib, proc, blocks = d.get("library"), d.get("process"), d.get("blocks")
+        step = d.get("framework")
         return cls(**{**d, "frames": tuple(Frame(**f) for f in d.get("frames", ())),
                       "library": CodeLine(**lib) if lib is not None else None,
+                      "framework": FrameworkStep(**step) if step is not None else None,
                       "process": Process(**proc) if proc is not None else None,
                       "blocks": tuple(blocks) if blocks is not None else None})
 
@@ -371,7 +377,7 @@ def _site(key: SiteKey, evs: list[SyncEvent], first: int, end: int,
         setup=setup, after=after, in_steps=len(seen),
         period=SETUP if setup else (BOTH_ENDS if before else AFTER) if after else (
             period(seen, first, end, epoch_ends) or OUTSIDE),
-        predicted=first_ev.predicted,
+        predicted=first_ev.predicted, framework=first_ev.framework,
     )
 
 

@@ -16,6 +16,27 @@ class Frame:
                 "library": self.library}
 
 
+@dataclass(frozen=True)
+class FrameworkStep:
+    """The step of a framework's own loop that made a sync (its logging, its NaN/Inf loss
+    filter, its progress bar, its checkpoint), named by detect/libraries/: a sync of
+    `trainer.train()` lands on that one line of the user's, and this tells its rows apart."""
+
+    label: str  # "Trainer NaN/Inf loss filter"
+    file: str  # the framework's line that names the step
+    line: int
+    function: str
+    text: str = ""  # that line's source text (a statement over several lines: joined)
+
+    @property
+    def short(self) -> str:
+        """As the fix list shows it: "transformers/trainer.py:1922 Trainer._run_epoch"."""
+        file = self.file.replace("\\", "/")
+        for marker in ("site-packages/", "dist-packages/"):
+            file = file.rpartition(marker)[2] if marker in file else file
+        return f"{file}:{self.line} {self.function}"
+
+
 # Phases a sync can be attributed to. "hook" events also carry the hook's name. "eval": a
 # forward without autograd (validation, evaluation, inference) and its loop (phases.py).
 FORWARD, BACKWARD, OPTIMIZER, HOOK, OTHER = "forward", "backward", "optimizer", "hook", "other"
@@ -40,6 +61,7 @@ class SyncEvent:
     # path a virtual CUDA run cannot take; "" for a sync seen as the code ran
     predicted: str = ""
     ts: float = 0.0  # seconds since the scan began (a trace's timeline)
+    framework: FrameworkStep | None = None  # the framework's step that made it, if known
 
     @property
     def location(self) -> Frame | None:

@@ -42,7 +42,7 @@ from .residency import (
     device_elements,
     target_of_to,
 )
-from .rules import QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
+from .rules import PINNED_DETAIL, QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
 from .virtual_device import current_device
 from .virtual_libs import VirtualLibraries
 
@@ -334,7 +334,7 @@ class OpDetector:
         if not non_blocking:
             pinned = not src_on_device and src is not None and src.is_pinned()
             label = "D2H copy" if src_on_device else "H2D copy"
-            detail = "the source is pinned already: add non_blocking=True" if pinned else ""
+            detail = PINNED_DETAIL if pinned else ""
         else:
             host_side = dst if src_on_device else src
             if host_side is None or host_side.is_pinned():

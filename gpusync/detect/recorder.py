@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from .events import BACKWARD, HOOK, SyncEvent
 from .frames import capture
-from .libraries import library_fix
+from .libraries import known
 from .phases import PhaseTracker
-from .rules import fix_for
+from .rules import PINNED_DETAIL, PINNED_SOURCE, fix_for
 
 
 class Recorder:
@@ -39,11 +39,17 @@ class Recorder:
             # A sync inside a C++ backward node: report it at the forward line that built it.
             detail = detail or "in backward of the op on this forward line"
             frames, module = fwd_frames, fwd_module
+        # a framework's lever beats the generic text a layer passes (torch.save's, for a
+        # Trainer's checkpoint): the user cannot edit the framework's call
+        lever, framework = known(frames)
+        text = lever if lever and framework is not None else fix or lever or fix_for(label)
+        if framework is not None and detail == PINNED_DETAIL:
+            detail = PINNED_SOURCE
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
             stall_ms=stall_ms, detail=detail,
-            fix=fix or library_fix(frames) or fix_for(label),
-            predicted=predicted, ts=self.tracker.now(),
+            fix=text,
+            predicted=predicted, ts=self.tracker.now(), framework=framework,
         )
         self.events.append(event)
         return event

@@ -187,9 +187,18 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
         if why is None and run.syncs_per_step > before + 1e-9:
             why = f"syncs per step rise from {before:g} to {run.syncs_per_step:g}"
     else:
-        why, removed, moved = sites.compare(targets, original.run.sites, run.sites, maps)
+        fewer = frozenset(s for p in proposals if p.fewer for s in (p.site, *p.also))
+        why, removed, moved = sites.compare(targets, original.run.sites, run.sites, maps,
+                                            fewer)
     if why is not None:
         return Check(run.syncs_per_step, failure=why)
+    changes = [p.printed_changes for p in proposals if p.printed_changes]
+    if changes:
+        why, compared = compare.parity(original.run.record, run.record, plan.rtol, plan.atol,
+                                       output=False)
+        compared.append("printed output not compared: " + "; ".join(changes))
+        return Check(run.syncs_per_step, removed, moved, compared,
+                     None if why is None else _differs(why))
     output = any(p.output_matters for p in proposals)
     why, compared = _parity(original, run, plan, output)
     return Check(run.syncs_per_step, removed, moved, compared, why)

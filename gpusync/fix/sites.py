@@ -54,26 +54,30 @@ def key(site: Site, maps: dict[str, LineMap] | None = None) -> SiteKey:
         else place
 
 
-def gone(targets: list[Site], after: list[Site], maps: dict[str, LineMap]
-         ) -> tuple[str | None, list[str]]:
-    """(why a target is still there, or None; the targets removed)."""
+def gone(targets: list[Site], after: list[Site], maps: dict[str, LineMap],
+         fewer: frozenset[Site] = frozenset()) -> tuple[str | None, list[str]]:
+    """(why a target is still there, or None; the targets removed). A target in `fewer` may
+    stay at fewer syncs per step (a framework's lever: remedies/framework_args.py)."""
     now = {key(s): s for s in per_step(after)}
     removed: list[str] = []
     for target in targets:
         left = now.get(key(target, maps))
-        if left is not None:
+        if left is not None and (target not in fewer or left.per_step >= target.per_step):
             return f"{label(target)} is still there ({left.per_step:g}/step)", []
-        removed.append(label(target))
+        removed.append(label(target) if left is None else
+                       f"{label(target)} down to {left.per_step:g}/step")
     return None, removed
 
 
 def compare(targets: list[Site], before: list[Site], after: list[Site],
-            maps: dict[str, LineMap]) -> tuple[str | None, list[str], list[str]]:
+            maps: dict[str, LineMap], fewer: frozenset[Site] = frozenset()
+            ) -> tuple[str | None, list[str], list[str]]:
     """(why the patch fails, the targets removed, the sites moved). A target must be gone from
-    its mapped line; a site of the patched copy at a line the edit wrote is the target moved
-    (kept only if it now syncs less often per step); any other site the original did not have
-    at that line, or has more often now, is new: the patch fails."""
-    why, removed = gone(targets, after, maps)
+    its mapped line (or, in `fewer`, sync less often there); a site of the patched copy at a
+    line the edit wrote is the target moved (kept only if it now syncs less often per step);
+    any other site the original did not have at that line, or has more often now, is new: the
+    patch fails."""
+    why, removed = gone(targets, after, maps, fewer)
     if why is not None:
         return why, [], []
     now = {key(s): s for s in per_step(after)}

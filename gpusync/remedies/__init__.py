@@ -6,7 +6,17 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from . import causal, dataloader, flags, logging_item, optimizers, sizes, tensor_list, tuned
+from . import (
+    causal,
+    dataloader,
+    flags,
+    framework_args,
+    logging_item,
+    optimizers,
+    sizes,
+    tensor_list,
+    tuned,
+)
 from .observe import Facts
 from .remedy import Proposal, Refusal, Remedy
 
@@ -20,6 +30,10 @@ REMEDIES: tuple[Remedy, ...] = (
     flags.VALIDATE_ARGS,
     optimizers.FUSED,
     causal.IS_CAUSAL,
+    framework_args.NAN_INF_FILTER,
+    framework_args.NON_BLOCKING,
+    framework_args.PROG_BAR,
+    framework_args.METRIC_VALIDATION,
     logging_item,
     tuned,
 )  # each remedy, in the order their proposals are tried

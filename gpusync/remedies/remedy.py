@@ -29,6 +29,14 @@ class Proposal:
     # with compute): its sites may stay or move; verified by parity and by the syncs per step
     # not rising, not by a site gone
     keeps_syncs: bool = False
+    # a framework's lever that makes its loop read less often, not never (Lightning's
+    # progress bar still reads what validation logs at the epoch's end): verified by the
+    # site's syncs per step falling, with none new or more frequent elsewhere
+    fewer: bool = False
+    # what the edit changes in what the script prints, by design (the values a progress bar
+    # that writes to stdout no longer shows): its printed output is then not compared, and
+    # the verification says why; losses and parameters still are
+    printed_changes: str = ""
 
 
 @dataclass(frozen=True)

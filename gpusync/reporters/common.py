@@ -51,6 +51,8 @@ def rows(sites):
         where = f"{short_path(s.file)}:{s.line}" + (f" (pid {s.process.pid})"
                                                     if s.process is not None else "")
         when = "" if s.setup or s.after else s.period
+        if s.framework is not None:  # rows of one `trainer.fit()` line told apart
+            where += f" via {s.framework.label}"
         row = [i, s.op, phase, s.module or "", where, s.count,
                f"{s.per_step:g}", when, stall]
         if s.per_rank and len(s.per_rank) > 1:
@@ -70,7 +72,21 @@ def fix_line(site) -> str:
     predicted = f" [predicted: {site.predicted}]" if site.predicted else ""
     spawned = (f" [in spawned process {site.process.label}, per its own steps]"
                if site.process is not None else "")
-    return f"{site.op}{inside}{detail}{predicted}{spawned}: {site.fix}"
+    made = _made_by(site)
+    return f"{site.op}{inside}{made}{detail}{predicted}{spawned}: {site.fix}"
+
+
+def _made_by(site) -> str:
+    """The framework's step that made the sync, with its line's source text ("" if none); its
+    place only where it is not the library line already shown."""
+    step = site.framework
+    if step is None:
+        return ""
+    lib = site.library
+    same = lib is not None and (lib.file, lib.line) == (step.file, step.line)
+    place = "" if same else f" at {step.short}"
+    text = f": `{step.text}`" if step.text else ""
+    return f" [{step.label}{place}{text}]"
 
 
 def library_view(report):

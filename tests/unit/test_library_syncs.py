@@ -10,7 +10,7 @@ import torch
 
 import gpusync
 from gpusync.detect.events import Frame
-from gpusync.detect.libraries import ENTRIES, library_fix
+from gpusync.detect.libraries import ENTRIES, FRAMEWORKS, library_fix
 from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 
@@ -293,7 +293,7 @@ def test_tbe_iteration_counter_entry_needs_its_line():
 def test_every_entry_names_a_function_its_installed_library_has():
     import importlib.util
 
-    for entry in ENTRIES:
+    for entry in ENTRIES + FRAMEWORKS:
         top = entry.path.split("/")[0]
         spec = importlib.util.find_spec(top)
         if spec is None or spec.origin is None:
@@ -306,6 +306,7 @@ def test_every_entry_names_a_function_its_installed_library_has():
         for function in entry.functions:
             name = function.rstrip(".").split(".")[-1]
             assert f"def {name}(" in text or f"class {name}(" in text, (entry.source, name)
+        assert not entry.text or any(t in text for t in entry.text), (entry.source, entry.text)
 
 
 ON = lambda t: isinstance(t, torch.Tensor)  # noqa: E731  everything on the device
