@@ -308,13 +308,13 @@ class CallLayers:
 
     def _data_getter(self):
         """`x.data` makes a new tensor outside any aten op, which no observer sees made: it
-        lives where x does (a host tensor's stays on the host; unknown is the device)."""
+        lives where x does."""
         det, watching, placing = self.det, self.watching, self.placing
 
         def layer(call, obj):
             out = call(obj)
-            if not det.host.on_device(obj) and (watching() or placing()):
-                det.host.mark_host(out)
+            if watching() or placing():
+                (det.host.mark_device if det.host.on_device(obj) else det.host.mark_host)(out)
             return out
 
         return layer
@@ -332,7 +332,9 @@ class CallLayers:
         def shared(call, args, kwargs):
             out = call(*args, **kwargs)
             source = args[0] if args else kwargs.get("ext_tensor")
-            if not (isinstance(source, Tensor) and det.host.on_device(source)):
+            if isinstance(source, Tensor) and det.host.on_device(source):
+                det.host.mark_device(out)
+            else:
                 det.host.mark_host(out)
             return out
 

@@ -21,11 +21,12 @@ def _has_tensor(items) -> bool:
                for a in items)
 
 
-def _options_in_backward(kwargs) -> bool:
+def _options_in_backward(det, kwargs) -> bool:
     """A factory handed a device in a backward formula (`at::zeros(sizes, grad.options())`):
-    on CUDA the gradients' device (observer.cpp's context_on_device; this mode cannot see
-    the op a factory runs in, so forward composites are not covered here)."""
-    return (isinstance(kwargs.get("device"), torch.device)
+    on CUDA the gradients' device, that of the pass's roots (observer.cpp's
+    context_on_device; this mode cannot see the op a factory runs in, so forward composites
+    are not covered here)."""
+    return (isinstance(kwargs.get("device"), torch.device) and det.backward_on_device
             and torch._C._current_graph_task_id() != -1)
 
 
@@ -98,7 +99,7 @@ class HostFlowMode(DispatchMode):
             det.host.mark_host(out)
             return out
         if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
-                det.device_default or _options_in_backward(kwargs)):
+                det.device_default or _options_in_backward(det, kwargs)):
             for t in _outputs(out):
                 det.host.mark_device(t)
             return out
@@ -112,6 +113,54 @@ class HostFlowMode(DispatchMode):
                 if t is args[0]:
                     det.host.mark_device(t)
         return out
+
+
+class DeviceFlowMode(HostFlowMode):
+    """HostFlowMode on the virtual device, whose table holds the device's tensors
+    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`."""
+
+    def flow(self, key: int, args, kwargs, out):
+        det = self.det
+        ids = det.host.ids
+        if key in _LIFT_IDS:
+            det.host.mark_host(out)
+            return out
+        if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
+                det.device_default or _options_in_backward(det, kwargs)):
+            for t in _outputs(out):
+                det.host.mark_device(t)
+            return out
+        if not _any_in(args, ids) and not (kwargs and _any_in(kwargs.values(), ids)):
+            for t in _outputs(out):
+                det.host.mark_host(t)
+            return out
+        # A device input puts the outputs on the device; a host input handed back as it is
+        # stays on the host, unless the op wrote it in place (its first argument).
+        first = args[0] if args else None
+        for t in _outputs(out):
+            if id(t) not in ids and (t is first or not _is_among(t, args, kwargs)):
+                det.host.mark_device(t)
+        return out
+
+
+def _any_in(items, ids) -> bool:
+    for a in items:
+        if isinstance(a, Tensor):
+            if id(a) in ids:
+                return True
+        elif type(a) in (list, tuple):
+            for b in a:
+                if isinstance(b, Tensor) and id(b) in ids:
+                    return True
+    return False
+
+
+def _is_among(t, args, kwargs) -> bool:
+    for items in (args, kwargs.values()):
+        for a in items:
+            if a is t or (type(a) in (list, tuple) and any(b is t for b in a)):
+                return True
+    return False
 
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}

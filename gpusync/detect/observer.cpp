@@ -2,8 +2,9 @@
 //
 // A Python TorchDispatchMode costs about 5 us per op, five times torch.profiler. This observer
 // is a thread-local RecordFunction callback (the hook the profiler uses) that
-//   - keeps the set of tensors that would live on the host in a CUDA run, and lets host-ness
-//     flow through ops: an op's outputs are on the host only when all its tensor inputs are;
+//   - keeps the table of where tensors would live in a CUDA run (the device's tensors on the
+//     virtual device, the host's in a simulated scan), and lets residency flow through ops:
+//     an op's outputs are on the host only when all its tensor inputs are;
 //   - calls back into Python only at ops that may sync (the rule table, copies across the
 //     bus), with the op's arguments, so the rules stay in Python (detect/rules.py).
 // It sees what a dispatch mode sees: ops as called, plus the ops a composite op decomposes
@@ -70,6 +71,14 @@ struct Frame {
   uint64_t inner_at;   // inner_ops_ when the op began
   bool remember = false;  // not recorded: its outputs' forward line is still wanted
   bool opaque = false;    // its inner ops are only counted (kOpaque, but see start)
+  // The first host tensor inputs (the inputs are gone by the op's end: its outputs replace
+  // them on the stack): an output that is one of them, handed back as it is, stays there.
+  std::array<Impl*, 4> host_inputs{};
+  uint8_t host_count = 0;
+  bool host_input(Impl* impl) const {
+    return std::find(host_inputs.begin(), host_inputs.begin() + host_count, impl) !=
+           host_inputs.begin() + host_count;
+  }
 };
 
 // What one pass over an op's tensor inputs found.
@@ -156,24 +165,29 @@ OpTable& op_table();
 
 class Observer {
  public:
-  Observer(py::object on_rule, py::object on_recorded)
-      : on_rule_(std::move(on_rule)), on_recorded_(std::move(on_recorded)) {}
+  Observer(py::object on_rule, py::object on_recorded, bool tracks_device)
+      : on_rule_(std::move(on_rule)),
+        on_recorded_(std::move(on_recorded)),
+        tracks_device_(tracks_device) {}
 
   // -- where tensors live ------------------------------------------------------------------
+  // The table holds the tensors on one side; an untracked tensor is on the other. On the
+  // virtual device it holds the device's tensors (`tracks_device`), so a tensor made where no
+  // op is seen (an RNG state, frombuffer) is host memory, as on a CUDA build; a simulated scan
+  // holds the host's (tensors from before the scan are the device's).
   // An entry for a live tensor is never expired: `t` holds the impl the weak ref points to.
-  bool is_host(const at::Tensor& t) const { return host_.count(t.unsafeGetTensorImpl()) != 0; }
-  void mark_host(const at::Tensor& t) {
-    if (!t.defined()) return;
-    bool added = host_.try_emplace(t.unsafeGetTensorImpl(),
-                                   c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
-                     .second;
-    if (added && host_.size() > sweep_at_) sweep();
+  bool is_host(const at::Tensor& t) const {
+    return (table_.count(t.unsafeGetTensorImpl()) != 0) != tracks_device_;
   }
-  void mark_device(const at::Tensor& t) {
-    if (t.defined()) host_.erase(t.unsafeGetTensorImpl());
-  }
+  void mark_host(const at::Tensor& t) { tracks_device_ ? untrack(t) : track(t); }
+  void mark_device(const at::Tensor& t) { tracks_device_ ? track(t) : untrack(t); }
+  bool tracks_device() const { return tracks_device_; }
 
   int device_default = 0;  // >0: ops with no tensor input make device tensors (C++ buffers)
+  // Where a backward pass's gradients live, for a factory handed a device at its top (no op
+  // with tensor inputs around it): its roots' device, told by the Python layer around the
+  // engine (ops.py OpDetector._backward_seen).
+  bool backward_on_device = true;
   bool closed = false;
 
   // -- the callback's two halves -----------------------------------------------------------
@@ -195,6 +209,9 @@ class Observer {
         f.has_tensor = true;
         bool host = is_host(t);
         (host ? seen.any_host : seen.any_device) = true;
+        if (host && f.host_count < f.host_inputs.size()) {
+          f.host_inputs[f.host_count++] = t.unsafeGetTensorImpl();
+        }
         if (t.layout() == at::kSparse) seen.any_sparse = true;
         if (inputs[i].isTensor()) {
           if (i == 0 && host) f.self_host = t.unsafeGetTensorImpl();
@@ -238,6 +255,17 @@ class Observer {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
     } else if (for_device) {
       for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_device(t); });
+    } else if (tracks_device_) {
+      // A device input puts the outputs on the device; an output that is a host input handed
+      // back as it is (`to` / `contiguous` with nothing to do) stays where it is, unless the
+      // op wrote it in place.
+      for (const auto& o : outputs) {
+        each_tensor(o, [&](const at::Tensor& t) {
+          Impl* impl = t.unsafeGetTensorImpl();
+          if (!is_host(t) || (impl != f.self_host && f.host_input(impl))) return;
+          mark_device(t);
+        });
+      }
     } else if (f.self_host != nullptr) {  // an in-place op on a host tensor with device inputs
       for (const auto& o : outputs) {
         each_tensor(o, [&](const at::Tensor& t) {
@@ -256,7 +284,7 @@ class Observer {
     for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
       if (it->visible && it->has_tensor) return !it->all_host;
     }
-    return torch::autograd::get_current_graph_task_id() != -1;
+    return backward_on_device && torch::autograd::get_current_graph_task_id() != -1;
   }
 
   void reset_stack() {
@@ -405,16 +433,28 @@ class Observer {
     if (interrupt) PyErr_SetInterrupt();
   }
 
+  void track(const at::Tensor& t) {
+    if (!t.defined()) return;
+    bool added = table_.try_emplace(t.unsafeGetTensorImpl(),
+                                    c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
+                     .second;
+    if (added && table_.size() > sweep_at_) sweep();
+  }
+  void untrack(const at::Tensor& t) {
+    if (t.defined()) table_.erase(t.unsafeGetTensorImpl());
+  }
+
   void sweep() {
-    for (auto it = host_.begin(); it != host_.end();) {
-      it = it->second.expired() ? host_.erase(it) : std::next(it);
+    for (auto it = table_.begin(); it != table_.end();) {
+      it = it->second.expired() ? table_.erase(it) : std::next(it);
     }
-    sweep_at_ = std::max<size_t>(4096, host_.size() * 2);
+    sweep_at_ = std::max<size_t>(4096, table_.size() * 2);
   }
 
   py::object on_rule_;
   py::object on_recorded_;
-  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> host_;
+  bool tracks_device_;
+  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> table_;
   size_t sweep_at_ = 4096;
   std::vector<Frame> stack_;
   uint64_t inner_ops_ = 0;
@@ -542,8 +582,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("virtual_device_index", &virtual_device_index);
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
   py::class_<Observer>(m, "Observer")
-      .def(py::init<py::object, py::object>(), py::arg("on_rule"), py::arg("on_recorded"))
+      .def(py::init<py::object, py::object, bool>(), py::arg("on_rule"),
+           py::arg("on_recorded"), py::arg("tracks_device") = false)
       .def("is_host", &Observer::is_host)
+      .def("on_device", [](const Observer& o, const at::Tensor& t) { return !o.is_host(t); })
+      .def_property_readonly("tracks_device", &Observer::tracks_device)
+      .def_readwrite("backward_on_device", &Observer::backward_on_device)
       .def("mark_host", &Observer::mark_host)
       .def("mark_device", &Observer::mark_device)
       .def_readwrite("device_default", &Observer::device_default)

@@ -24,6 +24,7 @@ from .calls import CallLayers
 from .dispatch import (
     RULES_BY_NAME,
     SPARSE_MATMUL_NAMES,
+    DeviceFlowMode,
     DispatchMode,
     HostFlowMode,
     configure,
@@ -34,8 +35,9 @@ from .phases import remember_forward
 from .recorder import Recorder
 from .residency import (
     ELEMENT_READ,
+    DeviceSet,
     HostSet,
-    NativeHost,
+    NativeTable,
     RealDevice,
     Table,
     device_elements,
@@ -67,20 +69,27 @@ class OpDetector:
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if mode.real else native.load()
         self._observer = None
+        # where tensors live (residency.py): on the virtual device the device's tensors are
+        # tracked, so what no layer saw made is host memory, as on a CUDA build
         self.host: Table
         if compiled is not None:
             configure(compiled)
-            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs)
-            self.host = NativeHost(self._observer)
+            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs,
+                                               tracks_device=mode.virtual)
+            self.host = NativeTable(self._observer)
         else:
-            self.host = RealDevice() if mode.real else HostSet()
+            self.host = RealDevice() if mode.real else DeviceSet() if mode.virtual else HostSet()
         self._dmode = None if self._observer is not None else (
-            DispatchMode(self) if mode.real else HostFlowMode(self))
+            DispatchMode(self) if mode.real else DeviceFlowMode(self) if mode.virtual
+            else HostFlowMode(self))
         self._undo: list = []
         self._owner = threading.get_ident()
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
         self.device_default = 0  # >0: tensors C++ code makes from nothing live on the device
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
+        # where the gradients of the backward pass running now live (its roots'): a factory
+        # handed a device at its top makes them (observer.cpp context_on_device)
+        self.backward_on_device = True
         self.libraries: VirtualLibraries | None = None  # virtual CUDA: set by its install
 
     # -- install / uninstall ---------------------------------------------------------------
@@ -121,10 +130,21 @@ class OpDetector:
             return call(*args, **kwargs)
         self.flush_forward()
         outer, self.in_backward = self.in_backward, True
+        outer_device = self.backward_on_device
+        if self.virtual:
+            roots = [t for t in (args[0] if args else kwargs.get("t_outputs", ()))
+                     if isinstance(t, Tensor)]  # a GradientEdge's device is not known here
+            self._backward_device(not roots or any(self.host.on_device(t) for t in roots))
         try:
             return call(*args, **kwargs)
         finally:
             self.in_backward = outer
+            self._backward_device(outer_device)
+
+    def _backward_device(self, on_device: bool) -> None:
+        self.backward_on_device = on_device
+        if self._observer is not None:
+            self._observer.backward_on_device = on_device
 
     def recorded_outputs(self, outputs, recorded: bool = True) -> None:
         """An op just recorded a sync in forward: remember its line on the autograd node it

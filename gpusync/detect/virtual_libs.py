@@ -186,7 +186,9 @@ class VirtualLibraries:
 
     def _new_parameter(self, call, cls, data=None, *args, **kwargs):
         param = call(cls, data, *args, **kwargs)
-        if data is None or not self.det.host.on_device(data):
+        if data is not None and self.det.host.on_device(data):
+            self.det.host.mark_device(param)
+        else:
             self.det.host.mark_host(param)
         return param
 
