@@ -171,8 +171,11 @@ class CallLayers:
         (OpDetector.record), as it stalls that thread and not the step."""
         det = self.det
         virtual = OPEN.virtual
-        return (det.virtual and not det.closed and bool(virtual) and virtual[-1] is self
-                and threading.get_ident() != det._owner)
+        if (det.virtual and not det.closed and bool(virtual) and virtual[-1] is self
+                and threading.get_ident() != det._owner):
+            det.follow_thread()  # where its ops put their outputs, from here on
+            return True
+        return False
 
     def _handled(self, name: str, handler: Callable[..., Any], method: bool = False):
         """A layer running handler(call, args, kwargs) as the current call; what it returns

@@ -163,12 +163,33 @@ struct OpTable {
 };
 OpTable& op_table();
 
+// The tensors on one side of the bus, by TensorImpl. Shared by a session's observer and the
+// followers it puts on other threads (follow_this_thread), hence the lock: uncontended, it
+// costs a few tens of nanoseconds per op, next to microseconds for the op.
+struct ResidencyTable {
+  std::mutex lock;
+  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
+  size_t sweep_at = 4096;
+};
+
 class Observer {
  public:
   Observer(py::object on_rule, py::object on_recorded, bool tracks_device)
       : on_rule_(std::move(on_rule)),
         on_recorded_(std::move(on_recorded)),
-        tracks_device_(tracks_device) {}
+        tracks_device_(tracks_device),
+        table_(std::make_shared<ResidencyTable>()) {}
+
+  // An observer for another thread that only follows where ops put their outputs, into this
+  // one's table: that thread's syncs are not the scanned step's (ops.py OpDetector.record).
+  std::shared_ptr<Observer> follower() {
+    auto f = std::make_shared<Observer>(py::none(), py::none(), tracks_device_);
+    f->table_ = table_;
+    f->follows_ = true;
+    f->backward_on_device = backward_on_device;
+    followers_.push_back(f);
+    return f;
+  }
 
   // -- where tensors live ------------------------------------------------------------------
   // The table holds the tensors on one side; an untracked tensor is on the other. On the
@@ -176,11 +197,19 @@ class Observer {
   // op is seen (an RNG state, frombuffer) is host memory, as on a CUDA build; a simulated scan
   // holds the host's (tensors from before the scan are the device's).
   // An entry for a live tensor is never expired: `t` holds the impl the weak ref points to.
+  // The locked forms, for Python; the callbacks take the lock once per op half.
   bool is_host(const at::Tensor& t) const {
-    return (table_.count(t.unsafeGetTensorImpl()) != 0) != tracks_device_;
+    std::lock_guard<std::mutex> guard(table_->lock);
+    return host(t);
   }
-  void mark_host(const at::Tensor& t) { tracks_device_ ? untrack(t) : track(t); }
-  void mark_device(const at::Tensor& t) { tracks_device_ ? track(t) : untrack(t); }
+  void mark_host(const at::Tensor& t) {
+    std::lock_guard<std::mutex> guard(table_->lock);
+    to_host(t);
+  }
+  void mark_device(const at::Tensor& t) {
+    std::lock_guard<std::mutex> guard(table_->lock);
+    to_device(t);
+  }
   bool tracks_device() const { return tracks_device_; }
 
   int device_default = 0;  // >0: ops with no tensor input make device tensors (C++ buffers)
@@ -188,7 +217,7 @@ class Observer {
   // with tensor inputs around it): its roots' device, told by the Python layer around the
   // engine (ops.py OpDetector._backward_seen).
   bool backward_on_device = true;
-  bool closed = false;
+  std::atomic<bool> closed{false};  // a follower is closed from the session's thread
 
   // -- the callback's two halves -----------------------------------------------------------
   // True when RecordFunction may be off while the op runs: an opaque op that ran inner ops.
@@ -202,12 +231,13 @@ class Observer {
     Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
     auto inputs = fn.inputs();
     Inputs seen;
+    std::unique_lock<std::mutex> guard(table_->lock);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].isDevice()) f.names_device = true;
       each_tensor(inputs[i], [&](const at::Tensor& t) {
         if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
         f.has_tensor = true;
-        bool host = is_host(t);
+        bool host = this->host(t);
         (host ? seen.any_host : seen.any_device) = true;
         if (host && f.host_count < f.host_inputs.size()) {
           f.host_inputs[f.host_count++] = t.unsafeGetTensorImpl();
@@ -219,13 +249,15 @@ class Observer {
         }
       });
     }
+    guard.unlock();  // Python may ask the table while it is asked about the op
     f.all_host = !seen.any_device;
     // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
     // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
     // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
     f.opaque = (info.flags & kOpaque) && !((info.flags & kAutogradOnly) && seen.any_sparse);
     if (f.opaque) ++opaque_depth_;
-    if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
+    if ((info.flags & kRule) && !follows_ && recorded_depth_ == 0 &&
+        worth_asking(info.filter, seen)) {
       int answer = ask(info, inputs);
       f.recorded = answer == kRecorded;
       f.remember = answer == kRemember;
@@ -249,12 +281,13 @@ class Observer {
     const auto& outputs = fn.outputs();
     if ((f.recorded || f.remember) && needs_grad(outputs)) recorded(outputs, f.recorded);
     if (flags & kKeep) return;
+    std::lock_guard<std::mutex> guard(table_->lock);
     const bool for_device =
         !f.has_tensor && (device_default > 0 || (f.names_device && context_on_device()));
     if ((flags & kLift) || (f.all_host && !for_device)) {
-      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
+      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { to_host(t); });
     } else if (for_device) {
-      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_device(t); });
+      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { to_device(t); });
     } else if (tracks_device_) {
       // A device input puts the outputs on the device; an output that is a host input handed
       // back as it is (`to` / `contiguous` with nothing to do) stays where it is, unless the
@@ -262,14 +295,14 @@ class Observer {
       for (const auto& o : outputs) {
         each_tensor(o, [&](const at::Tensor& t) {
           Impl* impl = t.unsafeGetTensorImpl();
-          if (!is_host(t) || (impl != f.self_host && f.host_input(impl))) return;
-          mark_device(t);
+          if (!host(t) || (impl != f.self_host && f.host_input(impl))) return;
+          to_device(t);
         });
       }
     } else if (f.self_host != nullptr) {  // an in-place op on a host tensor with device inputs
       for (const auto& o : outputs) {
         each_tensor(o, [&](const at::Tensor& t) {
-          if (t.unsafeGetTensorImpl() == f.self_host) mark_device(t);
+          if (t.unsafeGetTensorImpl() == f.self_host) to_device(t);
         });
       }
     }
@@ -433,29 +466,44 @@ class Observer {
     if (interrupt) PyErr_SetInterrupt();
   }
 
+  // The table's lock held:
+  bool host(const at::Tensor& t) const {
+    return (table_->tensors.count(t.unsafeGetTensorImpl()) != 0) != tracks_device_;
+  }
+  void to_host(const at::Tensor& t) { tracks_device_ ? untrack(t) : track(t); }
+  void to_device(const at::Tensor& t) { tracks_device_ ? track(t) : untrack(t); }
   void track(const at::Tensor& t) {
     if (!t.defined()) return;
-    bool added = table_.try_emplace(t.unsafeGetTensorImpl(),
-                                    c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
+    auto& tensors = table_->tensors;
+    bool added = tensors.try_emplace(t.unsafeGetTensorImpl(),
+                                     c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
                      .second;
-    if (added && table_.size() > sweep_at_) sweep();
+    if (added && tensors.size() > table_->sweep_at) sweep();
   }
   void untrack(const at::Tensor& t) {
-    if (t.defined()) table_.erase(t.unsafeGetTensorImpl());
+    if (t.defined()) table_->tensors.erase(t.unsafeGetTensorImpl());
   }
 
   void sweep() {
-    for (auto it = table_.begin(); it != table_.end();) {
-      it = it->second.expired() ? table_.erase(it) : std::next(it);
+    auto& tensors = table_->tensors;
+    for (auto it = tensors.begin(); it != tensors.end();) {
+      it = it->second.expired() ? tensors.erase(it) : std::next(it);
     }
-    sweep_at_ = std::max<size_t>(4096, table_.size() * 2);
+    table_->sweep_at = std::max<size_t>(4096, tensors.size() * 2);
   }
 
   py::object on_rule_;
   py::object on_recorded_;
   bool tracks_device_;
-  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> table_;
-  size_t sweep_at_ = 4096;
+  std::shared_ptr<ResidencyTable> table_;
+  bool follows_ = false;  // a follower: residency only, no rules
+  std::vector<std::shared_ptr<Observer>> followers_;  // closed with this observer
+
+ public:
+  void close_followers() {
+    for (auto& f : followers_) f->closed = true;
+    followers_.clear();
+  }
   std::vector<Frame> stack_;
   uint64_t inner_ops_ = 0;
   int opaque_depth_ = 0;
@@ -474,6 +522,9 @@ struct ThreadState {
   // the opaque op's own.
   bool quiet = false;
   OpTable ops;
+  // Followers of sessions on other threads (Observer::follower), held here so that they
+  // outlive their session; a closed one is dropped at this thread's next op.
+  std::vector<std::shared_ptr<Observer>> followers;
 };
 thread_local ThreadState tls;
 
@@ -492,6 +543,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   for (Observer* o : t.observers) {
     if (!o->closed && o->start(fn)) quiet = true;
   }
+  if (!t.followers.empty()) {
+    auto& fs = t.followers;
+    fs.erase(std::remove_if(fs.begin(), fs.end(), [](const auto& f) { return f->closed.load(); }),
+             fs.end());
+    for (auto& f : fs) {
+      if (f->start(fn)) quiet = true;
+    }
+  }
   if (quiet && !t.quiet && alone()) {
     t.quiet = true;
     at::enableRecordFunction(false);
@@ -505,16 +564,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.quiet = false;
     at::enableRecordFunction(true);
   }
+  for (auto it = t.followers.rbegin(); it != t.followers.rend(); ++it) {
+    if (!(*it)->closed) (*it)->end(fn);
+  }
   for (auto it = t.observers.rbegin(); it != t.observers.rend(); ++it) {
     if (!(*it)->closed) (*it)->end(fn);
   }
 }
 
-void install(Observer& o) {
-  o.closed = false;
-  o.reset_stack();
-  ThreadState& t = tls;
-  t.observers.push_back(&o);
+void add_callback(ThreadState& t) {
   if (t.handle == 0) {
     t.handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(on_start, on_end)
@@ -524,8 +582,24 @@ void install(Observer& o) {
   }
 }
 
+void install(Observer& o) {
+  o.closed = false;
+  o.reset_stack();
+  ThreadState& t = tls;
+  t.observers.push_back(&o);
+  add_callback(t);
+}
+
+// The calling thread (not the session's) follows where its ops put tensors, into o's table.
+void follow_this_thread(Observer& o) {
+  ThreadState& t = tls;
+  t.followers.push_back(o.follower());
+  add_callback(t);
+}
+
 void uninstall(Observer& o) {
   o.closed = true;  // on another thread: it stays registered there, and does nothing
+  o.close_followers();
   ThreadState& t = tls;
   auto it = std::find(t.observers.begin(), t.observers.end(), &o);
   if (it == t.observers.end()) return;
@@ -534,7 +608,10 @@ void uninstall(Observer& o) {
     t.quiet = false;
     at::enableRecordFunction(true);
   }
-  if (t.observers.empty() && t.handle != 0) {
+  auto& fs = t.followers;
+  fs.erase(std::remove_if(fs.begin(), fs.end(), [](const auto& f) { return f->closed.load(); }),
+           fs.end());
+  if (t.observers.empty() && fs.empty() && t.handle != 0) {
     at::removeCallback(t.handle);
     t.handle = 0;
   }
@@ -592,5 +669,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("mark_device", &Observer::mark_device)
       .def_readwrite("device_default", &Observer::device_default)
       .def("install", [](Observer& o) { install(o); })
-      .def("uninstall", [](Observer& o) { uninstall(o); });
+      .def("uninstall", [](Observer& o) { uninstall(o); })
+      .def("follow_this_thread", [](Observer& o) { follow_this_thread(o); });
 }

@@ -90,6 +90,7 @@ class OpDetector:
         # where the gradients of the backward pass running now live (its roots'): a factory
         # handed a device at its top makes them (observer.cpp context_on_device)
         self.backward_on_device = True
+        self._followed = threading.local()  # this thread's ops are followed (follow_thread)
         self.libraries: VirtualLibraries | None = None  # virtual CUDA: set by its install
 
     # -- install / uninstall ---------------------------------------------------------------
@@ -140,6 +141,16 @@ class OpDetector:
         finally:
             self.in_backward = outer
             self._backward_device(outer_device)
+
+    def follow_thread(self) -> None:
+        """Another thread places tensors on the virtual device: the observer follows where
+        that thread's ops put their outputs (observer.cpp follow_this_thread), so a device
+        tensor it computes is one. The Python dispatch mode cannot be taken off another
+        thread's stack when the scan ends, so it does not follow threads."""
+        if self._observer is None or getattr(self._followed, "on", False):
+            return
+        self._followed.on = True
+        self._observer.follow_this_thread()
 
     def _backward_device(self, on_device: bool) -> None:
         self.backward_on_device = on_device

@@ -210,3 +210,32 @@ def test_modules_never_moved_stay_on_the_host_and_a_move_copies_each_tensor(obse
         holder.to("cuda")
         assert where(holder.w) == "cuda"
     assert ops(s) == ["H2D copy"] * 12
+
+
+def test_another_threads_device_tensors_stay_on_the_device():
+    """A prefetching thread's `.to("cuda")` places tensors on the virtual device, and the
+    compiled observer follows that thread's ops from then on: what it computes from them is
+    device memory too (its own syncs stall that thread, not the step: not recorded). The
+    Python dispatch mode does not follow other threads (ops.py OpDetector.follow_thread)."""
+    import threading
+
+    from gpusync.detect import native
+
+    if native.load() is None:
+        pytest.skip("the compiled observer is not available")
+    made = {}
+
+    def prefetch():
+        batch = torch.ones(3).to("cuda", non_blocking=True)
+        made["scaled"] = batch * 2
+        made["host"] = torch.ones(3) + 1
+        made["read"] = float(made["scaled"][0])
+
+    with virtual() as s:
+        thread = threading.Thread(target=prefetch)
+        thread.start()
+        thread.join()
+        assert where(made["scaled"]) == "cuda" and where(made["host"]) == "cpu"
+        made["scaled"].sum().item()
+        made["host"].sum().item()
+    assert ops(s) == ["item"] and made["read"] == 2.0
