@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import patches
 from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, SPARSE_MATMULS, sparse_on_device
 
 Tensor = torch.Tensor
@@ -186,6 +187,25 @@ def configure(compiled) -> None:
     compiled.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
         compiled.add_lift(packet._qualified_op_name)
+
+
+def python_kernels(compiled):
+    """Tell the C++ observers which ops have Python kernels (torch.library custom ops, as
+    torch's own chunked linear_cross_entropy): their inner ops are looked into, not skipped as
+    a C++ kernel's are, since they run on CUDA as written and what they keep (a ctx stash of
+    detached inputs) must be followed. Those defined while the scan runs are told as they are
+    made; what this returns removes that layer."""
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401  # F imports it on first use
+    from torch._library import custom_ops
+
+    for name in list(custom_ops.OPDEFS):
+        compiled.add_transparent(name)
+
+    def made(call, op, *args, **kwargs):
+        call(op, *args, **kwargs)
+        compiled.add_transparent(op._qualname)
+
+    return patches.add_layer(custom_ops.CustomOpDef, "__init__", made).remove
 
 
 def _outputs(out):

@@ -119,6 +119,9 @@ struct Config {
   std::unordered_map<std::string, uint8_t> rules;
   std::vector<std::string> lifts;
   std::vector<std::string> keeps;
+  // Ops whose kernels are Python (torch.library custom ops): what they run inside runs on
+  // CUDA as it is written, and what they keep (ctx stashes) must be followed.
+  std::vector<std::string> transparent;
   std::atomic<uint64_t> version{0};
 };
 Config& config() {
@@ -179,6 +182,12 @@ class Observer {
         on_recorded_(std::move(on_recorded)),
         tracks_device_(tracks_device),
         table_(std::make_shared<ResidencyTable>()) {}
+
+  // A session nested in another on the virtual device (a scanned script's own watch()) knows
+  // where the tensors made before it live: it keeps the outer session's table.
+  void share_table(const Observer& outer) {
+    if (outer.tracks_device_ == tracks_device_) table_ = outer.table_;
+  }
 
   // An observer for another thread that only follows where ops put their outputs, into this
   // one's table: that thread's syncs are not the scanned step's (ops.py OpDetector.record).
@@ -374,6 +383,9 @@ class Observer {
           if (k != K::Autograd) autograd_only = false;
         }
       }
+    }
+    if (std::find(c.transparent.begin(), c.transparent.end(), name) != c.transparent.end()) {
+      decomposes = true;
     }
     if (!decomposes) info.flags |= kOpaque;
     if (!decomposes && autograd_only) info.flags |= kAutogradOnly;
@@ -658,6 +670,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_lift", [](const std::string& name) { add_to(&Config::lifts, name); });
   m.def("virtual_device_index", &virtual_device_index);
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
+  m.def("add_transparent", [](const std::string& name) { add_to(&Config::transparent, name); });
   py::class_<Observer>(m, "Observer")
       .def(py::init<py::object, py::object, bool>(), py::arg("on_rule"),
            py::arg("on_recorded"), py::arg("tracks_device") = false)
@@ -670,5 +683,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_readwrite("device_default", &Observer::device_default)
       .def("install", [](Observer& o) { install(o); })
       .def("uninstall", [](Observer& o) { uninstall(o); })
-      .def("follow_this_thread", [](Observer& o) { follow_this_thread(o); });
+      .def("follow_this_thread", [](Observer& o) { follow_this_thread(o); })
+      .def("share_table", &Observer::share_table);
 }

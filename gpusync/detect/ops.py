@@ -28,6 +28,7 @@ from .dispatch import (
     DispatchMode,
     HostFlowMode,
     configure,
+    python_kernels,
 )
 from .frames import capture
 from .modes import Mode
@@ -79,6 +80,8 @@ class OpDetector:
             self.host = NativeTable(self._observer)
         else:
             self.host = RealDevice() if mode.real else DeviceSet() if mode.virtual else HostSet()
+        if mode.virtual:
+            self._share_outer_table()
         self._dmode = None if self._observer is not None else (
             DispatchMode(self) if mode.real else DeviceFlowMode(self) if mode.virtual
             else HostFlowMode(self))
@@ -105,6 +108,8 @@ class OpDetector:
         self._undo.append(patches.add_layer(autograd, "_engine_run_backward",
                                             self._backward_seen).remove)
         self._calls.install()
+        if self._observer is not None:
+            self._undo.append(python_kernels(native.load()))
         if self._dmode is not None:
             self._dmode.__enter__()
         elif self._observer is not None:
@@ -141,6 +146,20 @@ class OpDetector:
         finally:
             self.in_backward = outer
             self._backward_device(outer_device)
+
+    def _share_outer_table(self) -> None:
+        """A session started inside another on the virtual device (a scanned script's own
+        `gpusync.watch()`) keeps the outer one's table: the tensors made before it are where
+        the outer session saw them made."""
+        from .calls import OPEN
+
+        outer = OPEN.virtual[-1].det if OPEN.virtual else None
+        if outer is None or outer.closed:
+            return
+        if self._observer is not None and outer._observer is not None:
+            self._observer.share_table(outer._observer)
+        elif isinstance(self.host, DeviceSet) and isinstance(outer.host, DeviceSet):
+            self.host.ids = outer.host.ids
 
     def follow_thread(self) -> None:
         """Another thread places tensors on the virtual device: the observer follows where

@@ -135,6 +135,31 @@ def test_a_gradient_lives_where_its_input_does(observer):
     assert ops(s) == ["H2D copy", "D2H copy", "D2H copy", "H2D copy"]
 
 
+class _SavesItsOutput(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y, x)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        y, x = ctx.saved_tensors  # y comes back as a new tensor made outside any op
+        _SavesItsOutput.seen = (where(y), where(x), where(torch.empty_like(y)))
+        return grad * y
+
+
+def test_a_custom_functions_saved_outputs_live_where_they_were_saved(observer):
+    with virtual() as s:
+        x = torch.ones(3, device="cuda", requires_grad=True)
+        _SavesItsOutput.apply(x).sum().backward()
+        assert _SavesItsOutput.seen == ("cuda", "cuda", "cuda") and where(x.grad) == "cuda"
+        h = torch.ones(3, requires_grad=True)
+        _SavesItsOutput.apply(h).sum().backward()
+        assert _SavesItsOutput.seen == ("cpu", "cpu", "cpu") and where(h.grad) == "cpu"
+    assert ops(s) == []
+
+
 def test_tensors_made_in_cpp_outside_any_op_are_host_memory(observer):
     with virtual() as s:
         state = torch.get_rng_state()
@@ -239,3 +264,18 @@ def test_another_threads_device_tensors_stay_on_the_device():
         made["scaled"].sum().item()
         made["host"].sum().item()
     assert ops(s) == ["item"] and made["read"] == 2.0
+
+
+def test_a_watch_block_inside_a_scan_knows_the_tensors_made_before_it(observer):
+    """A scanned script's own gpusync.watch() runs on the scan's virtual device and keeps the
+    scan's residency table: a device tensor made before the block is one inside it."""
+    import gpusync
+
+    with virtual() as s:
+        d, h = torch.ones(3, device="cuda"), torch.ones(3)
+        with gpusync.watch() as inner:
+            d.sum().item()
+            h.sum().item()
+            torch.nonzero(d)
+        assert where(d) == "cuda" and where(h) == "cpu"
+    assert ops(s) == ops(inner) == ["item", "nonzero"]
