@@ -191,13 +191,18 @@ class Observer {
 
   // An observer for another thread that only follows where ops put their outputs, into this
   // one's table: that thread's syncs are not the scanned step's (ops.py OpDetector.record).
+  // It holds no Python object (null handles): it is destroyed on its thread, without the GIL.
   std::shared_ptr<Observer> follower() {
-    auto f = std::make_shared<Observer>(py::none(), py::none(), tracks_device_);
+    auto f = std::make_shared<Observer>(py::object(), py::object(), tracks_device_);
     f->table_ = table_;
     f->follows_ = true;
     f->backward_on_device = backward_on_device;
     followers_.push_back(f);
     return f;
+  }
+  void close_followers() {
+    for (auto& f : followers_) f->closed = true;
+    followers_.clear();
   }
 
   // -- where tensors live ------------------------------------------------------------------
@@ -510,12 +515,6 @@ class Observer {
   std::shared_ptr<ResidencyTable> table_;
   bool follows_ = false;  // a follower: residency only, no rules
   std::vector<std::shared_ptr<Observer>> followers_;  // closed with this observer
-
- public:
-  void close_followers() {
-    for (auto& f : followers_) f->closed = true;
-    followers_.clear();
-  }
   std::vector<Frame> stack_;
   uint64_t inner_ops_ = 0;
   int opaque_depth_ = 0;
