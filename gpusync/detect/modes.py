@@ -210,6 +210,12 @@ class Virtual(Real):
         return undo
 
 
+COPY_BACK = ("in backward of the copy on this forward line: its gradient is copied back "
+             "with a blocking copy (ToCopyBackward0)")
+COPY_BACK_FIX = ("keep both sides of the graph on one device: whatever uses the gradient on "
+                 "the other side (a host table's optimizer step) waits for it to come back")
+
+
 def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
     """A copy across the bus copies its gradient back in backward (derivatives.yaml:
     `_to_copy`'s `_to_copy_backward(grad, self.options())`, FunctionsManual.cpp: a blocking
@@ -229,7 +235,8 @@ def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
         moved = []
         for g in grad_inputs:
             if isinstance(g, Tensor) and det.host.on_device(g) != src_on_device:
-                det.record_times(label, bus_copies(g))
+                for _ in range(bus_copies(g)):
+                    det.record(label, detail=COPY_BACK, fix=COPY_BACK_FIX)
                 g = copy_of(g)
                 (det.host.mark_device if src_on_device else det.host.mark_host)(g)
             moved.append(g)

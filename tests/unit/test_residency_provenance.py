@@ -114,6 +114,7 @@ def test_a_host_table_with_a_device_head(observer):
     step = ["pageable non_blocking copy", "D2H copy", "item"]
     assert ops(s)[4:] == step * 3
     assert ops(s, "backward") == ["D2H copy"] * 3
+    assert all("ToCopyBackward0" in e.detail for e in s.events if e.phase == "backward")
     # shown at the forward line that copied the features up
     lines = {e.frames[0].line for e in s.events if e.phase == "backward"}
     assert len(lines) == 1
