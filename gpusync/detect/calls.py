@@ -171,8 +171,11 @@ class CallLayers:
         (OpDetector.record), as it stalls that thread and not the step."""
         det = self.det
         virtual = OPEN.virtual
-        return (det.virtual and not det.closed and bool(virtual) and virtual[-1] is self
-                and threading.get_ident() != det._owner)
+        if (det.virtual and not det.closed and bool(virtual) and virtual[-1] is self
+                and threading.get_ident() != det._owner):
+            det.follow_thread()  # where its ops put their outputs, from here on
+            return True
+        return False
 
     def _handled(self, name: str, handler: Callable[..., Any], method: bool = False):
         """A layer running handler(call, args, kwargs) as the current call; what it returns
@@ -308,13 +311,13 @@ class CallLayers:
 
     def _data_getter(self):
         """`x.data` makes a new tensor outside any aten op, which no observer sees made: it
-        lives where x does (a host tensor's stays on the host; unknown is the device)."""
+        lives where x does."""
         det, watching, placing = self.det, self.watching, self.placing
 
         def layer(call, obj):
             out = call(obj)
-            if not det.host.on_device(obj) and (watching() or placing()):
-                det.host.mark_host(out)
+            if watching() or placing():
+                (det.host.mark_device if det.host.on_device(obj) else det.host.mark_host)(out)
             return out
 
         return layer
@@ -332,7 +335,9 @@ class CallLayers:
         def shared(call, args, kwargs):
             out = call(*args, **kwargs)
             source = args[0] if args else kwargs.get("ext_tensor")
-            if not (isinstance(source, Tensor) and det.host.on_device(source)):
+            if isinstance(source, Tensor) and det.host.on_device(source):
+                det.host.mark_device(out)
+            else:
                 det.host.mark_host(out)
             return out
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import patches
 from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, SPARSE_MATMULS, sparse_on_device
 
 Tensor = torch.Tensor
@@ -21,11 +22,12 @@ def _has_tensor(items) -> bool:
                for a in items)
 
 
-def _options_in_backward(kwargs) -> bool:
+def _options_in_backward(det, kwargs) -> bool:
     """A factory handed a device in a backward formula (`at::zeros(sizes, grad.options())`):
-    on CUDA the gradients' device (observer.cpp's context_on_device; this mode cannot see
-    the op a factory runs in, so forward composites are not covered here)."""
-    return (isinstance(kwargs.get("device"), torch.device)
+    on CUDA the gradients' device, that of the pass's roots (observer.cpp's
+    context_on_device; this mode cannot see the op a factory runs in, so forward composites
+    are not covered here)."""
+    return (isinstance(kwargs.get("device"), torch.device) and det.backward_on_device
             and torch._C._current_graph_task_id() != -1)
 
 
@@ -98,7 +100,7 @@ class HostFlowMode(DispatchMode):
             det.host.mark_host(out)
             return out
         if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
-                det.device_default or _options_in_backward(kwargs)):
+                det.device_default or _options_in_backward(det, kwargs)):
             for t in _outputs(out):
                 det.host.mark_device(t)
             return out
@@ -112,6 +114,54 @@ class HostFlowMode(DispatchMode):
                 if t is args[0]:
                     det.host.mark_device(t)
         return out
+
+
+class DeviceFlowMode(HostFlowMode):
+    """HostFlowMode on the virtual device, whose table holds the device's tensors
+    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`."""
+
+    def flow(self, key: int, args, kwargs, out):
+        det = self.det
+        ids = det.host.ids
+        if key in _LIFT_IDS:
+            det.host.mark_host(out)
+            return out
+        if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
+                det.device_default or _options_in_backward(det, kwargs)):
+            for t in _outputs(out):
+                det.host.mark_device(t)
+            return out
+        if not _any_in(args, ids) and not (kwargs and _any_in(kwargs.values(), ids)):
+            for t in _outputs(out):
+                det.host.mark_host(t)
+            return out
+        # A device input puts the outputs on the device; a host input handed back as it is
+        # stays on the host, unless the op wrote it in place (its first argument).
+        first = args[0] if args else None
+        for t in _outputs(out):
+            if id(t) not in ids and (t is first or not _is_among(t, args, kwargs)):
+                det.host.mark_device(t)
+        return out
+
+
+def _any_in(items, ids) -> bool:
+    for a in items:
+        if isinstance(a, Tensor):
+            if id(a) in ids:
+                return True
+        elif type(a) in (list, tuple):
+            for b in a:
+                if isinstance(b, Tensor) and id(b) in ids:
+                    return True
+    return False
+
+
+def _is_among(t, args, kwargs) -> bool:
+    for items in (args, kwargs.values()):
+        for a in items:
+            if a is t or (type(a) in (list, tuple) and any(b is t for b in a)):
+                return True
+    return False
 
 
 _LIFT_IDS = {id(p) for p in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift)}
@@ -137,6 +187,25 @@ def configure(compiled) -> None:
     compiled.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
         compiled.add_lift(packet._qualified_op_name)
+
+
+def python_kernels(compiled):
+    """Tell the C++ observers which ops have Python kernels (torch.library custom ops, as
+    torch's own chunked linear_cross_entropy): their inner ops are looked into, not skipped as
+    a C++ kernel's are, since they run on CUDA as written and what they keep (a ctx stash of
+    detached inputs) must be followed. Those defined while the scan runs are told as they are
+    made; what this returns removes that layer."""
+    import torch.nn.modules.linear_cross_entropy  # noqa: F401  # F imports it on first use
+    from torch._library import custom_ops
+
+    for name in list(custom_ops.OPDEFS):
+        compiled.add_transparent(name)
+
+    def made(call, op, *args, **kwargs):
+        call(op, *args, **kwargs)
+        compiled.add_transparent(op._qualname)
+
+    return patches.add_layer(custom_ops.CustomOpDef, "__init__", made).remove
 
 
 def _outputs(out):

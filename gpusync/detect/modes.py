@@ -17,6 +17,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from . import patches
+from .frames import capture
+from .phases import remember_forward
 from .residency import (
     Table,
     bus_copies,
@@ -39,6 +41,8 @@ class Judge(Protocol):
 
     host: Table
     placed: bool
+    closed: bool
+    rec: Any  # detect/recorder.py Recorder
 
     def run(self, recorded: bool, func, args, kwargs) -> Any: ...
 
@@ -168,6 +172,8 @@ class Virtual(Real):
                 out = copy_of(out)  # keep the host original on the host
             det.host.mark_device(out)
             det.placed = True
+        if out is not src:
+            copy_back_in_backward(det, out, src_on_device)
         return out
 
     def factory(self, det: Judge, func, args, kwargs, data_at: int | None):
@@ -202,6 +208,41 @@ class Virtual(Real):
         libraries.install()
         undo.append(libraries.uninstall)
         return undo
+
+
+COPY_BACK = ("in backward of the copy on this forward line: its gradient is copied back "
+             "with a blocking copy (ToCopyBackward0)")
+COPY_BACK_FIX = ("keep both sides of the graph on one device: whatever uses the gradient on "
+                 "the other side (a host table's optimizer step) waits for it to come back")
+
+
+def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
+    """A copy across the bus copies its gradient back in backward (derivatives.yaml:
+    `_to_copy`'s `_to_copy_backward(grad, self.options())`, FunctionsManual.cpp: a blocking
+    `grad.to(self's device)`): on the virtual device that `to` has nothing to do, so the node
+    hands the gradient back on the wrong side. A hook on the node records the copy, as the
+    forward line's (phases.remember_forward), and hands on a new tensor where the source
+    lives."""
+    node = out.grad_fn
+    if node is None:
+        return
+    remember_forward(out, capture(1)[1], det.rec.tracker.module_path())
+    label = "H2D copy" if src_on_device else "D2H copy"
+
+    def hook(grad_inputs, grad_outputs):
+        if det.closed:
+            return None
+        moved = []
+        for g in grad_inputs:
+            if isinstance(g, Tensor) and det.host.on_device(g) != src_on_device:
+                for _ in range(bus_copies(g)):
+                    det.record(label, detail=COPY_BACK, fix=COPY_BACK_FIX)
+                g = copy_of(g)
+                (det.host.mark_device if src_on_device else det.host.mark_host)(g)
+            moved.append(g)
+        return tuple(moved)
+
+    node.register_hook(hook)
 
 
 Mode = Real | Simulated | Virtual

@@ -2,8 +2,9 @@
 //
 // A Python TorchDispatchMode costs about 5 us per op, five times torch.profiler. This observer
 // is a thread-local RecordFunction callback (the hook the profiler uses) that
-//   - keeps the set of tensors that would live on the host in a CUDA run, and lets host-ness
-//     flow through ops: an op's outputs are on the host only when all its tensor inputs are;
+//   - keeps the table of where tensors would live in a CUDA run (the device's tensors on the
+//     virtual device, the host's in a simulated scan), and lets residency flow through ops:
+//     an op's outputs are on the host only when all its tensor inputs are;
 //   - calls back into Python only at ops that may sync (the rule table, copies across the
 //     bus), with the op's arguments, so the rules stay in Python (detect/rules.py).
 // It sees what a dispatch mode sees: ops as called, plus the ops a composite op decomposes
@@ -70,6 +71,14 @@ struct Frame {
   uint64_t inner_at;   // inner_ops_ when the op began
   bool remember = false;  // not recorded: its outputs' forward line is still wanted
   bool opaque = false;    // its inner ops are only counted (kOpaque, but see start)
+  // The first host tensor inputs (the inputs are gone by the op's end: its outputs replace
+  // them on the stack): an output that is one of them, handed back as it is, stays there.
+  std::array<Impl*, 4> host_inputs{};
+  uint8_t host_count = 0;
+  bool host_input(Impl* impl) const {
+    return std::find(host_inputs.begin(), host_inputs.begin() + host_count, impl) !=
+           host_inputs.begin() + host_count;
+  }
 };
 
 // What one pass over an op's tensor inputs found.
@@ -110,6 +119,9 @@ struct Config {
   std::unordered_map<std::string, uint8_t> rules;
   std::vector<std::string> lifts;
   std::vector<std::string> keeps;
+  // Ops whose kernels are Python (torch.library custom ops): what they run inside runs on
+  // CUDA as it is written, and what they keep (ctx stashes) must be followed.
+  std::vector<std::string> transparent;
   std::atomic<uint64_t> version{0};
 };
 Config& config() {
@@ -154,27 +166,72 @@ struct OpTable {
 };
 OpTable& op_table();
 
+// The tensors on one side of the bus, by TensorImpl. Shared by a session's observer and the
+// followers it puts on other threads (follow_this_thread), hence the lock: uncontended, it
+// costs a few tens of nanoseconds per op, next to microseconds for the op.
+struct ResidencyTable {
+  std::mutex lock;
+  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
+  size_t sweep_at = 4096;
+};
+
 class Observer {
  public:
-  Observer(py::object on_rule, py::object on_recorded)
-      : on_rule_(std::move(on_rule)), on_recorded_(std::move(on_recorded)) {}
+  Observer(py::object on_rule, py::object on_recorded, bool tracks_device)
+      : on_rule_(std::move(on_rule)),
+        on_recorded_(std::move(on_recorded)),
+        tracks_device_(tracks_device),
+        table_(std::make_shared<ResidencyTable>()) {}
+
+  // A session nested in another on the virtual device (a scanned script's own watch()) knows
+  // where the tensors made before it live: it keeps the outer session's table.
+  void share_table(const Observer& outer) {
+    if (outer.tracks_device_ == tracks_device_) table_ = outer.table_;
+  }
+
+  // An observer for another thread that only follows where ops put their outputs, into this
+  // one's table: that thread's syncs are not the scanned step's (ops.py OpDetector.record).
+  // It holds no Python object (null handles): it is destroyed on its thread, without the GIL.
+  std::shared_ptr<Observer> follower() {
+    auto f = std::make_shared<Observer>(py::object(), py::object(), tracks_device_);
+    f->table_ = table_;
+    f->follows_ = true;
+    f->backward_on_device = backward_on_device;
+    followers_.push_back(f);
+    return f;
+  }
+  void close_followers() {
+    for (auto& f : followers_) f->closed = true;
+    followers_.clear();
+  }
 
   // -- where tensors live ------------------------------------------------------------------
+  // The table holds the tensors on one side; an untracked tensor is on the other. On the
+  // virtual device it holds the device's tensors (`tracks_device`), so a tensor made where no
+  // op is seen (an RNG state, frombuffer) is host memory, as on a CUDA build; a simulated scan
+  // holds the host's (tensors from before the scan are the device's).
   // An entry for a live tensor is never expired: `t` holds the impl the weak ref points to.
-  bool is_host(const at::Tensor& t) const { return host_.count(t.unsafeGetTensorImpl()) != 0; }
+  // The locked forms, for Python; the callbacks take the lock once per op half.
+  bool is_host(const at::Tensor& t) const {
+    std::lock_guard<std::mutex> guard(table_->lock);
+    return host(t);
+  }
   void mark_host(const at::Tensor& t) {
-    if (!t.defined()) return;
-    bool added = host_.try_emplace(t.unsafeGetTensorImpl(),
-                                   c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
-                     .second;
-    if (added && host_.size() > sweep_at_) sweep();
+    std::lock_guard<std::mutex> guard(table_->lock);
+    to_host(t);
   }
   void mark_device(const at::Tensor& t) {
-    if (t.defined()) host_.erase(t.unsafeGetTensorImpl());
+    std::lock_guard<std::mutex> guard(table_->lock);
+    to_device(t);
   }
+  bool tracks_device() const { return tracks_device_; }
 
   int device_default = 0;  // >0: ops with no tensor input make device tensors (C++ buffers)
-  bool closed = false;
+  // Where a backward pass's gradients live, for a factory handed a device at its top (no op
+  // with tensor inputs around it): its roots' device, told by the Python layer around the
+  // engine (ops.py OpDetector._backward_seen).
+  bool backward_on_device = true;
+  std::atomic<bool> closed{false};  // a follower is closed from the session's thread
 
   // -- the callback's two halves -----------------------------------------------------------
   // True when RecordFunction may be off while the op runs: an opaque op that ran inner ops.
@@ -188,13 +245,17 @@ class Observer {
     Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
     auto inputs = fn.inputs();
     Inputs seen;
+    std::unique_lock<std::mutex> guard(table_->lock);
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (inputs[i].isDevice()) f.names_device = true;
       each_tensor(inputs[i], [&](const at::Tensor& t) {
         if (t.unsafeGetTensorImpl()->is_wrapped_number()) return;  // a Python scalar
         f.has_tensor = true;
-        bool host = is_host(t);
+        bool host = this->host(t);
         (host ? seen.any_host : seen.any_device) = true;
+        if (host && f.host_count < f.host_inputs.size()) {
+          f.host_inputs[f.host_count++] = t.unsafeGetTensorImpl();
+        }
         if (t.layout() == at::kSparse) seen.any_sparse = true;
         if (inputs[i].isTensor()) {
           if (i == 0 && host) f.self_host = t.unsafeGetTensorImpl();
@@ -202,13 +263,15 @@ class Observer {
         }
       });
     }
+    guard.unlock();  // Python may ask the table while it is asked about the op
     f.all_host = !seen.any_device;
     // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
     // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
     // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
     f.opaque = (info.flags & kOpaque) && !((info.flags & kAutogradOnly) && seen.any_sparse);
     if (f.opaque) ++opaque_depth_;
-    if ((info.flags & kRule) && recorded_depth_ == 0 && worth_asking(info.filter, seen)) {
+    if ((info.flags & kRule) && !follows_ && recorded_depth_ == 0 &&
+        worth_asking(info.filter, seen)) {
       int answer = ask(info, inputs);
       f.recorded = answer == kRecorded;
       f.remember = answer == kRemember;
@@ -232,16 +295,28 @@ class Observer {
     const auto& outputs = fn.outputs();
     if ((f.recorded || f.remember) && needs_grad(outputs)) recorded(outputs, f.recorded);
     if (flags & kKeep) return;
+    std::lock_guard<std::mutex> guard(table_->lock);
     const bool for_device =
         !f.has_tensor && (device_default > 0 || (f.names_device && context_on_device()));
     if ((flags & kLift) || (f.all_host && !for_device)) {
-      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_host(t); });
+      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { to_host(t); });
     } else if (for_device) {
-      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { mark_device(t); });
+      for (const auto& o : outputs) each_tensor(o, [&](const at::Tensor& t) { to_device(t); });
+    } else if (tracks_device_) {
+      // A device input puts the outputs on the device; an output that is a host input handed
+      // back as it is (`to` / `contiguous` with nothing to do) stays where it is, unless the
+      // op wrote it in place.
+      for (const auto& o : outputs) {
+        each_tensor(o, [&](const at::Tensor& t) {
+          Impl* impl = t.unsafeGetTensorImpl();
+          if (!host(t) || (impl != f.self_host && f.host_input(impl))) return;
+          to_device(t);
+        });
+      }
     } else if (f.self_host != nullptr) {  // an in-place op on a host tensor with device inputs
       for (const auto& o : outputs) {
         each_tensor(o, [&](const at::Tensor& t) {
-          if (t.unsafeGetTensorImpl() == f.self_host) mark_device(t);
+          if (t.unsafeGetTensorImpl() == f.self_host) to_device(t);
         });
       }
     }
@@ -256,7 +331,7 @@ class Observer {
     for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
       if (it->visible && it->has_tensor) return !it->all_host;
     }
-    return torch::autograd::get_current_graph_task_id() != -1;
+    return backward_on_device && torch::autograd::get_current_graph_task_id() != -1;
   }
 
   void reset_stack() {
@@ -313,6 +388,9 @@ class Observer {
           if (k != K::Autograd) autograd_only = false;
         }
       }
+    }
+    if (std::find(c.transparent.begin(), c.transparent.end(), name) != c.transparent.end()) {
+      decomposes = true;
     }
     if (!decomposes) info.flags |= kOpaque;
     if (!decomposes && autograd_only) info.flags |= kAutogradOnly;
@@ -405,17 +483,38 @@ class Observer {
     if (interrupt) PyErr_SetInterrupt();
   }
 
+  // The table's lock held:
+  bool host(const at::Tensor& t) const {
+    return (table_->tensors.count(t.unsafeGetTensorImpl()) != 0) != tracks_device_;
+  }
+  void to_host(const at::Tensor& t) { tracks_device_ ? untrack(t) : track(t); }
+  void to_device(const at::Tensor& t) { tracks_device_ ? track(t) : untrack(t); }
+  void track(const at::Tensor& t) {
+    if (!t.defined()) return;
+    auto& tensors = table_->tensors;
+    bool added = tensors.try_emplace(t.unsafeGetTensorImpl(),
+                                     c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
+                     .second;
+    if (added && tensors.size() > table_->sweep_at) sweep();
+  }
+  void untrack(const at::Tensor& t) {
+    if (t.defined()) table_->tensors.erase(t.unsafeGetTensorImpl());
+  }
+
   void sweep() {
-    for (auto it = host_.begin(); it != host_.end();) {
-      it = it->second.expired() ? host_.erase(it) : std::next(it);
+    auto& tensors = table_->tensors;
+    for (auto it = tensors.begin(); it != tensors.end();) {
+      it = it->second.expired() ? tensors.erase(it) : std::next(it);
     }
-    sweep_at_ = std::max<size_t>(4096, host_.size() * 2);
+    table_->sweep_at = std::max<size_t>(4096, tensors.size() * 2);
   }
 
   py::object on_rule_;
   py::object on_recorded_;
-  std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> host_;
-  size_t sweep_at_ = 4096;
+  bool tracks_device_;
+  std::shared_ptr<ResidencyTable> table_;
+  bool follows_ = false;  // a follower: residency only, no rules
+  std::vector<std::shared_ptr<Observer>> followers_;  // closed with this observer
   std::vector<Frame> stack_;
   uint64_t inner_ops_ = 0;
   int opaque_depth_ = 0;
@@ -434,6 +533,9 @@ struct ThreadState {
   // the opaque op's own.
   bool quiet = false;
   OpTable ops;
+  // Followers of sessions on other threads (Observer::follower), held here so that they
+  // outlive their session; a closed one is dropped at this thread's next op.
+  std::vector<std::shared_ptr<Observer>> followers;
 };
 thread_local ThreadState tls;
 
@@ -452,6 +554,14 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   for (Observer* o : t.observers) {
     if (!o->closed && o->start(fn)) quiet = true;
   }
+  if (!t.followers.empty()) {
+    auto& fs = t.followers;
+    fs.erase(std::remove_if(fs.begin(), fs.end(), [](const auto& f) { return f->closed.load(); }),
+             fs.end());
+    for (auto& f : fs) {
+      if (f->start(fn)) quiet = true;
+    }
+  }
   if (quiet && !t.quiet && alone()) {
     t.quiet = true;
     at::enableRecordFunction(false);
@@ -465,16 +575,15 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     t.quiet = false;
     at::enableRecordFunction(true);
   }
+  for (auto it = t.followers.rbegin(); it != t.followers.rend(); ++it) {
+    if (!(*it)->closed) (*it)->end(fn);
+  }
   for (auto it = t.observers.rbegin(); it != t.observers.rend(); ++it) {
     if (!(*it)->closed) (*it)->end(fn);
   }
 }
 
-void install(Observer& o) {
-  o.closed = false;
-  o.reset_stack();
-  ThreadState& t = tls;
-  t.observers.push_back(&o);
+void add_callback(ThreadState& t) {
   if (t.handle == 0) {
     t.handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(on_start, on_end)
@@ -484,8 +593,24 @@ void install(Observer& o) {
   }
 }
 
+void install(Observer& o) {
+  o.closed = false;
+  o.reset_stack();
+  ThreadState& t = tls;
+  t.observers.push_back(&o);
+  add_callback(t);
+}
+
+// The calling thread (not the session's) follows where its ops put tensors, into o's table.
+void follow_this_thread(Observer& o) {
+  ThreadState& t = tls;
+  t.followers.push_back(o.follower());
+  add_callback(t);
+}
+
 void uninstall(Observer& o) {
   o.closed = true;  // on another thread: it stays registered there, and does nothing
+  o.close_followers();
   ThreadState& t = tls;
   auto it = std::find(t.observers.begin(), t.observers.end(), &o);
   if (it == t.observers.end()) return;
@@ -494,7 +619,10 @@ void uninstall(Observer& o) {
     t.quiet = false;
     at::enableRecordFunction(true);
   }
-  if (t.observers.empty() && t.handle != 0) {
+  auto& fs = t.followers;
+  fs.erase(std::remove_if(fs.begin(), fs.end(), [](const auto& f) { return f->closed.load(); }),
+           fs.end());
+  if (t.observers.empty() && fs.empty() && t.handle != 0) {
     at::removeCallback(t.handle);
     t.handle = 0;
   }
@@ -541,12 +669,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_lift", [](const std::string& name) { add_to(&Config::lifts, name); });
   m.def("virtual_device_index", &virtual_device_index);
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
+  m.def("add_transparent", [](const std::string& name) { add_to(&Config::transparent, name); });
   py::class_<Observer>(m, "Observer")
-      .def(py::init<py::object, py::object>(), py::arg("on_rule"), py::arg("on_recorded"))
+      .def(py::init<py::object, py::object, bool>(), py::arg("on_rule"),
+           py::arg("on_recorded"), py::arg("tracks_device") = false)
       .def("is_host", &Observer::is_host)
+      .def("on_device", [](const Observer& o, const at::Tensor& t) { return !o.is_host(t); })
+      .def_property_readonly("tracks_device", &Observer::tracks_device)
+      .def_readwrite("backward_on_device", &Observer::backward_on_device)
       .def("mark_host", &Observer::mark_host)
       .def("mark_device", &Observer::mark_device)
       .def_readwrite("device_default", &Observer::device_default)
       .def("install", [](Observer& o) { install(o); })
-      .def("uninstall", [](Observer& o) { uninstall(o); });
+      .def("uninstall", [](Observer& o) { uninstall(o); })
+      .def("follow_this_thread", [](Observer& o) { follow_this_thread(o); })
+      .def("share_table", &Observer::share_table);
 }

@@ -25,9 +25,11 @@ from .calls import CallLayers
 from .dispatch import (
     RULES_BY_NAME,
     SPARSE_MATMUL_NAMES,
+    DeviceFlowMode,
     DispatchMode,
     HostFlowMode,
     configure,
+    python_kernels,
 )
 from .frames import capture
 from .modes import Mode
@@ -35,8 +37,9 @@ from .phases import remember_forward
 from .recorder import Recorder
 from .residency import (
     ELEMENT_READ,
+    DeviceSet,
     HostSet,
-    NativeHost,
+    NativeTable,
     RealDevice,
     Table,
     device_elements,
@@ -68,15 +71,21 @@ class OpDetector:
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if mode.real else native.load()
         self._observer = None
+        # where tensors live (residency.py): on the virtual device the device's tensors are
+        # tracked, so what no layer saw made is host memory, as on a CUDA build
         self.host: Table
         if compiled is not None:
             configure(compiled)
-            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs)
-            self.host = NativeHost(self._observer)
+            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs,
+                                               tracks_device=mode.virtual)
+            self.host = NativeTable(self._observer)
         else:
-            self.host = RealDevice() if mode.real else HostSet()
+            self.host = RealDevice() if mode.real else DeviceSet() if mode.virtual else HostSet()
+        if mode.virtual:
+            self._share_outer_table()
         self._dmode = None if self._observer is not None else (
-            DispatchMode(self) if mode.real else HostFlowMode(self))
+            DispatchMode(self) if mode.real else DeviceFlowMode(self) if mode.virtual
+            else HostFlowMode(self))
         self._undo: list = []
         self._owner = threading.get_ident()
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
@@ -85,6 +94,10 @@ class OpDetector:
         # the tensors of the last two batches a DataLoader handed out, by id (a WeakSet would
         # compare tensors with ==): moving one to the device begins the step that uses it
         self._batches: list[dict[int, weakref.ref]] = [{}, {}]
+        # where the gradients of the backward pass running now live (its roots'): a factory
+        # handed a device at its top makes them (observer.cpp context_on_device)
+        self.backward_on_device = True
+        self._followed = threading.local()  # this thread's ops are followed (follow_thread)
         self.libraries: VirtualLibraries | None = None  # virtual CUDA: set by its install
 
     # -- install / uninstall ---------------------------------------------------------------
@@ -99,6 +112,8 @@ class OpDetector:
         self._undo.append(patches.add_layer(autograd, "_engine_run_backward",
                                             self._backward_seen).remove)
         self._calls.install()
+        if self._observer is not None:
+            self._undo.append(python_kernels(native.load()))
         if self._dmode is not None:
             self._dmode.__enter__()
         elif self._observer is not None:
@@ -140,10 +155,45 @@ class OpDetector:
             return call(*args, **kwargs)
         self.flush_forward()
         outer, self.in_backward = self.in_backward, True
+        outer_device = self.backward_on_device
+        if self.virtual:
+            roots = [t for t in (args[0] if args else kwargs.get("t_outputs", ()))
+                     if isinstance(t, Tensor)]  # a GradientEdge's device is not known here
+            self._backward_device(not roots or any(self.host.on_device(t) for t in roots))
         try:
             return call(*args, **kwargs)
         finally:
             self.in_backward = outer
+            self._backward_device(outer_device)
+
+    def _share_outer_table(self) -> None:
+        """A session started inside another on the virtual device (a scanned script's own
+        `gpusync.watch()`) keeps the outer one's table: the tensors made before it are where
+        the outer session saw them made."""
+        from .calls import OPEN
+
+        outer = OPEN.virtual[-1].det if OPEN.virtual else None
+        if outer is None or outer.closed:
+            return
+        if self._observer is not None and outer._observer is not None:
+            self._observer.share_table(outer._observer)
+        elif isinstance(self.host, DeviceSet) and isinstance(outer.host, DeviceSet):
+            self.host.ids = outer.host.ids
+
+    def follow_thread(self) -> None:
+        """Another thread places tensors on the virtual device: the observer follows where
+        that thread's ops put their outputs (observer.cpp follow_this_thread), so a device
+        tensor it computes is one. The Python dispatch mode cannot be taken off another
+        thread's stack when the scan ends, so it does not follow threads."""
+        if self._observer is None or getattr(self._followed, "on", False):
+            return
+        self._followed.on = True
+        self._observer.follow_this_thread()
+
+    def _backward_device(self, on_device: bool) -> None:
+        self.backward_on_device = on_device
+        if self._observer is not None:
+            self._observer.backward_on_device = on_device
 
     def recorded_outputs(self, outputs, recorded: bool = True) -> None:
         """An op just recorded a sync in forward: remember its line on the autograd node it

@@ -2,11 +2,19 @@
 facts about a move across the bus that every mode reads (its direction, its copies).
 
 On a GPU residency is a fact (`t.is_cuda`: RealDevice). On a CPU run every tensor is on the CPU,
-so the tensors that would stay on the HOST in a CUDA run are tracked (created by factories
-without a device, moved with `.cpu()`, yielded by a DataLoader, optimizer step counters); all
-others, including tensors created before the scan began, are taken to be on the device
-(HostSet, or NativeHost: the same table kept by the C++ observer). Host-ness flows through
-ops: an op's outputs are on the host only when all its tensor inputs are.
+and the table follows where a CUDA build would have put each one, from how it was made:
+
+- on the virtual device (DeviceSet, or NativeTable over the C++ observer's table) the tensors
+  ON THE DEVICE are tracked: factories given the device, copies to it, ops with a device input,
+  what C++ library code allocates for the device. A tensor made where no layer or op is seen
+  (an RNG state, torch.frombuffer, from_numpy) is host memory, as it is on a CUDA build;
+- a simulated scan (--no-virtual-cuda: the CPU run judged as if its tensors lived on the
+  device) tracks the tensors on the HOST (HostSet): factories without a device, `.cpu()`,
+  DataLoader batches, optimizer step counters; all others, tensors made before the scan
+  included, are taken to be on the device, which is what that judgement means.
+
+Residency flows through ops the same way in both: an op's outputs are on the host only when
+all its tensor inputs are (docs/rules.md "Where tensors live").
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ _CPU = torch.device("cpu")
 class RealDevice:
     """On a GPU run residency is a fact."""
 
+    tracks_device = True
+
     def on_device(self, t) -> bool:
         return isinstance(t, Tensor) and t.is_cuda
 
@@ -39,10 +49,12 @@ class RealDevice:
 
 
 class HostSet:
-    """The tensors that would live on the host in a CUDA run.
+    """The tensors that would live on the host in a CUDA run (a simulated scan).
 
     Keyed by id() for speed (this is on every op's path); a weakref callback drops the entry
     when the tensor dies, which CPython runs before the id can be reused."""
+
+    tracks_device = False
 
     def __init__(self):
         self.ids: dict[int, weakref.ref] = {}
@@ -50,7 +62,7 @@ class HostSet:
     def on_device(self, t) -> bool:
         return isinstance(t, Tensor) and id(t) not in self.ids
 
-    def mark_host(self, t) -> None:
+    def _track(self, t) -> None:
         key, ids = id(t), self.ids
         if key in ids:
             return
@@ -61,22 +73,45 @@ class HostSet:
 
         ids[key] = weakref.ref(t, forget)
 
-    def mark_device(self, t) -> None:
+    def _untrack(self, t) -> None:
         self.ids.pop(id(t), None)
 
+    def mark_host(self, t) -> None:
+        self._track(t)
 
-class NativeHost:
-    """HostSet kept by the C++ observer (detect/observer.cpp), keyed by TensorImpl: the same
-    questions, asked of the table the observer updates on every op."""
+    def mark_device(self, t) -> None:
+        self._untrack(t)
+
+
+class DeviceSet(HostSet):
+    """The tensors that would live on the (virtual) device: an untracked tensor is host
+    memory, as every tensor is on a CUDA build until something puts it on the GPU."""
+
+    tracks_device = True
+
+    def on_device(self, t) -> bool:
+        return isinstance(t, Tensor) and id(t) in self.ids
+
+    def mark_host(self, t) -> None:
+        self._untrack(t)
+
+    def mark_device(self, t) -> None:
+        self._track(t)
+
+
+class NativeTable:
+    """HostSet or DeviceSet kept by the C++ observer (detect/observer.cpp), keyed by
+    TensorImpl: the same questions, asked of the table the observer updates on every op."""
 
     def __init__(self, observer):
-        self.on_device = lambda t, is_host=observer.is_host: (
-            isinstance(t, Tensor) and not is_host(t))
+        self.tracks_device = observer.tracks_device
+        on_device = observer.on_device
+        self.on_device = lambda t: isinstance(t, Tensor) and on_device(t)
         self.mark_host = observer.mark_host
         self.mark_device = observer.mark_device
 
 
-Table = RealDevice | HostSet | NativeHost
+Table = RealDevice | HostSet | DeviceSet | NativeTable
 
 
 def call_site_line() -> str:

@@ -12,6 +12,10 @@ sees them, or move data across the bus in C++; each is a layer here, read in tor
   blocking copies, one per storage, recorded at the user's call. A file this run saved from
   the device loads back onto it without map_location, as it would on a GPU; a map_location
   function that calls `storage.cuda()` is followed.
+- a Python autograd Function's `ctx.saved_tensors` hands back a tensor it saved from its
+  outputs as a new tensor made outside any op (SavedVariable keeps `tensor_data()` of an
+  output, torch/csrc/autograd/saved_variable.cpp): it lives where the saved tensor did, as
+  `save_for_backward` saw it;
 - DDP's reducer works in C++: on a CPU it takes the CPU path, so its GPU-only syncs are
   predicted from its source (reducer.cpp, logger.cpp, reducer_cuda.cpp) and marked as such:
   `verify_params_across_processes` at construction (`at::tensor` on the device, `.item()`, a
@@ -36,6 +40,7 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.utils._pytree import tree_leaves
 
 from . import patches, virtual_device
@@ -157,6 +162,9 @@ class VirtualLibraries:
             patches.add_layer(torch.jit, "load", self._jit_load),
             patches.add_layer(torch.random, "get_rng_state", self._host_state),
             patches.add_alias(torch, "get_rng_state", torch.random, "get_rng_state"),
+            patches.add_layer(FunctionCtx, "save_for_backward", self._save_for_backward),
+            *patches.add_property_layer(BackwardCFunction, "saved_tensors",
+                                        get=self._saved_tensors),
         ]
         self._fbgemm = _AfterImport(fbgemm.TBE_MODULE, self._patch_tbe)
         self._fbgemm.install()
@@ -190,7 +198,9 @@ class VirtualLibraries:
 
     def _new_parameter(self, call, cls, data=None, *args, **kwargs):
         param = call(cls, data, *args, **kwargs)
-        if data is None or not self.det.host.on_device(data):
+        if data is not None and self.det.host.on_device(data):
+            self.det.host.mark_device(param)
+        else:
             self.det.host.mark_host(param)
         return param
 
@@ -200,6 +210,19 @@ class VirtualLibraries:
         state = call()
         self.det.host.mark_host(state)
         return state
+
+    def _save_for_backward(self, call, ctx, *tensors):
+        call(ctx, *tensors)
+        ctx._gpusync_saved_on_device = tuple(self.det.host.on_device(t) for t in tensors)
+
+    def _saved_tensors(self, call, ctx):
+        saved = call(ctx)
+        where = getattr(ctx, "_gpusync_saved_on_device", ())
+        if len(where) == len(saved) and not self.det.closed:
+            for t, on_device in zip(saved, where, strict=True):
+                if isinstance(t, torch.Tensor):
+                    (self.det.host.mark_device if on_device else self.det.host.mark_host)(t)
+        return saved
 
     def _grouped(self, call, *args, **kwargs):
         groups = call(*args, **kwargs)

@@ -1,10 +1,13 @@
 """The virtual CUDA device on PyTorch's own op database (OpInfo), as a differential.
 
-Each op with CUDA dtypes runs its sample inputs twice: plainly on the CPU, and inside a scan
-Session on the virtual CUDA device with the sample's tensors moved there first (`.to("cuda")`,
-as a user's code moves them). What the code can see must be the same (opdb_compare.py): output
-values, dtypes, shapes, strides, requires_grad, the device each output reports (cuda:0 where
-CUDA puts it), input gradients, and exceptions. Every sync the scan recorded while an op ran
+Each op with CUDA dtypes runs its sample inputs plainly on the CPU, then inside a scan Session
+on the virtual CUDA device twice: with the sample's tensors moved there first (`.to("cuda")`,
+as a user's code moves them), and (the function variant) with them left in host memory. What
+the code can see must be the same (opdb_compare.py): output values, dtypes, shapes, strides,
+requires_grad, input gradients, exceptions, and the device each output and gradient reports,
+which is derived from PyTorch's own rule, not from gpusync: a call given a tensor or a device
+on the GPU has its outputs there (cuda:0), a call given only host tensors keeps them all on
+the host, and makes no sync. Every sync the scan recorded while an op ran
 (forward) or while its gradient was taken (backward) is kept as the op's verdict.
 
 The budget (Budget; CI is the test's, about 25 s of CPU for ~24,000 calls, and
@@ -46,6 +49,9 @@ class Budget:
 
 
 CI = Budget()  # the test's, and the committed table's: every sample
+# The variants the host world runs (Host): residency does not depend on the variant's
+# spelling, and the function's samples cover every op at half the cost.
+HOST_VARIANTS = ("function",)
 
 
 def op_db() -> list:
@@ -182,6 +188,20 @@ class Virtual:
         return tuple(e.op for e in self.session.events[mark:])
 
 
+class Host(Virtual):
+    """The same Session with the sample left where it was made, in host memory: a CUDA build
+    keeps every output and gradient of a call given nothing on the device on the host, so
+    each must read cpu, and no host read is a sync (the residency half of the differential:
+    the virtual world checks the device side)."""
+
+    def tensor(self, t: Tensor, grad: bool) -> Tensor:
+        host = t.detach().clone()
+        return host.requires_grad_() if grad and t.requires_grad else host
+
+    def device(self, d: torch.device) -> torch.device:
+        return d
+
+
 def _arguments(sample, world, grad: bool):
     """The sample's arguments in `world`; a device it names ("cpu" for the CPU samples)
     becomes the world's, as a CUDA run's samples name "cuda"."""
@@ -278,11 +298,14 @@ def describe_sample(sample, dtype: torch.dtype | None) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _run_world(plans: list[Plan], world) -> list[list[Call]]:
+def _run_world(plans: list[Plan], world, variants: tuple[str, ...] = ()) -> list[list[Call]]:
+    """Each plan's calls in `world`, of the `variants` named (all when none is)."""
     out = []
     for p in plans:
         calls = []
         for variant, fn, n in p.variants:
+            if variants and variant not in variants:
+                continue
             for sample in p.samples[:n]:
                 calls.append(run_call(fn, sample, world,
                                       grad=p.grads and variant != "inplace"))
@@ -306,11 +329,26 @@ def run(ops: Iterable | None = None, budget: Budget = CI) -> list[OpResult]:
         plain = _run_world(plans, Plain())
         with Session(mode="simulate", virtual_cuda=True, auto_steps=False) as session:
             virtual = _run_world(plans, Virtual(session))
-    results = {p.name: _result(p, ps, vs) for p, ps, vs in zip(plans, plain, virtual, strict=True)}
+            host = _run_world(plans, Host(session), HOST_VARIANTS)
+    results = {p.name: _result(p, ps, vs, hs)
+               for p, ps, vs, hs in zip(plans, plain, virtual, host, strict=True)}
     return [results.get(op_name(op)) or OpResult(op_name(op), cuda=False) for op in ops]
 
 
-def _result(p: Plan, plain: list[Call], virtual: list[Call]) -> OpResult:
+def _host_differences(p: Plan, plain: list[Call], host: list[Call]) -> list[str]:
+    """The host world against the plain run: the same calls (the function variant's samples
+    come first in each), every output and gradient on the host, no sync."""
+    out = []
+    for i, (a, b) in enumerate(zip(plain, host, strict=False)):
+        for d in compare(a, b, host_outputs=True, values=p.name not in SHAPE_ONLY,
+                         host_grads=True):
+            out.append(f"on the host, sample {i}: {d}")
+        if b.forward or b.backward:
+            out.append(f"on the host, sample {i}: recorded {', '.join(b.forward + b.backward)}")
+    return out
+
+
+def _result(p: Plan, plain: list[Call], virtual: list[Call], host: list[Call]) -> OpResult:
     r = OpResult(p.name, cuda=True, dtype=str(p.dtype).replace("torch.", ""),
                  samples=[describe_sample(s, p.dtype) for s in p.samples])
     if p.setup_error:
@@ -325,4 +363,5 @@ def _result(p: Plan, plain: list[Call], virtual: list[Call]) -> OpResult:
             r.differences.append(f"{variant} sample {i}: {d}")
         r.syncs += [(variant, i, "forward", label) for label in b.forward]
         r.syncs += [(variant, i, "backward", label) for label in b.backward]
+    r.differences += _host_differences(p, plain, host)
     return r

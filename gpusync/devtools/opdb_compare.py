@@ -102,8 +102,9 @@ def leaf_difference(a: Leaf, b: Leaf, host: bool, values: bool) -> str:
 
 
 def compare(plain: Call, virtual: Call, host_outputs: bool = False,
-            values: bool = True) -> list[str]:
-    """What differs between a plain call and a virtual one; empty when nothing does."""
+            values: bool = True, host_grads: bool = False) -> list[str]:
+    """What differs between a plain call and a virtual one; empty when nothing does.
+    `host_grads`: the inputs were left on the host, so are their gradients."""
     if plain.error or virtual.error:
         if plain.error and virtual.error and _same_error(plain.error, virtual.error):
             return []
@@ -115,11 +116,11 @@ def compare(plain: Call, virtual: Call, host_outputs: bool = False,
         d = leaf_difference(a, b, host_outputs or not virtual.placed, values)
         if d:
             out.append(f"output {i}: {d}")
-    out += _grad_differences(plain, virtual, values)
+    out += _grad_differences(plain, virtual, values, host_grads)
     return out
 
 
-def _grad_differences(plain: Call, virtual: Call, values: bool) -> list[str]:
+def _grad_differences(plain: Call, virtual: Call, values: bool, host: bool) -> list[str]:
     if plain.grad_error or virtual.grad_error:
         if plain.grad_error and virtual.grad_error and _same_error(plain.grad_error,
                                                                    virtual.grad_error):
@@ -133,7 +134,7 @@ def _grad_differences(plain: Call, virtual: Call, values: bool) -> list[str]:
         if (a is None) != (b is None):
             out.append(f"grad {i}: None on one side only")
         elif a is not None and b is not None:
-            d = leaf_difference(a, b, False, values)
+            d = leaf_difference(a, b, host, values)
             if d:
                 out.append(f"grad {i}: {d}")
     return out

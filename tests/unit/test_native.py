@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from gpusync.detect import native
-from gpusync.detect.residency import HostSet, NativeHost
+from gpusync.detect.residency import DeviceSet, HostSet, NativeTable
 from gpusync.detect.session import Session
 
 needs_compiler = pytest.mark.skipif(
@@ -22,7 +22,9 @@ def ops_of(session):
 @needs_compiler
 def test_a_simulated_scan_uses_the_compiled_observer():
     with Session(mode="simulate", auto_steps=False) as s:
-        assert isinstance(s.detector.host, NativeHost)
+        assert isinstance(s.detector.host, NativeTable) and not s.detector.host.tracks_device
+    with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+        assert isinstance(s.detector.host, NativeTable) and s.detector.host.tracks_device
     assert native.failure() is None
 
 
@@ -94,7 +96,7 @@ def test_without_a_compiler_scans_fall_back(monkeypatch, capsys):
     monkeypatch.setenv("GPUSYNC_OBSERVER", "native")
     for _ in range(2):
         with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
-            assert isinstance(s.detector.host, HostSet)
+            assert isinstance(s.detector.host, DeviceSet)
             torch.nonzero(torch.ones(3, device="cuda"))
         assert ops_of(s) == ["nonzero"]
     err = capsys.readouterr().err
@@ -104,4 +106,6 @@ def test_without_a_compiler_scans_fall_back(monkeypatch, capsys):
 def test_the_python_observer_can_be_chosen(monkeypatch):
     monkeypatch.setenv("GPUSYNC_OBSERVER", "python")
     with Session(mode="simulate", auto_steps=False) as s:
-        assert isinstance(s.detector.host, HostSet)
+        assert type(s.detector.host) is HostSet
+    with Session(mode="simulate", auto_steps=False, virtual_cuda=True) as s:
+        assert type(s.detector.host) is DeviceSet
