@@ -152,6 +152,12 @@ def _fresh_torch() -> contextlib.ExitStack:
     validate = torch.distributions.Distribution._validate_args
     torch.distributions.Distribution._validate_args = __debug__
     stack.callback(setattr, torch.distributions.Distribution, "_validate_args", validate)
+    # what a job's script sets for itself (`matmul.allow_tf32 = True` is the float32 matmul
+    # precision "high") is a child's only: the next job and test find torch's defaults
+    stack.callback(torch.set_float32_matmul_precision, torch.get_float32_matmul_precision())
+    cudnn = torch.backends.cudnn
+    for name in ("allow_tf32", "benchmark", "deterministic"):
+        stack.callback(setattr, cudnn, name, getattr(cudnn, name))
     return stack
 
 

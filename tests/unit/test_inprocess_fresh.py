@@ -20,3 +20,15 @@ def test_a_job_sees_torchs_switches_as_a_fresh_process_has_them():
     finally:
         backends["__allow_nonbracketed_mutation_flag"] = saved[0]
         torch.distributions.Distribution._validate_args = saved[1]
+
+
+def test_what_a_jobs_script_sets_for_itself_is_put_back():
+    """A script's `matmul.allow_tf32 = True` (the float32 matmul precision "high") and cuDNN
+    flags last as long as its child would: a later test found "high" for torch's default."""
+    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn
+    flags = (cudnn.allow_tf32, cudnn.benchmark, cudnn.deterministic)
+    with inprocess._fresh_torch():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        cudnn.allow_tf32, cudnn.benchmark, cudnn.deterministic = (not f for f in flags)
+    assert torch.get_float32_matmul_precision() == precision
+    assert (cudnn.allow_tf32, cudnn.benchmark, cudnn.deterministic) == flags
