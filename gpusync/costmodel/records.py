@@ -59,6 +59,12 @@ class OpRecord:
     math: the math mode the op would run in on CUDA ("tf32", "bf16", "fp32", ...; "none" for ops
     with no FLOPs counted).
     kernel: whether it launches device work (views, metadata and allocations do not).
+    from_engine: dispatched by autograd's engine in backward (C++, no Python call of its own).
+    cpu_start_s / cpu_end_s: the recording thread's CPU clock (`time.thread_time()`) at the
+    same two moments; kernel_s: wall seconds the op's CPU kernel took on the scanning machine
+    (device work on a GPU host, never host time there).
+    python_s: the user's own Python before this op, as the scan estimated it (scan.py); None:
+    the wall-clock gap since the previous event is taken instead (demos, hand-made traces).
     """
 
     name: str
@@ -69,6 +75,11 @@ class OpRecord:
     flops: int = 0
     math: str = "none"
     kernel: bool = True
+    from_engine: bool = False
+    cpu_start_s: float | None = None
+    cpu_end_s: float | None = None
+    kernel_s: float = 0.0
+    python_s: float | None = None
 
     @property
     def end_s(self) -> float:
@@ -92,6 +103,8 @@ class SyncPoint:
     nothing (torch.cuda.synchronize, Event/Stream.synchronize, a copy from pageable host memory:
     that copy is itself an OpRecord, queued before the wait).
     Ops whose host_start_s is <= host_s were queued before the read.
+    cpu_start_s / cpu_end_s, python_s: as OpRecord's (the scan's own work recording the read
+    lies between the two clocks' readings).
     """
 
     site: str
@@ -99,6 +112,9 @@ class SyncPoint:
     op: str = "item"
     host_end_s: float | None = None
     nbytes: int = 8
+    cpu_start_s: float | None = None
+    cpu_end_s: float | None = None
+    python_s: float | None = None
 
     @property
     def end_s(self) -> float:
@@ -110,6 +126,8 @@ class StepTrace:
     """One training step: its ops and reads, and optionally when it began and ended (host clock).
 
     start_s defaults to the first op or read; end_s to the last one's end (no Python after it).
+    tail_python_s: the user's Python after the last event, where the scan estimated its events'
+    Python (their python_s); None: the wall-clock time to end_s.
     """
 
     ops: tuple[OpRecord, ...] = ()
@@ -117,6 +135,7 @@ class StepTrace:
     start_s: float | None = None
     end_s: float | None = None
     index: int = field(default=0)
+    tail_python_s: float | None = None
 
     def first_s(self) -> float:
         if self.start_s is not None:

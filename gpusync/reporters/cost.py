@@ -38,8 +38,9 @@ def steps_line(report) -> str:
     busy = sum(s["gpu_busy"] for s in steps) / n
     bound = max(("host", "device"), key=lambda b: sum(s["bound"] == b for s in steps))
     return (f"{head}: step {_ms(step_ms)} ms, GPU busy {busy:.0%}, {bound}-bound "
-            f"(mean of {n} step(s); host {cost.get('host_dispatch_us', 0):.1f} us/op "
-            "calibrated on this machine)")
+            f"(mean of {n} step(s); host: {cost.get('host_dispatch_us', 0):g} us per op "
+            f"+ {cost.get('launch_api_us', 0):g} us per kernel launch, published eager-PyTorch "
+            "figures, and your code's Python as this CPU ran it, gpusync's own work left out)")
 
 
 def rows(report) -> list[list]:

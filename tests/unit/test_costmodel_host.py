@@ -1,0 +1,187 @@
+"""The host side of `scan --gpu`: the user's Python read off the scan's CPU clocks without
+gpusync's own work, backward's engine gaps or cold caches (python_time.py, own_time.py), the
+per-op-kind host cost (host.py), and the issue #34 step (eight fp32 1024^3 matmuls with their
+backward, then two reads) predicted device-bound on an H100 by hand.  No timing: every clock
+reading is made up."""
+from __future__ import annotations
+
+import pytest
+
+from gpusync.costmodel import HostModel, OpRecord, StepTrace, SyncPoint, TensorMeta, get_gpu
+from gpusync.costmodel.own_time import OwnTime
+from gpusync.costmodel.predict import predict_steps
+from gpusync.costmodel.python_time import HEAVY_S, GapBaseline, steadied, with_python
+
+US = 1e-6
+H100 = get_gpu("h100")
+TINY = TensorMeta((4,))
+
+
+def op(name: str, cpu: float, took: float = 5 * US, kernel_s: float = 1 * US,
+       engine: bool = False) -> OpRecord:
+    """An op recorded at CPU time `cpu` (its interval `took` long); wall times are all 0:
+    only the CPU clock may count."""
+    return OpRecord(name, (TINY,), (TINY,), cpu_start_s=cpu, cpu_end_s=cpu + took,
+                    kernel_s=kernel_s, from_engine=engine)
+
+
+def python_of(events) -> list[float]:
+    return [round(e.python_s / US, 6) for e in events]
+
+
+def test_gaps_lose_gpusync_work_engine_gaps_and_the_cold_start_after_a_long_kernel():
+    base = GapBaseline(light_s=2 * US, heavy_s=60 * US)
+    own = OwnTime()
+    events = [op("a", 0.0),                                   # ends at 5
+              op("b", 20 * US),                               # 15 gap, 6 of it the scan's
+              op("mm", 40 * US, took=50 * US, kernel_s=HEAVY_S),  # 15 gap; ends at 90
+              op("t", 100 * US, engine=True),                 # backward: not the user's
+              op("c", 200 * US),                              # first gap after: cold
+              SyncPoint("x.py:3", 0.0, cpu_start_s=230 * US, cpu_end_s=400 * US),
+              op("d", 410 * US)]                              # after the read's recording
+    own.add(8 * US, 14 * US)
+    timed, used = with_python(events, base, own)
+    assert used == base  # too few gaps of either kind to read a baseline off the run
+    # b: 15 - 6 (own) - 2; mm: 15 - 2; t: engine; c: 95 - 60 (cold); read: 25 - 2; d: 10 - 2
+    assert python_of(timed) == [0.0, 7.0, 13.0, 0.0, 35.0, 23.0, 8.0]
+
+
+def test_another_threads_ops_count_no_python():
+    other = OpRecord("aten.add.Tensor", (TINY,), (TINY,))  # no CPU clock: not the recorder's
+    timed, _ = with_python([op("a", 0.0), other, op("b", 20 * US)], GapBaseline())
+    assert python_of(timed) == [0.0, 0.0, 15.0]
+
+
+def test_the_baseline_is_read_off_the_runs_own_gaps_when_there_are_enough():
+    # ten light gaps of 25..34 us: their low end is the scan's own way in and out
+    events = [op(str(i), i * 30 * US + sum(range(i)) * US) for i in range(11)]
+    timed, used = with_python(events, GapBaseline(light_s=1 * US))
+    assert used.light_s == pytest.approx(26 * US)  # the 10th percentile
+    assert python_of(timed) == [0.0, 0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+
+
+def test_steps_that_ran_alike_get_the_smallest_python_gap_by_gap():
+    def step(index: int, gaps: list[float], last: str = "b") -> StepTrace:
+        ops = (OpRecord("a", python_s=gaps[0]), OpRecord(last, python_s=gaps[1]))
+        return StepTrace(ops=ops, syncs=(SyncPoint("s", 0.0, python_s=gaps[2]),), index=index)
+
+    out = steadied([step(1, [5.0, 1.0, 3.0]), step(2, [4.0, 9.0, 3.5]),
+                    step(3, [7.0, 7.0, 7.0], last="c")])
+    assert [[o.python_s for o in s.ops] + [s.syncs[0].python_s] for s in out] == [
+        [4.0, 1.0, 3.0], [4.0, 1.0, 3.0], [7.0, 7.0, 7.0]]  # step 3 ran other ops
+
+
+class Tracker:
+    def hook(self, x: int) -> int:
+        return self.inner(x) + 1
+
+    def inner(self, x: int) -> int:
+        return x * 2
+
+
+def test_own_time_layers_count_nested_calls_once_and_come_off():
+    own, tracker = OwnTime(), Tracker()
+    own.layer(tracker, ("hook", "inner", "absent"))
+    assert tracker.hook(3) == 7 and len(own.starts) == 1  # the outer call only
+    own.undo()
+    assert "hook" not in vars(tracker) and "inner" not in vars(tracker)
+    intervals = OwnTime()
+    intervals.add(1.0, 2.0)
+    intervals.add(3.0, 4.0)
+    assert intervals.within(1.5, 3.5) == pytest.approx(1.0)  # [1.5, 2] and [3, 3.5]
+
+
+def test_host_cost_by_kind_of_op():
+    host = HostModel()
+    assert (host.dispatch_s, host.engine_op_s, host.launch_api_s) == (4 * US, 1 * US, 3 * US)
+    python_op, engine_op = OpRecord("aten.mm.default"), OpRecord("aten.mm.default",
+                                                                 from_engine=True)
+    view = OpRecord("aten.t.default", kernel=False)
+    assert host.op_cost_s(python_op, False) == pytest.approx(7 * US)
+    assert host.op_cost_s(engine_op, False) == pytest.approx(4 * US)
+    assert host.op_cost_s(view, False) == pytest.approx(4 * US)
+    on_cpu = OpRecord("aten.add.Tensor", host_start_s=0.0, host_end_s=9.0, cpu_start_s=0.0,
+                      cpu_end_s=9.0, kernel_s=20 * US)
+    assert host.op_cost_s(on_cpu, True) == 20 * US  # its kernel, not the scan's recording
+
+
+# -- issue #34: eight fp32 1024^3 matmuls, a loss, backward, SGD, two reads -------------------
+D = 1024
+MAT = TensorMeta((D, D))
+SCALAR = TensorMeta(())
+MM_S = 2 * D**3 / 67e12 + 2.5 * US  # fp32 (no TF32 by default) at 67 TFLOP/s, plus launch
+
+
+def mm(engine: bool, python_s: float) -> OpRecord:
+    return OpRecord("aten.mm.default", (MAT, MAT), (MAT,), flops=2 * D**3, math="fp32",
+                    from_engine=engine, python_s=python_s)
+
+
+def elementwise(name: str, inputs, outputs, engine: bool = False, python_s: float = 0.0,
+                kernel: bool = True) -> OpRecord:
+    return OpRecord(name, tuple(inputs), tuple(outputs), from_engine=engine,
+                    python_s=python_s, kernel=kernel)
+
+
+def mm8_step() -> StepTrace:
+    """The step's ops as the scan records them, each with the user's Python before it (what
+    python_time leaves of the gaps: the loop's few microseconds, the backward and optimizer
+    calls' Python)."""
+    forward = [mm(False, 3 * US) for _ in range(8)]
+    loss = [elementwise("aten.pow.Tensor_Scalar", [MAT], [MAT], python_s=3 * US),
+            elementwise("aten.mean.default", [MAT], [SCALAR], python_s=2 * US)]
+    backward = [elementwise("aten.ones_like.default", [SCALAR], [SCALAR], python_s=60 * US),
+                elementwise("aten.expand.default", [SCALAR], [MAT], True, kernel=False),
+                elementwise("aten.div.Scalar", [MAT], [MAT], True),
+                elementwise("aten.mul.Tensor", [MAT, MAT], [MAT], True)]
+    for _ in range(8):  # each layer: the weight's gradient and the input's
+        backward += [elementwise("aten.t.default", [MAT], [MAT], True, kernel=False),
+                     mm(True, 0.0), mm(True, 0.0)]
+    step = [elementwise("aten._foreach_add_.List", [MAT] * 16, [], python_s=80 * US)]
+    reads = (SyncPoint("train.py:20 item", 0.0, python_s=5 * US),
+             SyncPoint("train.py:21 item", 0.0, python_s=5 * US))
+    ops = forward + loss + backward + step
+    # host order: ops by start time, the reads after every op
+    return StepTrace(ops=tuple(dataclass_at(o, i) for i, o in enumerate(ops)),
+                     syncs=tuple(dataclass_at(r, len(ops) + i) for i, r in enumerate(reads)),
+                     start_s=0.0, tail_python_s=0.0)
+
+
+def dataclass_at(event, i: int):
+    import dataclasses
+
+    field = "host_start_s" if isinstance(event, OpRecord) else "host_s"
+    return dataclasses.replace(event, **{field: float(i)})
+
+
+def test_issue_34_step_is_device_bound_on_an_h100_and_its_first_read_waits_for_the_queue():
+    step = mm8_step()
+    host = HostModel()
+    pred = predict_steps([step], H100, host=host)
+    flops = sum(o.flops for o in step.ops)
+    assert flops == 24 * 2 * D**3 and 51e9 < flops < 52e9  # "about 52 GFLOP"
+    # By hand from the table: every kernel's roofline, the device never idle after the first
+    # launch (its backlog only grows: 36 us per matmul against 7 us to launch one).
+    mat, bw, launch = D * D * 4, H100.mem_bw, 2.5 * US
+    kernels = (24 * MM_S
+               + 2 * mat / bw + (mat + 4) / bw       # pow (in, out), mean (in, a scalar out)
+               + 8 / bw + 2 * mat / bw + 3 * mat / bw  # ones_like, div, mul (two in, one out)
+               + 16 * mat / bw                        # _foreach_add_: 8 params, 8 gradients
+               + 6 * launch)
+    first_launch = 3 * US + host.dispatch_s + host.launch_api_s
+    copy = 2.5 * US + 8 / H100.host_link_bw
+    python = 8 * 3 * US + 3 * US + 2 * US + 60 * US + 80 * US + 5 * US
+    launches = (12 * (host.dispatch_s + host.launch_api_s)  # forward, loss, ones_like, step
+                + 9 * host.engine_op_s                         # expand and the t views
+                + 18 * (host.engine_op_s + host.launch_api_s)  # div, mul, 16 mm
+                + host.dispatch_s + host.launch_api_s)         # the read's copy
+    host_at_read = python + launches
+    queue_end = first_launch + kernels + copy
+    first, second = (next(s for s in pred.sites if s.site == key)
+                     for key in ("train.py:20 item", "train.py:21 item"))
+    assert first.predicted_stall_ms == pytest.approx((queue_end - host_at_read) * 1e3, rel=1e-3)
+    roofline_less_launch = 24 * MM_S - host_at_read
+    assert roofline_less_launch / 2 < first.predicted_stall_ms / 1e3 < 2 * roofline_less_launch
+    assert second.predicted_stall_ms < 0.005  # only its own 8-byte copy
+    (result,) = pred.steps
+    assert result.bound == "device" and result.gpu_busy > 0.95
