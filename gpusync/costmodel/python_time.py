@@ -16,8 +16,9 @@ would spend there.  It also holds (docs/cost-model.md, "Host time"):
 
 What is left of each gap is the user's Python (`python_s` on the OpRecord or SyncPoint).
 Steps that ran the same ops and reads are then given, gap by gap, the smallest of their
-estimates (what timeit does with repeats: anything but the code only ever adds time), so that
-one preempted or cache-cold step does not stand out.
+estimates, and op by op the smallest CPU kernel time (what an op on host tensors costs): what
+timeit does with repeats, since anything but the code only ever adds time; so one preempted or
+cache-cold step does not stand out.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
 Event = Union[OpRecord, SyncPoint]
 
-# A CPU kernel this long leaves the caches to the kernel's data (or the core to other
-# processes): the next gap starts cold.
+# A CPU kernel that keeps the recording thread this long leaves the caches to the kernel's
+# data: the next gap starts cold.
 HEAVY_S = 200e-6
 _ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
 
@@ -121,7 +122,8 @@ def _signature(step: StepTrace) -> tuple:
 
 
 def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
-    """Steps that ran the same ops and reads, each gap given the smallest estimate among them."""
+    """Steps that ran the same ops and reads, each gap given the smallest estimate among them
+    (and each op its smallest CPU kernel time: what a host-only op costs)."""
     groups: dict[tuple, list[StepTrace]] = {}
     for step in steps:
         groups.setdefault(_signature(step), []).append(step)
@@ -131,7 +133,8 @@ def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
         if len(peers) < 2:
             out.append(step)
             continue
-        ops = tuple(dataclasses.replace(o, python_s=_least(p.ops[i] for p in peers))
+        ops = tuple(dataclasses.replace(o, python_s=_least(p.ops[i] for p in peers),
+                                        kernel_s=min(p.ops[i].kernel_s for p in peers))
                     for i, o in enumerate(step.ops))
         syncs = tuple(dataclasses.replace(s, python_s=_least(p.syncs[i] for p in peers))
                       for i, s in enumerate(step.syncs))

@@ -58,12 +58,12 @@ class OpStream(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function's markers: host bookkeeping only
             return out
-        took = time.perf_counter() - start
+        took = time.thread_time() - cpu
         try:
             mine = threading.get_ident() == self.owner
             self.ops.append(_placed(record_op(
                 func, args, kwargs, out, host_start_s=start, device_of=self._device,
-                cpu_start_s=cpu if mine else None, kernel_s=took,
+                cpu_start_s=cpu if mine else None, kernel_s=took if mine else 0.0,
                 from_engine=torch._C._current_graph_task_id() != -1)))
         except Exception:  # recording must never break the user's op: it just goes unrecorded
             pass

@@ -62,13 +62,15 @@ def test_the_baseline_is_read_off_the_runs_own_gaps_when_there_are_enough():
 
 def test_steps_that_ran_alike_get_the_smallest_python_gap_by_gap():
     def step(index: int, gaps: list[float], last: str = "b") -> StepTrace:
-        ops = (OpRecord("a", python_s=gaps[0]), OpRecord(last, python_s=gaps[1]))
+        ops = (OpRecord("a", python_s=gaps[0], kernel_s=gaps[0]),
+               OpRecord(last, python_s=gaps[1]))
         return StepTrace(ops=ops, syncs=(SyncPoint("s", 0.0, python_s=gaps[2]),), index=index)
 
     out = steadied([step(1, [5.0, 1.0, 3.0]), step(2, [4.0, 9.0, 3.5]),
                     step(3, [7.0, 7.0, 7.0], last="c")])
     assert [[o.python_s for o in s.ops] + [s.syncs[0].python_s] for s in out] == [
         [4.0, 1.0, 3.0], [4.0, 1.0, 3.0], [7.0, 7.0, 7.0]]  # step 3 ran other ops
+    assert [s.ops[0].kernel_s for s in out] == [4.0, 4.0, 7.0]  # a host op: its least time
 
 
 class Tracker:
