@@ -1,20 +1,24 @@
 """gpusync's own work in the scanned thread, timed where it happens (`scan --gpu`).
 
-The scan's hooks (each module's forward, the optimizer's step, backward), its step counting
-and the recording of each sync (a stack walk) run in the user's thread between two ops: on the
-scanning machine's clock they look like the user's Python.  `OwnTime` layers a timer on those
-methods of the session's own objects (instance attributes over the class's methods, popped
-again by `undo`: nothing of torch or of the user's is touched) and keeps, on the thread's CPU
-clock, the intervals they took; python_time.with_python leaves them out of the gaps.  Nested
-timed calls count once (the outermost).
+The scan's hooks (each module's forward, the optimizer's step, backward), its step counting,
+its layers on Python-level calls (detect/patches.py: `.to`, `.item()`, `.device` on the
+virtual device, ...) and the recording of each sync (a stack walk) run in the user's thread
+between two ops: on the scanning machine's clock they look like the user's Python.  `OwnTime`
+layers a timer on the methods of the session's own objects (instance attributes over the
+class's methods, popped again by `undo`: nothing of torch or of the user's is touched), is
+patches.own_timer while recording (`timing_layers`), and keeps, on the thread's CPU clock, the
+intervals they took; python_time.with_python leaves them out of the gaps.  Nested timed calls
+count once (the outermost); the user's call inside a layer is not gpusync's.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 # The session's methods that run outside any op in the user's thread: the phase tracker's hooks
@@ -50,6 +54,31 @@ class OwnTime:
 
         return run
 
+    def layered(self, run: Callable[..., Any], layers: Any, call: Callable[..., Any],
+                args: tuple, kwargs: dict) -> Any:
+        """run(layers, call, *args, **kwargs) (detect/patches.py's layered calls), the layers'
+        own work timed and the wrapped call's left out: it is the user's, and any layer or
+        hook inside it is timed on its own."""
+        if self._depth or threading.get_ident() != self.owner:
+            return run(layers, call, *args, **kwargs)
+        segment = [time.thread_time()]
+
+        def wrapped(*a: Any, **k: Any) -> Any:
+            self.add(segment[0], time.thread_time())
+            self._depth -= 1
+            try:
+                return call(*a, **k)
+            finally:
+                self._depth += 1
+                segment[0] = time.thread_time()
+
+        self._depth += 1
+        try:
+            return run(layers, wrapped, *args, **kwargs)
+        finally:
+            self._depth -= 1
+            self.add(segment[0], time.thread_time())
+
     def add(self, start: float, end: float) -> None:
         self.starts.append(start)
         self.ends.append(end)
@@ -78,3 +107,15 @@ class OwnTime:
                 break
             total += min(self.ends[i], end) - max(self.starts[i], start)
         return total
+
+
+@contextlib.contextmanager
+def timing_layers(own: OwnTime) -> Iterator[None]:
+    """While inside, detect/patches.py's layered calls time their own work into `own`."""
+    from gpusync.detect import patches
+
+    previous, patches.own_timer = patches.own_timer, own.layered
+    try:
+        yield
+    finally:
+        patches.own_timer = previous

@@ -28,7 +28,7 @@ from gpusync.costmodel.adapter import record_op
 from gpusync.costmodel.annotate import annotate, site_key, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel
-from gpusync.costmodel.own_time import STEP_CALLS, TRACKER_HOOKS, OwnTime
+from gpusync.costmodel.own_time import STEP_CALLS, TRACKER_HOOKS, OwnTime, timing_layers
 from gpusync.costmodel.predict import Prediction, predict_steps
 from gpusync.costmodel.python_time import GapBaseline, steadied, with_python
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
@@ -186,7 +186,7 @@ def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan
         scan = CostScan(gpu, dataclasses.replace(host or HostModel(),
                                                  gap_overhead_s=baseline.light_s), baseline)
         try:
-            with scan.stream:
+            with timing_layers(scan.own), scan.stream:
                 yield scan
         finally:
             scan.detach()

@@ -187,3 +187,83 @@ def test_issue_34_step_is_device_bound_on_an_h100_and_its_first_read_waits_for_t
     assert second.predicted_stall_ms < 0.005  # only its own 8-byte copy
     (result,) = pred.steps
     assert result.bound == "device" and result.gpu_busy > 0.95
+
+
+class Clock:
+    """A made-up CPU clock: each reading one tick later."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_layered_calls_time_their_own_work_not_the_call_they_wrap(monkeypatch):
+    from gpusync.costmodel import own_time
+    from gpusync.detect import patches
+
+    clock = Clock()
+    monkeypatch.setattr(own_time.time, "thread_time", clock)
+
+    class Owner:
+        @staticmethod
+        def work(x: int) -> int:
+            clock.now += 100.0  # the user's code: a long stretch
+            return x + 1
+
+    def layer(call, x):
+        clock.now += 10.0  # gpusync's own, before and after the user's call
+        out = call(x)
+        clock.now += 10.0
+        return out
+
+    own = OwnTime()
+    handle = patches.add_layer(Owner, "work", layer)
+    try:
+        with own_time.timing_layers(own):
+            assert patches.own_timer is not None
+            assert Owner.work(1) == 2
+    finally:
+        handle.remove()
+    assert patches.own_timer is None
+    # two intervals of gpusync's: up to the user's call and after it, 11 ticks each
+    assert [e - s for s, e in zip(own.starts, own.ends, strict=True)] == [11.0, 11.0]
+    assert own.within(own.ends[0], own.starts[1]) == 0.0  # the user's 100 ticks are not in it
+
+
+def test_attaching_times_the_sessions_recorder_and_hooks_and_detaching_puts_them_back():
+    from types import SimpleNamespace
+
+    from gpusync.costmodel.scan import CostScan
+
+    class Recorder:
+        def __init__(self):
+            self.skips: list[int] = []
+
+        def record(self, label, skip=2, **kwargs):
+            self.skips.append(skip)
+            return SimpleNamespace(op=label)
+
+    class Steps:
+        def begin(self, unit, key):
+            return unit
+
+    class Tracker:
+        def __init__(self):
+            self.steps = Steps()
+
+        def _fwd_pre(self, module, args):
+            return self.steps.begin("forward", "forward")
+
+    session = SimpleNamespace(recorder=Recorder(), tracker=Tracker(), detector=None)
+    cost = CostScan(H100, HostModel())
+    cost.attach(session)
+    event = session.recorder.record("item")
+    assert session.recorder.skips == [3]  # one frame more (the timer's) for the stack walk
+    assert id(event) in cost.sync_clocks
+    assert session.tracker._fwd_pre(None, ()) == "forward" and len(cost.own.starts) == 1
+    cost.detach()
+    assert "record" not in vars(session.recorder)
+    assert "_fwd_pre" not in vars(session.tracker) and "begin" not in vars(session.tracker.steps)
