@@ -49,6 +49,7 @@ class StepTimeline:
     stalls: tuple[Stall, ...]
     device_spans: tuple[Span, ...]
     stall_spans: tuple[Span, ...]
+    python_s: float = 0.0  # of host_work_s, the user's own Python (the rest issues ops)
 
     @property
     def gpu_busy(self) -> float:
@@ -78,6 +79,7 @@ class _Lanes:
         self.queue_end = 0.0  # when the device finishes everything queued so far
         self.busy = 0.0
         self.stalled = 0.0
+        self.python = 0.0
         self.stalls: list[Stall] = []
         self.device_spans: list[Span] = []
         self.stall_spans: list[Span] = []
@@ -86,8 +88,10 @@ class _Lanes:
                      python_s: float | None = None) -> None:
         """The user's Python up to `measured_s` runs as measured (or for `python_s`, the scan's
         estimate of it, where it has one); then resume at `resume_s`."""
-        self.host += (self.host_model.python_s(measured_s - self.cursor) if python_s is None
-                      else python_s)
+        python = (self.host_model.python_s(measured_s - self.cursor) if python_s is None
+                  else python_s)
+        self.host += python
+        self.python += python
         self.cursor = max(self.cursor, resume_s)
 
     def enqueue(self, name: str, device_s: float) -> None:
@@ -133,4 +137,4 @@ def simulate(step: StepTrace, gpu: GPU, host: HostModel,
     return StepTimeline(step_s=step_s, device_busy_s=lanes.busy,
                         host_work_s=lanes.host - lanes.stalled, stalls=tuple(lanes.stalls),
                         device_spans=tuple(lanes.device_spans),
-                        stall_spans=tuple(lanes.stall_spans))
+                        stall_spans=tuple(lanes.stall_spans), python_s=lanes.python)

@@ -15,6 +15,7 @@ from tabulate import tabulate
 from .common import numbered, short_path
 
 HEADERS = ["fix", "op", "where", "stall ms/step", "payoff ms/step", "blocks"]
+_NO_GAIN = 0.98  # a sync-free step this close to the step: removing syncs gains nothing
 
 
 def ranked(report) -> list[tuple[int, Any]]:
@@ -27,20 +28,43 @@ def _ms(value: float) -> str:
     return f"{value:.4f}" if value < 0.1 else f"{value:.3f}"
 
 
+def _mean(steps: list[dict], key: str) -> float:
+    return sum(s.get(key, 0.0) for s in steps) / len(steps)
+
+
 def steps_line(report) -> str:
+    """The predicted step: its length, what bounds it and why, and what removing every sync
+    would leave (only when that is the prediction: "will not speed this step up")."""
     cost = report.cost or {}
     steps = cost.get("steps") or []
     head = f"predicted on {cost.get('gpu_name', report.gpu)}"
     if not steps:
         return head + ": no measured step to predict"
     n = len(steps)
-    step_ms = sum(s["predicted_step_ms"] for s in steps) / n
-    busy = sum(s["gpu_busy"] for s in steps) / n
+    step_ms, busy = _mean(steps, "predicted_step_ms"), _mean(steps, "gpu_busy")
     bound = max(("host", "device"), key=lambda b: sum(s["bound"] == b for s in steps))
-    return (f"{head}: step {_ms(step_ms)} ms, GPU busy {busy:.0%}, {bound}-bound "
-            f"(mean of {n} step(s); host: {cost.get('host_dispatch_us', 0):g} us per op "
-            f"+ {cost.get('launch_api_us', 0):g} us per kernel launch, published eager-PyTorch "
-            "figures, and your code's Python as this CPU ran it, gpusync's own work left out)")
+    host, python, device = (_mean(steps, k) for k in ("host_ms", "python_ms", "device_ms"))
+    why = (f"the host's own work ({_ms(host)} ms: {_ms(python)} ms of your code's Python, "
+           f"{_ms(max(0.0, host - python))} ms issuing ops) "
+           + ("outlasts" if bound == "host" else "is shorter than")
+           + f" the GPU's kernels ({_ms(device)} ms)")
+    free = _mean(steps, "sync_free_step_ms") if "sync_free_step_ms" in steps[0] else step_ms
+    if free >= _NO_GAIN * step_ms:
+        after = "removing syncs will not speed this step up"
+    else:
+        after = f"without its syncs: {_ms(free)} ms ({1 - free / step_ms:.0%} shorter)"
+    return (f"{head}: step {_ms(step_ms)} ms (mean of {n}), GPU busy {busy:.0%}, "
+            f"{bound}-bound: {why}; {after}")
+
+
+def host_line(report) -> str:
+    """Where the host's figures come from."""
+    cost = report.cost or {}
+    return (f"host: {cost.get('host_dispatch_us', 0):g} us per op called from Python, "
+            f"{cost.get('engine_op_us', 1.0):g} us per op of backward, "
+            f"+ {cost.get('launch_api_us', 0):g} us per kernel launch (published eager-PyTorch "
+            "figures: docs/cost-model.md); your code's Python as this CPU ran it, on its CPU "
+            "clock, gpusync's own work left out.  stall ms above: ~ predicted per step")
 
 
 def rows(report) -> list[list]:
@@ -52,7 +76,7 @@ def cost_table(report) -> str:
     """The table's cost section ("" without --gpu)."""
     if getattr(report, "gpu", None) is None:
         return ""
-    out = ["", steps_line(report)]
+    out = ["", steps_line(report), host_line(report)]
     if ranked(report):
         out += ["fixes ranked by payoff (ms per step saved if the sync went away):",
                 tabulate(rows(report), headers=HEADERS, tablefmt="simple")]

@@ -267,3 +267,50 @@ def test_attaching_times_the_sessions_recorder_and_hooks_and_detaching_puts_them
     cost.detach()
     assert "record" not in vars(session.recorder)
     assert "_fwd_pre" not in vars(session.tracker) and "begin" not in vars(session.tracker.steps)
+
+
+def _report(steps: list[dict]):
+    from types import SimpleNamespace
+
+    cost = {"gpu_name": "H100", "host_dispatch_us": 4.0, "engine_op_us": 1.0,
+            "launch_api_us": 3.0, "steps": steps}
+    return SimpleNamespace(cost=cost, gpu="h100")
+
+
+def test_the_step_line_says_what_bounds_the_step_and_why():
+    from gpusync.reporters.cost import host_line, steps_line
+
+    device_bound = {"predicted_step_ms": 1.0, "gpu_busy": 0.95, "bound": "device",
+                    "host_ms": 0.3, "python_ms": 0.1, "device_ms": 0.95,
+                    "sync_free_step_ms": 0.995}
+    line = steps_line(_report([device_bound]))
+    assert "device-bound: the host's own work (0.300 ms: 0.100 ms of your code's Python" in line
+    assert "is shorter than the GPU's kernels (0.950 ms)" in line
+    assert line.endswith("removing syncs will not speed this step up")
+    starved = dict(device_bound, bound="host", host_ms=0.6, device_ms=0.5,
+                   sync_free_step_ms=0.6)
+    line = steps_line(_report([starved]))
+    assert "host-bound" in line and "outlasts the GPU's kernels (0.500 ms)" in line
+    assert line.endswith("without its syncs: 0.600 ms (40% shorter)")
+    assert "4 us per op called from Python, 1 us per op of backward" in host_line(
+        _report([starved]))
+
+
+def test_predicted_stalls_fill_the_site_tables_stall_column():
+    from types import SimpleNamespace
+
+    from gpusync.reporters.common import stall_cell
+
+    assert stall_cell(SimpleNamespace(stall_ms=1.5, predicted_stall_ms=0.2)) == "1.500"
+    assert stall_cell(SimpleNamespace(stall_ms=None, predicted_stall_ms=0.2)) == "~0.200"
+    assert stall_cell(SimpleNamespace(stall_ms=None, predicted_stall_ms=None)) == "-"
+
+
+def test_a_step_prediction_reports_its_host_python_device_and_sync_free_length():
+    step = mm8_step()
+    (result,) = predict_steps([step], H100, host=HostModel()).steps
+    data = result.to_dict()
+    assert data["python_ms"] == pytest.approx(179e-3, rel=1e-3)  # 174 us to the first read, 5 more
+    assert data["device_ms"] < data["predicted_step_ms"] and data["host_ms"] < data["device_ms"]
+    # the reads come last in a device-bound step: without them it ends when the device does
+    assert data["sync_free_step_ms"] == pytest.approx(data["device_ms"], rel=0.02)
