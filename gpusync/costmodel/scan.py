@@ -49,6 +49,14 @@ class OpStream(TorchDispatchMode):
         # the CPU clock is per thread: only this one's gaps are the user's Python
         self.owner = threading.get_ident()
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # As detect/dispatch.py's mode: torch would wrap __torch_dispatch__ in
+        # torch._disable_dynamo, which imports torch._dynamo on the first op (about a second of
+        # CPU: most of what --gpu added to a small script's run) and adds two Python calls to
+        # every op; this mode never runs under a compiled region's tracing.
+        return False
+
     def _device(self, t: torch.Tensor) -> str:
         return "cuda" if self.on_device(t) else "cpu"
 
@@ -58,13 +66,14 @@ class OpStream(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function's markers: host bookkeeping only
             return out
-        took = time.thread_time() - cpu
+        ran, cpu_ran = time.perf_counter(), time.thread_time()
         try:
             mine = threading.get_ident() == self.owner
             self.ops.append(_placed(record_op(
                 func, args, kwargs, out, host_start_s=start, device_of=self._device,
-                cpu_start_s=cpu if mine else None, kernel_s=took if mine else 0.0,
-                from_engine=torch._C._current_graph_task_id() != -1)))
+                cpu_start_s=cpu if mine else None, kernel_s=cpu_ran - cpu if mine else 0.0,
+                from_engine=torch._C._current_graph_task_id() != -1,
+                clocks_at=(ran, cpu_ran))))
         except Exception:  # recording must never break the user's op: it just goes unrecorded
             pass
         return out
