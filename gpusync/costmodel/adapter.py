@@ -101,10 +101,32 @@ def count_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
-def _metas(tree: Any, device_of: Callable[[torch.Tensor], str] | None) -> tuple[TensorMeta, ...]:
-    leaves, _ = tree_flatten(tree)
+def _tensors(items: Any) -> list[torch.Tensor]:
+    """The tensors of an aten call's arguments or results: a tensor, or a tuple, list or dict
+    of them, one level deep (Tensor[] and Tensor?[] are the deepest aten schemas go: a generic
+    pytree flatten cost a third of the recording)."""
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, dict):
+        items = items.values()
+    elif not isinstance(items, (tuple, list)):
+        return []
+    found: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            found.extend(t for t in item if isinstance(t, torch.Tensor))
+        elif isinstance(item, dict):  # deeper than any aten schema: the general flatten
+            leaves, _ = tree_flatten(item)
+            found.extend(t for t in leaves if isinstance(t, torch.Tensor))
+    return found
+
+
+def _metas(*trees: Any, device_of: Callable[[torch.Tensor], str] | None
+           ) -> tuple[TensorMeta, ...]:
     return tuple(tensor_meta(t, device_of(t) if device_of else None)
-                 for t in leaves if isinstance(t, torch.Tensor))
+                 for tree in trees for t in _tensors(tree))
 
 
 def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_start_s: float,
@@ -127,8 +149,8 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     recording an op is CPU work throughout.  kernel_s, from_engine: stored as given.
     """
     kwargs = kwargs or {}
-    inputs = _metas((args, kwargs), device_of)
-    outputs = _metas(out, device_of)
+    inputs = _metas(args, kwargs, device_of=device_of)
+    outputs = _metas(out, device_of=device_of)
     flops = count_flops(func, args, kwargs, out)
     math, kernel = math_mode(func, inputs, flops), launches_kernel(func)
     end = time.perf_counter() if host_end_s is None else host_end_s

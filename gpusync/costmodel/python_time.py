@@ -102,18 +102,26 @@ def _in_engine(event: Event) -> bool:
     return isinstance(event, OpRecord) and event.from_engine
 
 
-def with_python(events: Sequence[Event], baseline: GapBaseline,
-                own: OwnTime | None = None) -> tuple[list[Event], GapBaseline]:
-    """Every event given the user's Python before it (python_s), and the baseline used.  An
-    event without CPU times (another thread's) gets 0: its thread's Python is not the
-    recording thread's; so does an op autograd's engine dispatches between two of its own
-    (backward runs no Python of the user's but for hooks, which are not counted)."""
+def python_by_event(events: Sequence[Event], baseline: GapBaseline,
+                    own: OwnTime | None = None) -> tuple[dict[int, float], GapBaseline]:
+    """The user's Python before each event, by id(event), and the baseline used.  An event
+    without CPU times (another thread's) is absent: its thread's Python is not the recording
+    thread's; an op autograd's engine dispatches between two of its own gets 0 (backward runs
+    no Python of the user's but for hooks, which are not counted)."""
     gaps = _gaps(events, own)
     base = fitted(gaps, baseline)
     python: dict[int, float] = {}
     for event, gap, after_heavy in gaps:
-        if not _in_engine(event):
-            python[id(event)] = max(0.0, gap - (base.heavy_s if after_heavy else base.light_s))
+        python[id(event)] = 0.0 if _in_engine(event) else max(
+            0.0, gap - (base.heavy_s if after_heavy else base.light_s))
+    return python, base
+
+
+def with_python(events: Sequence[Event], baseline: GapBaseline,
+                own: OwnTime | None = None) -> tuple[list[Event], GapBaseline]:
+    """Every event given its python_s (python_by_event; 0 where it has none), and the
+    baseline used."""
+    python, base = python_by_event(events, baseline, own)
     return [dataclasses.replace(e, python_s=python.get(id(e), 0.0)) for e in events], base
 
 

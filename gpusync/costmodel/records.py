@@ -7,6 +7,8 @@ virtual device and the model can run after the user's code has finished.  Host t
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 # Element sizes by dtype name (str(torch.dtype) without the "torch." prefix), so that the model
@@ -34,14 +36,12 @@ class TensorMeta:
     contiguous: bool = True
     device: str = "cuda"
 
-    @property
+    # cached: the timeline asks for every op's bytes once per simulation (several per step)
+    @functools.cached_property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.numel * itemsize(self.dtype)
 
@@ -86,7 +86,7 @@ class OpRecord:
     def end_s(self) -> float:
         return self.host_start_s if self.host_end_s is None else self.host_end_s
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes the kernel reads and writes: every input and output once (no cache reuse)."""
         return sum(t.nbytes for t in self.inputs) + sum(t.nbytes for t in self.outputs)

@@ -30,7 +30,7 @@ from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.own_time import STEP_CALLS, TRACKER_HOOKS, OwnTime, timing_layers
 from gpusync.costmodel.predict import Prediction, predict_steps
-from gpusync.costmodel.python_time import GapBaseline, steadied, with_python
+from gpusync.costmodel.python_time import GapBaseline, python_by_event, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
 # Syncs that copy nothing to the host: the host only waits for the queue to drain (an H2D
@@ -275,9 +275,8 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
     gaps."""
     starts = [0.0, *step_starts]
     reads = sorted((sync_point(e, clocks=clocks) for e in events), key=lambda s: s.host_s)
-    if baseline is not None:
-        timed, _ = with_python([*ops, *reads], baseline, own)
-        ops, reads = timed[:len(ops)], timed[len(ops):]  # type: ignore[assignment]
+    # estimated for the whole run (gaps need every event), given to the measured steps' only
+    python = python_by_event([*ops, *reads], baseline, own)[0] if baseline is not None else None
     read_times = [s.host_s for s in reads]
     ordered = sorted(ops, key=lambda o: o.host_start_s)
     op_times = [o.host_start_s - t0 for o in ordered]
@@ -290,15 +289,20 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
             bisect.bisect_left(op_times, end) if end is not None else len(op_times))
         rlo, rhi = bisect.bisect_left(read_times, start), (
             bisect.bisect_left(read_times, end) if end is not None else len(read_times))
-        step_ops = tuple(_shifted(o, t0) for o in ordered[lo:hi])
+        step_ops = tuple(_shifted(o, t0, python) for o in ordered[lo:hi])
+        step_reads = tuple(reads[rlo:rhi]) if python is None else tuple(
+            dataclasses.replace(r, python_s=python.get(id(r), 0.0)) for r in reads[rlo:rhi])
         # estimated: the Python after a step's last event is the next event's
-        traces.append(StepTrace(ops=step_ops, syncs=tuple(reads[rlo:rhi]), start_s=start,
+        traces.append(StepTrace(ops=step_ops, syncs=step_reads, start_s=start,
                                 end_s=end, index=k,
                                 tail_python_s=None if baseline is None else 0.0))
     return steadied(traces) if baseline is not None else traces
 
 
-def _shifted(op: OpRecord, t0: float) -> OpRecord:
-    """An op on the session's clock."""
+def _shifted(op: OpRecord, t0: float, python: dict[int, float] | None = None) -> OpRecord:
+    """An op on the session's clock, with its Python where it was estimated."""
     end = op.end_s - t0
-    return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end)
+    if python is None:
+        return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end)
+    return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end,
+                               python_s=python.get(id(op), 0.0))

@@ -314,3 +314,18 @@ def test_a_step_prediction_reports_its_host_python_device_and_sync_free_length()
     assert data["device_ms"] < data["predicted_step_ms"] and data["host_ms"] < data["device_ms"]
     # the reads come last in a device-bound step: without them it ends when the device does
     assert data["sync_free_step_ms"] == pytest.approx(data["device_ms"], rel=0.02)
+
+
+def test_recording_finds_the_tensors_in_lists_and_keyword_arguments():
+    import torch
+
+    from gpusync.costmodel import record_op
+
+    a, b = torch.ones(2, 3), torch.ones(4, 3)
+    cat = torch.ops.aten.cat.default
+    op = record_op(cat, ([a, b],), {"dim": 0}, cat([a, b]), host_start_s=0.0)
+    assert [t.shape for t in op.inputs] == [(2, 3), (4, 3)] and op.outputs[0].shape == (6, 3)
+    add = torch.ops.aten._foreach_add.List
+    out = add([a, b], [a, b])
+    op = record_op(add, ([a, b],), {"other": [a, b]}, out, host_start_s=0.0)
+    assert len(op.inputs) == 4 and [t.shape for t in op.outputs] == [(2, 3), (4, 3)]
