@@ -133,8 +133,7 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
               host_end_s: float | None = None,
               device_of: Callable[[torch.Tensor], str] | None = None,
               cpu_start_s: float | None = None, kernel_s: float = 0.0,
-              from_engine: bool = False,
-              clocks_at: tuple[float, float] | None = None) -> OpRecord:
+              from_engine: bool = False) -> OpRecord:
     """An OpRecord for one dispatched aten call.
 
     host_start_s: perf_counter() when the call was dispatched.  host_end_s: when the scan's work
@@ -143,10 +142,7 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     device_of maps a tensor to the device it stands for ("cuda" or "cpu"); by default its own
     device type (the virtual device's tensors should say "cuda").
     cpu_start_s: the thread's CPU clock when the call was dispatched; then cpu_end_s is read
-    when recording is done, as host_end_s is, or, given `clocks_at` (perf_counter and the CPU
-    clock read together after the call), taken as the CPU reading plus the wall time since:
-    the CPU clock is a system call on some machines (0.2-16 us each on a loaded VM), and
-    recording an op is CPU work throughout.  kernel_s, from_engine: stored as given.
+    when recording is done, as host_end_s is.  kernel_s, from_engine: stored as given.
     """
     kwargs = kwargs or {}
     inputs = _metas(args, kwargs, device_of=device_of)
@@ -154,8 +150,7 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     flops = count_flops(func, args, kwargs, out)
     math, kernel = math_mode(func, inputs, flops), launches_kernel(func)
     end = time.perf_counter() if host_end_s is None else host_end_s
-    cpu_end = None if cpu_start_s is None else (
-        time.thread_time() if clocks_at is None else clocks_at[1] + (end - clocks_at[0]))
+    cpu_end = None if cpu_start_s is None else time.thread_time()
     return OpRecord(name=str(func), inputs=inputs, outputs=outputs, host_start_s=host_start_s,
                     host_end_s=end, flops=flops, math=math, kernel=kernel,
                     from_engine=from_engine, cpu_start_s=cpu_start_s, cpu_end_s=cpu_end,
