@@ -33,8 +33,8 @@ from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 
 Event = Union[OpRecord, SyncPoint]
 
-# A CPU kernel this long (or a thread kept off its core as long) leaves the caches to the
-# kernel's data or to other processes: the next gap starts cold.
+# A CPU kernel that keeps the recording thread this long leaves the caches to the kernel's
+# data: the next gap starts cold.
 HEAVY_S = 200e-6
 _ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
 

@@ -61,9 +61,9 @@ class OpRecord:
     kernel: whether it launches device work (views, metadata and allocations do not).
     from_engine: dispatched by autograd's engine in backward (C++, no Python call of its own).
     cpu_start_s / cpu_end_s: the recording thread's CPU clock (`time.thread_time()`) at the
-    same two moments; kernel_s: wall seconds of the op's own call on the scanning machine (its
-    CPU kernel: device work on a GPU host, never host time there, but for ops on host tensors;
-    a scan keeps the least of the steps that ran alike).
+    same two moments; kernel_s: CPU seconds the recording thread spent in the op's own call on
+    the scanning machine (its CPU kernel: device work on a GPU host, never host time there, but
+    for ops on host tensors; a scan keeps the least of the steps that ran alike).
     python_s: the user's own Python before this op, as the scan estimated it (scan.py); None:
     the wall-clock gap since the previous event is taken instead (demos, hand-made traces).
     """

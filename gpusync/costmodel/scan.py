@@ -66,14 +66,14 @@ class OpStream(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function's markers: host bookkeeping only
             return out
-        # the kernel on the wall clock (the steps' least is kept: python_time.steadied), the
-        # gaps on the CPU clock: it is a system call here, and two readings an op are enough
-        took = time.perf_counter() - start
+        # the kernel and the gaps on the thread's CPU clock: what else the machine runs
+        # changes neither (on the wall clock, a preempted tiny op looked like a long kernel)
+        took = time.thread_time() - cpu
         try:
             mine = threading.get_ident() == self.owner
             self.ops.append(_placed(record_op(
                 func, args, kwargs, out, host_start_s=start, device_of=self._device,
-                cpu_start_s=cpu if mine else None, kernel_s=took,
+                cpu_start_s=cpu if mine else None, kernel_s=took if mine else 0.0,
                 from_engine=torch._C._current_graph_task_id() != -1)))
         except Exception:  # recording must never break the user's op: it just goes unrecorded
             pass
