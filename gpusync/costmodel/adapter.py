@@ -133,7 +133,8 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
               host_end_s: float | None = None,
               device_of: Callable[[torch.Tensor], str] | None = None,
               cpu_start_s: float | None = None, kernel_s: float = 0.0,
-              from_engine: bool = False) -> OpRecord:
+              from_engine: bool = False, switches_start: int | None = None,
+              clock: Callable[[], tuple[float, int]] | None = None) -> OpRecord:
     """An OpRecord for one dispatched aten call.
 
     host_start_s: perf_counter() when the call was dispatched.  host_end_s: when the scan's work
@@ -142,7 +143,9 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     device_of maps a tensor to the device it stands for ("cuda" or "cpu"); by default its own
     device type (the virtual device's tensors should say "cuda").
     cpu_start_s: the thread's CPU clock when the call was dispatched; then cpu_end_s is read
-    when recording is done, as host_end_s is.  kernel_s, from_engine: stored as given.
+    when recording is done, as host_end_s is (from `clock`, which also gives the thread's
+    involuntary context switches: switches_end; by default time.thread_time()).  kernel_s,
+    from_engine, switches_start: stored as given.
     """
     kwargs = kwargs or {}
     inputs = _metas(args, kwargs, device_of=device_of)
@@ -150,8 +153,12 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     flops = count_flops(func, args, kwargs, out)
     math, kernel = math_mode(func, inputs, flops), launches_kernel(func)
     end = time.perf_counter() if host_end_s is None else host_end_s
-    cpu_end = None if cpu_start_s is None else time.thread_time()
+    cpu_end: float | None = None
+    switches_end: int | None = None
+    if cpu_start_s is not None:
+        cpu_end, switches_end = clock() if clock is not None else (time.thread_time(), None)
     return OpRecord(name=str(func), inputs=inputs, outputs=outputs, host_start_s=host_start_s,
                     host_end_s=end, flops=flops, math=math, kernel=kernel,
                     from_engine=from_engine, cpu_start_s=cpu_start_s, cpu_end_s=cpu_end,
-                    kernel_s=kernel_s)
+                    kernel_s=kernel_s, switches_start=switches_start,
+                    switches_end=switches_end)

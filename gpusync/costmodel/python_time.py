@@ -8,11 +8,12 @@ would spend there.  It also holds (docs/cost-model.md, "Host time"):
 - gpusync's own work: the dispatch hook's way in and out (`GapBaseline.light_s`, measured on
   tiny back-to-back ops) and the recording of each sync (its stack walk), which the scan
   times where it happens and leaves out;
-- the after-effects of a long CPU kernel: the first Python after it runs with cold caches and
-  TLBs (tens to a hundred microseconds on a VM; on a GPU host the kernel runs on the device
-  and nothing is evicted): the gap after an op whose CPU kernel took at least `HEAVY_S` is
-  measured against `GapBaseline.heavy_s`, the same gap measured after a long kernel with no
-  Python in between.
+- the after-effects of a long CPU kernel, or of losing the core to another process: the first
+  Python after it runs with cold caches and TLBs (tens to a hundred microseconds on a VM; on a
+  GPU host the kernel runs on the device and nothing is evicted): the gap after an op whose
+  CPU kernel took at least `HEAVY_S`, or in which the thread was preempted (its involuntary
+  context switches, read with the CPU clock), is measured against `GapBaseline.heavy_s`, the
+  same gap measured after a long kernel with no Python in between.
 
 What is left of each gap is the user's Python (`python_s` on the OpRecord or SyncPoint).
 Steps that ran the same ops and reads are then given, gap by gap, the smallest of their
@@ -66,17 +67,24 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, flo
                      key=lambda e: e.cpu_start_s or 0.0)
     out = []
     last_end: float | None = None
-    cold = False  # a long kernel ran since the last gap of the user's code
+    last_switches: int | None = None
+    cold = False  # a long kernel ran, or the thread lost its core, since the last user gap
     for event in stamped:
         start, end = _cpu(event) or (0.0, 0.0)
         if last_end is not None:
             mine = own.within(last_end, start) if own is not None and start > last_end else 0.0
-            out.append((event, max(0.0, start - last_end - mine), cold))
+            switched = _switched(last_switches, event.switches_start)
+            out.append((event, max(0.0, start - last_end - mine), cold or switched))
             cold = cold and _in_engine(event)  # backward's gaps are not the user's: still cold
         if last_end is None or end >= last_end:
-            last_end = end
-        cold = cold or heavy(event)
+            last_end, last_switches = end, event.switches_end
+        cold = cold or heavy(event) or _switched(event.switches_start, event.switches_end)
     return out
+
+
+def _switched(before: int | None, after: int | None) -> bool:
+    """The thread was preempted between two readings: other processes ran on its core."""
+    return before is not None and after is not None and after != before
 
 
 def _low(values: list[float], fallback: float) -> float:

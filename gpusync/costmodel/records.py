@@ -66,6 +66,8 @@ class OpRecord:
     for ops on host tensors; a scan keeps the least of the steps that ran alike).
     python_s: the user's own Python before this op, as the scan estimated it (scan.py); None:
     the wall-clock gap since the previous event is taken instead (demos, hand-made traces).
+    switches_start / switches_end: the recording thread's involuntary context switches so far
+    at the two CPU-clock readings (a gap with one in it starts with cold caches).
     """
 
     name: str
@@ -81,6 +83,8 @@ class OpRecord:
     cpu_end_s: float | None = None
     kernel_s: float = 0.0
     python_s: float | None = None
+    switches_start: int | None = None
+    switches_end: int | None = None
 
     @property
     def end_s(self) -> float:
@@ -104,8 +108,8 @@ class SyncPoint:
     nothing (torch.cuda.synchronize, Event/Stream.synchronize, a copy from pageable host memory:
     that copy is itself an OpRecord, queued before the wait).
     Ops whose host_start_s is <= host_s were queued before the read.
-    cpu_start_s / cpu_end_s, python_s: as OpRecord's (the scan's own work recording the read
-    lies between the two clocks' readings).
+    cpu_start_s / cpu_end_s, python_s, switches_start / switches_end: as OpRecord's (the
+    scan's own work recording the read lies between the two clocks' readings).
     """
 
     site: str
@@ -116,6 +120,8 @@ class SyncPoint:
     cpu_start_s: float | None = None
     cpu_end_s: float | None = None
     python_s: float | None = None
+    switches_start: int | None = None
+    switches_end: int | None = None
 
     @property
     def end_s(self) -> float:

@@ -28,7 +28,13 @@ from gpusync.costmodel.adapter import record_op
 from gpusync.costmodel.annotate import annotate, site_key, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel
-from gpusync.costmodel.own_time import STEP_CALLS, TRACKER_HOOKS, OwnTime, timing_layers
+from gpusync.costmodel.own_time import (
+    STEP_CALLS,
+    TRACKER_HOOKS,
+    OwnTime,
+    thread_clock,
+    timing_layers,
+)
 from gpusync.costmodel.predict import Prediction, predict_steps
 from gpusync.costmodel.python_time import GapBaseline, python_by_event, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
@@ -62,19 +68,20 @@ class OpStream(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        start, cpu = time.perf_counter(), time.thread_time()
+        start, (cpu, switches) = time.perf_counter(), thread_clock()
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function's markers: host bookkeeping only
             return out
         # the kernel and the gaps on the thread's CPU clock: what else the machine runs
         # changes neither (on the wall clock, a preempted tiny op looked like a long kernel)
-        took = time.thread_time() - cpu
+        took = thread_clock()[0] - cpu
         try:
             mine = threading.get_ident() == self.owner
             self.ops.append(_placed(record_op(
                 func, args, kwargs, out, host_start_s=start, device_of=self._device,
                 cpu_start_s=cpu if mine else None, kernel_s=took if mine else 0.0,
-                from_engine=torch._C._current_graph_task_id() != -1)))
+                from_engine=torch._C._current_graph_task_id() != -1,
+                switches_start=switches, clock=thread_clock)))
         except Exception:  # recording must never break the user's op: it just goes unrecorded
             pass
         return out
@@ -123,8 +130,8 @@ class CostScan:
         self.stream = OpStream()
         self.session: Any = None
         self.prediction: Prediction | None = None
-        # id(SyncEvent) -> the recording thread's CPU clock before and after recording it
-        self.sync_clocks: dict[int, tuple[float, float]] = {}
+        # id(SyncEvent) -> the recording thread's thread_clock() before and after recording it
+        self.sync_clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] = {}
         self.own = OwnTime(self.stream.owner)
         self._timed: Any = None
 
@@ -156,11 +163,11 @@ class CostScan:
         clocks, owner = self.sync_clocks, self.stream.owner
 
         def timed(label: str, skip: int = 2, *args: Any, **kwargs: Any) -> Any:
-            cpu = time.thread_time()
+            before = thread_clock()
             # one frame more between the caller and the stack walk: skip it too
             event = record(label, skip + 1, *args, **kwargs)
             if event is not None and threading.get_ident() == owner:
-                clocks[id(event)] = (cpu, time.thread_time())
+                clocks[id(event)] = (before, thread_clock())
             return event
 
         return timed
@@ -250,20 +257,25 @@ def measured_steps(steps: int, warmup: int) -> tuple[int, int]:
 
 
 def sync_point(event: Any, t0_shift: float = 0.0,
-               clocks: dict[int, tuple[float, float]] | None = None) -> SyncPoint:
+               clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] | None = None
+               ) -> SyncPoint:
     """A SyncEvent (its `ts` on the session's clock) as the model's read; `clocks`: the
     recording thread's CPU clock around its recording, by id(event) (CostScan.sync_clocks)."""
     where = event.location
     key = site_key(where.file if where else "", where.line if where else 0, event.op)
     waits = any(w in event.op for w in _PURE_WAITS)
-    cpu = (clocks or {}).get(id(event), (None, None))
+    found = (clocks or {}).get(id(event))
+    if found is None:
+        return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8)
+    (cpu, switches), (cpu_end, switches_end) = found
     return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8,
-                     cpu_start_s=cpu[0], cpu_end_s=cpu[1])
+                     cpu_start_s=cpu, cpu_end_s=cpu_end, switches_start=switches,
+                     switches_end=switches_end)
 
 
 def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Sequence[float],
                 steps: range, t0: float = 0.0,
-                clocks: dict[int, tuple[float, float]] | None = None,
+                clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] | None = None,
                 baseline: GapBaseline | None = None,
                 own: OwnTime | None = None) -> list[StepTrace]:
     """The given steps' ops and reads.  events: SyncEvents with `ts` (seconds on the session's

@@ -46,6 +46,19 @@ def test_gaps_lose_gpusync_work_engine_gaps_and_the_cold_start_after_a_long_kern
     assert python_of(timed) == [0.0, 7.0, 13.0, 0.0, 35.0, 23.0, 8.0]
 
 
+def test_a_gap_after_the_thread_lost_its_core_starts_cold():
+    import dataclasses
+
+    base = GapBaseline(light_s=2 * US, heavy_s=60 * US)
+    a, b, c, d = (op(name, i * 100 * US) for i, name in enumerate("abcd"))
+    events = [dataclasses.replace(a, switches_start=0, switches_end=0),
+              dataclasses.replace(b, switches_start=1, switches_end=1),  # preempted in the gap
+              dataclasses.replace(c, switches_start=1, switches_end=2),  # preempted in the op
+              dataclasses.replace(d, switches_start=2, switches_end=2)]
+    timed, _ = with_python(events, base)
+    assert python_of(timed) == [0.0, 35.0, 93.0, 35.0]  # 95 less 60, 95 less 2, 95 less 60
+
+
 def test_another_threads_ops_count_no_python():
     other = OpRecord("aten.add.Tensor", (TINY,), (TINY,))  # no CPU clock: not the recorder's
     timed, _ = with_python([op("a", 0.0), other, op("b", 20 * US)], GapBaseline())
