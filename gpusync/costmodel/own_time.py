@@ -35,13 +35,13 @@ STEP_CALLS = ("work_starts", "begin", "end", "end_step")
 
 
 def thread_clock() -> tuple[float, int]:
-    """The calling thread's CPU seconds and its involuntary context switches so far (one
-    getrusage call: about as cheap as time.thread_time()); switches are 0 where there is no
-    per-thread usage."""
+    """The calling thread's CPU seconds (time.thread_time(): getrusage's user and system times
+    are only brought up to date at the scheduler's ticks, milliseconds apart) and its
+    involuntary context switches so far (0 where there is no per-thread usage)."""
+    cpu = time.thread_time()
     if resource is None:
-        return time.thread_time(), 0
-    usage = resource.getrusage(_THREAD)
-    return usage.ru_utime + usage.ru_stime, usage.ru_nivcsw
+        return cpu, 0
+    return cpu, resource.getrusage(_THREAD).ru_nivcsw
 
 
 class OwnTime:
