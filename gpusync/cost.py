@@ -15,6 +15,10 @@ class StepCost:
     gpu_busy: float
     bound: str  # "host" or "device"
     predicted_stall_ms: float
+    host_ms: float  # the host's own work: the user's Python and issuing ops
+    python_ms: float  # of it, the user's Python
+    device_ms: float  # the GPU's kernels
+    sync_free_step_ms: float  # the step with every read removed
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,7 @@ class Cost:
     host_dispatch_us: float
     launch_api_us: float
     gap_overhead_us: float
+    engine_op_us: float
     steps: tuple[StepCost, ...]
     timeline: StepLanes | None
 

@@ -101,15 +101,40 @@ def count_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:
         return 0
 
 
-def _metas(tree: Any, device_of: Callable[[torch.Tensor], str] | None) -> tuple[TensorMeta, ...]:
-    leaves, _ = tree_flatten(tree)
+def _tensors(items: Any) -> list[torch.Tensor]:
+    """The tensors of an aten call's arguments or results: a tensor, or a tuple, list or dict
+    of them, one level deep (Tensor[] and Tensor?[] are the deepest aten schemas go: a generic
+    pytree flatten cost a third of the recording)."""
+    if isinstance(items, torch.Tensor):
+        return [items]
+    if isinstance(items, dict):
+        items = items.values()
+    elif not isinstance(items, (tuple, list)):
+        return []
+    found: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, (tuple, list)):
+            found.extend(t for t in item if isinstance(t, torch.Tensor))
+        elif isinstance(item, dict):  # deeper than any aten schema: the general flatten
+            leaves, _ = tree_flatten(item)
+            found.extend(t for t in leaves if isinstance(t, torch.Tensor))
+    return found
+
+
+def _metas(*trees: Any, device_of: Callable[[torch.Tensor], str] | None
+           ) -> tuple[TensorMeta, ...]:
     return tuple(tensor_meta(t, device_of(t) if device_of else None)
-                 for t in leaves if isinstance(t, torch.Tensor))
+                 for tree in trees for t in _tensors(tree))
 
 
 def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_start_s: float,
               host_end_s: float | None = None,
-              device_of: Callable[[torch.Tensor], str] | None = None) -> OpRecord:
+              device_of: Callable[[torch.Tensor], str] | None = None,
+              cpu_start_s: float | None = None, kernel_s: float = 0.0,
+              from_engine: bool = False, switches_start: int | None = None,
+              clock: Callable[[], tuple[float, int]] | None = None) -> OpRecord:
     """An OpRecord for one dispatched aten call.
 
     host_start_s: perf_counter() when the call was dispatched.  host_end_s: when the scan's work
@@ -117,12 +142,23 @@ def record_op(func: Any, args: tuple, kwargs: dict | None, out: Any, *, host_sta
     function included) is not taken for the user's Python.
     device_of maps a tensor to the device it stands for ("cuda" or "cpu"); by default its own
     device type (the virtual device's tensors should say "cuda").
+    cpu_start_s: the thread's CPU clock when the call was dispatched; then cpu_end_s is read
+    when recording is done, as host_end_s is (from `clock`, which also gives the thread's
+    involuntary context switches: switches_end; by default time.thread_time()).  kernel_s,
+    from_engine, switches_start: stored as given.
     """
     kwargs = kwargs or {}
-    inputs = _metas((args, kwargs), device_of)
-    outputs = _metas(out, device_of)
+    inputs = _metas(args, kwargs, device_of=device_of)
+    outputs = _metas(out, device_of=device_of)
     flops = count_flops(func, args, kwargs, out)
     math, kernel = math_mode(func, inputs, flops), launches_kernel(func)
     end = time.perf_counter() if host_end_s is None else host_end_s
+    cpu_end: float | None = None
+    switches_end: int | None = None
+    if cpu_start_s is not None:
+        cpu_end, switches_end = clock() if clock is not None else (time.thread_time(), None)
     return OpRecord(name=str(func), inputs=inputs, outputs=outputs, host_start_s=host_start_s,
-                    host_end_s=end, flops=flops, math=math, kernel=kernel)
+                    host_end_s=end, flops=flops, math=math, kernel=kernel,
+                    from_engine=from_engine, cpu_start_s=cpu_start_s, cpu_end_s=cpu_end,
+                    kernel_s=kernel_s, switches_start=switches_start,
+                    switches_end=switches_end)

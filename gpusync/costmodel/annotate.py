@@ -42,6 +42,7 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),
+        engine_op_us=round(host.engine_op_s * 1e6, 3),
         gap_overhead_us=round(host.gap_overhead_s * 1e6, 3),
         steps=tuple(StepCost(**s.to_dict()) for s in steps),
         timeline=timeline(steps[-1]) if steps else None))

@@ -1,9 +1,13 @@
-"""Host time per op: what eager PyTorch spends launching it, calibrated once per machine.
+"""Host time per op on the GPU machine: what eager PyTorch spends issuing it, by kind of op.
 
-The calibration times many tiny CPU ops (one-element tensors, so the kernel itself is nearly
-free): what is left is the dispatcher's per-op cost (argument parsing, dispatch, TensorIterator
-set-up, allocation).  On CUDA each kernel also pays the driver's launch call, an assumed
-constant.  The result is cached in a small JSON file keyed by torch version and machine.
+The figures are published eager-PyTorch overheads (docs/cost-model.md, "Host time", gives the
+source of each), not this machine's: an op called from Python (argument parsing, dispatch,
+autograd's record) costs `dispatch_s`, an op autograd's engine dispatches in C++ during
+backward `engine_op_s`, and every kernel adds the driver's launch call `launch_api_s`.
+
+`calibrate_host()` still measures this machine's own per-op cost (batches of tiny CPU ops),
+cached per machine, for comparing the scanning machine with the table; the model does not use
+it unless handed it.
 """
 
 from __future__ import annotations
@@ -17,32 +21,46 @@ from dataclasses import dataclass
 from gpusync.costmodel.records import OpRecord, SyncPoint
 
 # Host cost of cudaLaunchKernel / cudaMemcpyAsync through the runtime: a few microseconds on
-# current drivers (an assumption; docs/cost-model.md).
+# current drivers (docs/cost-model.md, "Host time").
 CUDA_LAUNCH_API_S = 3e-6
+# An eager op called from Python, with autograd recording it: pytorch/pytorch#41383 measured
+# 6.8 us per `2 * x` with requires_grad and 5.0 without on a one-element CPU tensor, and a
+# maintainer there put `x * x` without autograd at about 2 us, half of it Python's argument
+# parsing: 2 us + the 1.8 us autograd added = 4 us (docs/cost-model.md).
+PYTHON_OP_S = 4e-6
+# The same op dispatched from C++ (autograd's engine in backward): "about a microsecond"
+# (the same thread).
+ENGINE_OP_S = 1e-6
 
 
 @dataclass(frozen=True)
 class HostModel:
-    """Host-side cost of one eager op: the dispatcher's, plus the driver's launch call.
+    """Host-side cost of one eager op on the GPU machine, by kind: called from Python
+    (`dispatch_s`) or by autograd's engine (`engine_op_s`), plus the driver's launch call
+    for each kernel.
 
     gap_overhead_s: what the recording itself adds to each measured gap between two ops (the
     way into and out of the scan's dispatch hook, and the eager call's own Python before it,
     which dispatch_s already counts); taken off every gap, never below zero.
     """
 
-    dispatch_s: float
+    dispatch_s: float = PYTHON_OP_S
     launch_api_s: float = CUDA_LAUNCH_API_S
     gap_overhead_s: float = 0.0
+    engine_op_s: float = ENGINE_OP_S
 
     def python_s(self, measured_gap_s: float) -> float:
         """The user's own Python in a measured gap between two recorded events."""
         return max(0.0, measured_gap_s - self.gap_overhead_s)
 
     def op_cost_s(self, op: OpRecord, runs_on_host: bool) -> float:
-        """Host time to issue one op; a host-only op costs what it measured on this machine."""
+        """Host time to issue one op; a host-only op costs what its CPU kernel took on this
+        machine (the whole recorded interval where the kernel was not timed apart)."""
         if runs_on_host:
-            return max(0.0, op.end_s - op.host_start_s)
-        return self.dispatch_s + (self.launch_api_s if op.kernel else 0.0)
+            return op.kernel_s if op.cpu_start_s is not None else max(
+                0.0, op.end_s - op.host_start_s)
+        issue = self.engine_op_s if op.from_engine else self.dispatch_s
+        return issue + (self.launch_api_s if op.kernel else 0.0)
 
     def read_cost_s(self, sync: SyncPoint) -> float:
         """Host time to issue a read (the copy's launch) before it starts waiting."""

@@ -43,7 +43,9 @@ class SitePrediction:
 
 @dataclass(frozen=True)
 class StepPrediction:
-    """One step: its predicted length, the device's busy fraction, what bounds it."""
+    """One step: its predicted length, the device's busy fraction, what bounds it and why (the
+    host's own work, of it the user's Python, and the device's), and its length with every
+    read removed (sync_free_step_ms: what removing all of its syncs would leave)."""
 
     index: int
     predicted_step_ms: float
@@ -51,11 +53,17 @@ class StepPrediction:
     bound: str
     predicted_stall_ms: float
     timeline: StepTimeline
+    host_ms: float = 0.0
+    python_ms: float = 0.0
+    device_ms: float = 0.0
+    sync_free_step_ms: float = 0.0
 
     def to_dict(self) -> dict:
         return {"index": self.index, "predicted_step_ms": self.predicted_step_ms,
                 "gpu_busy": self.gpu_busy, "bound": self.bound,
-                "predicted_stall_ms": self.predicted_stall_ms}
+                "predicted_stall_ms": self.predicted_stall_ms, "host_ms": self.host_ms,
+                "python_ms": self.python_ms, "device_ms": self.device_ms,
+                "sync_free_step_ms": self.sync_free_step_ms}
 
 
 @dataclass(frozen=True)
@@ -90,11 +98,16 @@ class Prediction:
         return events
 
 
-def _step_prediction(step: StepTrace, timeline: StepTimeline) -> StepPrediction:
+def _step_prediction(step: StepTrace, timeline: StepTimeline, gpu: GPU,
+                     host: HostModel) -> StepPrediction:
+    sync_free = simulate(step, gpu, host, drop_sites=frozenset(s.site for s in step.syncs))
     return StepPrediction(index=step.index, predicted_step_ms=_ms(timeline.step_s),
                           gpu_busy=round(timeline.gpu_busy, 4), bound=timeline.bound,
                           predicted_stall_ms=_ms(sum(s.stall_s for s in timeline.stalls)),
-                          timeline=timeline)
+                          timeline=timeline, host_ms=_ms(timeline.host_work_s),
+                          python_ms=_ms(timeline.python_s),
+                          device_ms=_ms(timeline.device_busy_s),
+                          sync_free_step_ms=_ms(sync_free.step_s))
 
 
 def _site_ops(steps: Iterable[StepTrace]) -> dict[str, str]:
@@ -134,7 +147,8 @@ def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
     sites = [_site_prediction(site, op, steps, timelines, gpu, host)
              for site, op in _site_ops(steps).items()]
     sites.sort(key=lambda s: (-s.payoff_ms, -s.predicted_stall_ms))
-    per_step = tuple(_step_prediction(st, tl) for st, tl in zip(steps, timelines, strict=True))
+    per_step = tuple(_step_prediction(st, tl, gpu, host)
+                     for st, tl in zip(steps, timelines, strict=True))
     return Prediction(gpu=gpu, host=host, sites=tuple(sites), steps=per_step)
 
 

@@ -7,6 +7,8 @@ virtual device and the model can run after the user's code has finished.  Host t
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 
 # Element sizes by dtype name (str(torch.dtype) without the "torch." prefix), so that the model
@@ -34,14 +36,12 @@ class TensorMeta:
     contiguous: bool = True
     device: str = "cuda"
 
-    @property
+    # cached: the timeline asks for every op's bytes once per simulation (several per step)
+    @functools.cached_property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         return self.numel * itemsize(self.dtype)
 
@@ -59,6 +59,15 @@ class OpRecord:
     math: the math mode the op would run in on CUDA ("tf32", "bf16", "fp32", ...; "none" for ops
     with no FLOPs counted).
     kernel: whether it launches device work (views, metadata and allocations do not).
+    from_engine: dispatched by autograd's engine in backward (C++, no Python call of its own).
+    cpu_start_s / cpu_end_s: the recording thread's CPU clock (`time.thread_time()`) at the
+    same two moments; kernel_s: CPU seconds the recording thread spent in the op's own call on
+    the scanning machine (its CPU kernel: device work on a GPU host, never host time there, but
+    for ops on host tensors; a scan keeps the least of the steps that ran alike).
+    python_s: the user's own Python before this op, as the scan estimated it (scan.py); None:
+    the wall-clock gap since the previous event is taken instead (demos, hand-made traces).
+    switches_start / switches_end: the recording thread's involuntary context switches so far
+    at the two CPU-clock readings (a gap with one in it starts with cold caches).
     """
 
     name: str
@@ -69,12 +78,19 @@ class OpRecord:
     flops: int = 0
     math: str = "none"
     kernel: bool = True
+    from_engine: bool = False
+    cpu_start_s: float | None = None
+    cpu_end_s: float | None = None
+    kernel_s: float = 0.0
+    python_s: float | None = None
+    switches_start: int | None = None
+    switches_end: int | None = None
 
     @property
     def end_s(self) -> float:
         return self.host_start_s if self.host_end_s is None else self.host_end_s
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
         """Bytes the kernel reads and writes: every input and output once (no cache reuse)."""
         return sum(t.nbytes for t in self.inputs) + sum(t.nbytes for t in self.outputs)
@@ -92,6 +108,8 @@ class SyncPoint:
     nothing (torch.cuda.synchronize, Event/Stream.synchronize, a copy from pageable host memory:
     that copy is itself an OpRecord, queued before the wait).
     Ops whose host_start_s is <= host_s were queued before the read.
+    cpu_start_s / cpu_end_s, python_s, switches_start / switches_end: as OpRecord's (the
+    scan's own work recording the read lies between the two clocks' readings).
     """
 
     site: str
@@ -99,6 +117,11 @@ class SyncPoint:
     op: str = "item"
     host_end_s: float | None = None
     nbytes: int = 8
+    cpu_start_s: float | None = None
+    cpu_end_s: float | None = None
+    python_s: float | None = None
+    switches_start: int | None = None
+    switches_end: int | None = None
 
     @property
     def end_s(self) -> float:
@@ -110,6 +133,8 @@ class StepTrace:
     """One training step: its ops and reads, and optionally when it began and ended (host clock).
 
     start_s defaults to the first op or read; end_s to the last one's end (no Python after it).
+    tail_python_s: the user's Python after the last event, where the scan estimated its events'
+    Python (their python_s); None: the wall-clock time to end_s.
     """
 
     ops: tuple[OpRecord, ...] = ()
@@ -117,6 +142,7 @@ class StepTrace:
     start_s: float | None = None
     end_s: float | None = None
     index: int = field(default=0)
+    tail_python_s: float | None = None
 
     def first_s(self) -> float:
         if self.start_s is not None:

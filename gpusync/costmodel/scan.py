@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any, Callable
@@ -26,8 +27,16 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpusync.costmodel.adapter import record_op
 from gpusync.costmodel.annotate import annotate, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
-from gpusync.costmodel.host import HostModel, calibrate_host, median_gap_s
+from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.own_time import (
+    STEP_CALLS,
+    TRACKER_HOOKS,
+    OwnTime,
+    thread_clock,
+    timing_layers,
+)
 from gpusync.costmodel.predict import Prediction, predict_steps
+from gpusync.costmodel.python_time import GapBaseline, python_by_event, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 from gpusync.report import Report, SiteKey
 
@@ -44,19 +53,36 @@ class OpStream(TorchDispatchMode):
         self.ops: list[OpRecord] = []
         # which tensors stand for device tensors: the session's residency, once attached
         self.on_device: Callable[[torch.Tensor], bool] = lambda t: True
+        # the CPU clock is per thread: only this one's gaps are the user's Python
+        self.owner = threading.get_ident()
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # As detect/dispatch.py's mode: torch would wrap __torch_dispatch__ in
+        # torch._disable_dynamo, which imports torch._dynamo on the first op (about a second of
+        # CPU: most of what --gpu added to a small script's run) and adds two Python calls to
+        # every op; this mode never runs under a compiled region's tracing.
+        return False
 
     def _device(self, t: torch.Tensor) -> str:
         return "cuda" if self.on_device(t) else "cpu"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        start = time.perf_counter()
+        start, (cpu, switches) = time.perf_counter(), thread_clock()
         out = func(*args, **kwargs)
         if func.namespace == "profiler":  # record_function's markers: host bookkeeping only
             return out
+        # the kernel and the gaps on the thread's CPU clock: what else the machine runs
+        # changes neither (on the wall clock, a preempted tiny op looked like a long kernel)
+        took = thread_clock()[0] - cpu
         try:
-            self.ops.append(_placed(record_op(func, args, kwargs, out, host_start_s=start,
-                                              device_of=self._device)))
+            mine = threading.get_ident() == self.owner
+            self.ops.append(_placed(record_op(
+                func, args, kwargs, out, host_start_s=start, device_of=self._device,
+                cpu_start_s=cpu if mine else None, kernel_s=took if mine else 0.0,
+                from_engine=torch._C._current_graph_task_id() != -1,
+                switches_start=switches, clock=thread_clock)))
         except Exception:  # recording must never break the user's op: it just goes unrecorded
             pass
         return out
@@ -71,33 +97,81 @@ def _placed(op: OpRecord) -> OpRecord:
     return op
 
 
-def stream_gap_s(calls: int = 300) -> float:
-    """The gap OpStream measures between back-to-back tiny ops with no Python between them:
-    its own cost outside each op's interval (HostModel.gap_overhead_s)."""
-    a = torch.ones(1)
+def _median_cpu_gap(ops: Sequence[OpRecord], after: Callable[[OpRecord], bool]) -> float:
+    gaps = sorted((nxt.cpu_start_s or 0.0) - (op.cpu_end_s or 0.0)
+                  for op, nxt in zip(ops[:-1], ops[1:], strict=True) if after(op))
+    return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
+
+
+def gap_baseline(calls: int = 200, long_kernels: int = 12) -> GapBaseline:
+    """The CPU time OpStream measures between two ops with no Python between them: after a
+    tiny op (its own way in and out) and after a long CPU kernel (the caches it left cold).
+    Measured before the session installs, on the same thread the scan records."""
+    a, big = torch.ones(1), torch.ones(384, 384)
     stream = OpStream()
     with stream:
         for _ in range(calls):
             torch.add(a, a)
-    return max(0.0, median_gap_s(stream.ops[calls // 10:]))  # past the one-off set-up
+        for _ in range(long_kernels):
+            torch.mm(big, big)
+            torch.add(a, a)
+    light = _median_cpu_gap(stream.ops[calls // 10:calls], lambda o: True)
+    heavy = _median_cpu_gap(stream.ops[calls:], lambda o: o.name == "aten.mm.default")
+    return GapBaseline(light_s=light, heavy_s=max(light, heavy))
 
 
 class CostScan:
     """One scan's recording: the GPU, the host model, the op stream and, once attached, the
     session (its clock, events and step boundaries)."""
 
-    def __init__(self, gpu: GPU, host: HostModel):
+    def __init__(self, gpu: GPU, host: HostModel, baseline: GapBaseline | None = None):
         self.gpu, self.host = gpu, host
+        self.baseline = baseline or GapBaseline(light_s=host.gap_overhead_s,
+                                                heavy_s=host.gap_overhead_s)
         self.stream = OpStream()
         self.session: Any = None
         self.prediction: Prediction | None = None
+        # id(SyncEvent) -> the recording thread's thread_clock() before and after recording it
+        self.sync_clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] = {}
+        self.own = OwnTime(self.stream.owner)
+        self._timed: Any = None
 
     def attach(self, session: Any) -> None:
-        """The scan's session (run_scan's on_session): residency from its detector."""
+        """The scan's session (run_scan's on_session): residency from its detector, and its
+        recorder timed (the stack walk and record of each sync are the scan's, not the
+        user's)."""
         self.session = session
         detector = getattr(session, "detector", None)
         if detector is not None:
             self.stream.on_device = detector.host.on_device
+        recorder = getattr(session, "recorder", None)
+        if recorder is not None and self._timed is None:
+            self._timed = recorder
+            recorder.record = self._timing(recorder.record)
+        tracker = getattr(session, "tracker", None)
+        if tracker is not None:
+            self.own.layer(tracker, TRACKER_HOOKS)
+            self.own.layer(tracker.steps, STEP_CALLS)
+
+    def detach(self) -> None:
+        """The session's objects as they were: their own methods back."""
+        if self._timed is not None:
+            self._timed.__dict__.pop("record", None)
+            self._timed = None
+        self.own.undo()
+
+    def _timing(self, record: Callable[..., Any]) -> Callable[..., Any]:
+        clocks, owner = self.sync_clocks, self.stream.owner
+
+        def timed(label: str, skip: int = 2, *args: Any, **kwargs: Any) -> Any:
+            before = thread_clock()
+            # one frame more between the caller and the stack walk: skip it too
+            event = record(label, skip + 1, *args, **kwargs)
+            if event is not None and threading.get_ident() == owner:
+                clocks[id(event)] = (before, thread_clock())
+            return event
+
+        return timed
 
     def predict(self, report: Report) -> Prediction | None:
         """The measured steps of `report` (the session's) predicted."""
@@ -108,7 +182,8 @@ class CostScan:
         # the outcome's: the last step ends where what runs after it begins
         starts = list(session.outcome().step_starts)
         traces = step_traces(list(session.events), self.stream.ops, starts, range(first, end),
-                             t0=session.tracker.t0)
+                             t0=session.tracker.t0, clocks=self.sync_clocks,
+                             baseline=self.baseline, own=self.own)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None
         return self.prediction
 
@@ -123,12 +198,17 @@ class CostScan:
 @contextlib.contextmanager
 def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan]:
     """While inside, every op is recorded; attach the scan's session with CostScan.attach.
-    The host cost is calibrated here, before the session patches anything."""
+    The recorder's own gaps are measured here, before the session patches anything."""
     gpu = get_gpu(gpu_name)
-    host = host or calibrate_host()
-    scan = CostScan(gpu, dataclasses.replace(host, gap_overhead_s=stream_gap_s()))
-    with cheap_frees(), scan.stream:
-        yield scan
+    with cheap_frees():
+        baseline = gap_baseline()
+        scan = CostScan(gpu, dataclasses.replace(host or HostModel(),
+                                                 gap_overhead_s=baseline.light_s), baseline)
+        try:
+            with timing_layers(scan.own), scan.stream:
+                yield scan
+        finally:
+            scan.detach()
 
 
 # glibc's mallopt parameters and defaults (malloc.h): M_TRIM_THRESHOLD, M_MMAP_THRESHOLD
@@ -178,21 +258,39 @@ def measured_steps(steps: int, warmup: int) -> tuple[int, int]:
     return (warmup if steps > warmup else 0), steps
 
 
-def sync_point(event: Any, t0_shift: float = 0.0) -> SyncPoint:
-    """A SyncEvent (its `ts` on the session's clock) as the model's read."""
+def sync_point(event: Any, t0_shift: float = 0.0,
+               clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] | None = None
+               ) -> SyncPoint:
+    """A SyncEvent (its `ts` on the session's clock) as the model's read; `clocks`: the
+    recording thread's CPU clock around its recording, by id(event) (CostScan.sync_clocks)."""
     key = SiteKey.of_event(event).named
     waits = any(w in event.op for w in _PURE_WAITS)
-    return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8)
+    found = (clocks or {}).get(id(event))
+    if found is None:
+        return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8)
+    (cpu, switches), (cpu_end, switches_end) = found
+    return SyncPoint(key, host_s=event.ts + t0_shift, op=event.op, nbytes=0 if waits else 8,
+                     cpu_start_s=cpu, cpu_end_s=cpu_end, switches_start=switches,
+                     switches_end=switches_end)
 
 
 def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Sequence[float],
-                steps: range, t0: float = 0.0) -> list[StepTrace]:
+                steps: range, t0: float = 0.0,
+                clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] | None = None,
+                baseline: GapBaseline | None = None,
+                own: OwnTime | None = None) -> list[StepTrace]:
     """The given steps' ops and reads.  events: SyncEvents with `ts` (seconds on the session's
     clock); ops: OpRecords on perf_counter's clock, which is the session's plus t0;
     step_starts: when step k+1 began, on the session's clock (Steps.times).  Step k runs from
-    starts[k] (0 for the first) to starts[k+1] (open for the last)."""
+    starts[k] (0 for the first) to starts[k+1] (open for the last).
+    With a `baseline`, each event's Python is estimated from the CPU clocks
+    (python_time.with_python; `clocks` as for sync_point; `own`: gpusync's own work, left
+    out) and steps that ran alike are steadied; without one, the timeline takes the wall-clock
+    gaps."""
     starts = [0.0, *step_starts]
-    reads = sorted((sync_point(e) for e in events), key=lambda s: s.host_s)
+    reads = sorted((sync_point(e, clocks=clocks) for e in events), key=lambda s: s.host_s)
+    # estimated for the whole run (gaps need every event), given to the measured steps' only
+    python = python_by_event([*ops, *reads], baseline, own)[0] if baseline is not None else None
     read_times = [s.host_s for s in reads]
     ordered = sorted(ops, key=lambda o: o.host_start_s)
     op_times = [o.host_start_s - t0 for o in ordered]
@@ -205,13 +303,20 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
             bisect.bisect_left(op_times, end) if end is not None else len(op_times))
         rlo, rhi = bisect.bisect_left(read_times, start), (
             bisect.bisect_left(read_times, end) if end is not None else len(read_times))
-        step_ops = tuple(_shifted(o, t0) for o in ordered[lo:hi])
-        traces.append(StepTrace(ops=step_ops, syncs=tuple(reads[rlo:rhi]), start_s=start,
-                                end_s=end, index=k))
-    return traces
+        step_ops = tuple(_shifted(o, t0, python) for o in ordered[lo:hi])
+        step_reads = tuple(reads[rlo:rhi]) if python is None else tuple(
+            dataclasses.replace(r, python_s=python.get(id(r), 0.0)) for r in reads[rlo:rhi])
+        # estimated: the Python after a step's last event is the next event's
+        traces.append(StepTrace(ops=step_ops, syncs=step_reads, start_s=start,
+                                end_s=end, index=k,
+                                tail_python_s=None if baseline is None else 0.0))
+    return steadied(traces) if baseline is not None else traces
 
 
-def _shifted(op: OpRecord, t0: float) -> OpRecord:
-    """An op on the session's clock."""
+def _shifted(op: OpRecord, t0: float, python: dict[int, float] | None = None) -> OpRecord:
+    """An op on the session's clock, with its Python where it was estimated."""
     end = op.end_s - t0
-    return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end)
+    if python is None:
+        return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end)
+    return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end,
+                               python_s=python.get(id(op), 0.0))

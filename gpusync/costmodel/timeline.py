@@ -49,6 +49,7 @@ class StepTimeline:
     stalls: tuple[Stall, ...]
     device_spans: tuple[Span, ...]
     stall_spans: tuple[Span, ...]
+    python_s: float = 0.0  # of host_work_s, the user's own Python (the rest issues ops)
 
     @property
     def gpu_busy(self) -> float:
@@ -78,13 +79,19 @@ class _Lanes:
         self.queue_end = 0.0  # when the device finishes everything queued so far
         self.busy = 0.0
         self.stalled = 0.0
+        self.python = 0.0
         self.stalls: list[Stall] = []
         self.device_spans: list[Span] = []
         self.stall_spans: list[Span] = []
 
-    def python_until(self, measured_s: float, resume_s: float) -> None:
-        """The user's Python up to `measured_s` runs as measured; then resume at `resume_s`."""
-        self.host += self.host_model.python_s(measured_s - self.cursor)
+    def python_until(self, measured_s: float, resume_s: float,
+                     python_s: float | None = None) -> None:
+        """The user's Python up to `measured_s` runs as measured (or for `python_s`, the scan's
+        estimate of it, where it has one); then resume at `resume_s`."""
+        python = (self.host_model.python_s(measured_s - self.cursor) if python_s is None
+                  else python_s)
+        self.host += python
+        self.python += python
         self.cursor = max(self.cursor, resume_s)
 
     def enqueue(self, name: str, device_s: float) -> None:
@@ -96,13 +103,13 @@ class _Lanes:
         self.device_spans.append(Span(name, start, self.queue_end))
 
     def op(self, op: OpRecord) -> None:
-        self.python_until(op.host_start_s, op.end_s)
+        self.python_until(op.host_start_s, op.end_s, op.python_s)
         host_only = on_host(op)
         self.host += self.host_model.op_cost_s(op, host_only)
         self.enqueue(op.name, device_time_s(op, self.gpu))
 
     def read(self, sync: SyncPoint, dropped: bool) -> None:
-        self.python_until(sync.host_s, sync.end_s)
+        self.python_until(sync.host_s, sync.end_s, sync.python_s)
         if dropped:
             return
         self.host += self.host_model.read_cost_s(sync)
@@ -125,9 +132,9 @@ def simulate(step: StepTrace, gpu: GPU, host: HostModel,
         else:
             lanes.read(event, event.site in drop_sites)
     if step.end_s is not None:
-        lanes.python_until(step.end_s, step.end_s)
+        lanes.python_until(step.end_s, step.end_s, step.tail_python_s)
     step_s = max(lanes.host, lanes.queue_end)
     return StepTimeline(step_s=step_s, device_busy_s=lanes.busy,
                         host_work_s=lanes.host - lanes.stalled, stalls=tuple(lanes.stalls),
                         device_spans=tuple(lanes.device_spans),
-                        stall_spans=tuple(lanes.stall_spans))
+                        stall_spans=tuple(lanes.stall_spans), python_s=lanes.python)

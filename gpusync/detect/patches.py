@@ -23,8 +23,20 @@ _slots: dict[tuple[int, str], Any] = {}
 Layer = Callable[..., Any]
 
 
+# While `scan --gpu` records (costmodel/own_time.py OwnTime.layered): called as
+# own_timer(_layered, layers, call, args, kwargs) to time the layers' own work apart from the
+# call they wrap (gpusync's time between the user's ops is not the user's Python); else None.
+own_timer: Callable[..., Any] | None = None
+
+
 def _through(layers: list[Layer], call: Callable[..., Any], *args, **kwargs):
     """call(*args, **kwargs) through `layers`, the first session's outermost."""
+    if own_timer is not None:
+        return own_timer(_layered, layers, call, args, kwargs)
+    return _layered(layers, call, *args, **kwargs)
+
+
+def _layered(layers: list[Layer], call: Callable[..., Any], *args, **kwargs):
     if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__, .device)
         return layers[0](call, *args, **kwargs)
     for layer in reversed(layers):
@@ -36,7 +48,7 @@ def _calling(layers: list[Layer], original: Any) -> Callable[..., Any]:
     """The function a wrapper runs: `original` through `layers`."""
     @functools.wraps(original)  # its name and doc, as a bound method shows them
     def call(*args, **kwargs):
-        if len(layers) == 1:  # the usual case, and on hot paths (Tensor.__getitem__)
+        if len(layers) == 1 and own_timer is None:  # the usual case, and on hot paths
             return layers[0](original, *args, **kwargs)
         return _through(layers, original, *args, **kwargs)
 

@@ -43,10 +43,19 @@ def headers(report) -> list[str]:
     return HEADERS + (["per rank"] if report.ranks > 1 else [])
 
 
+def stall_cell(site) -> str:
+    """Measured (a GPU run: total over the measured steps), else predicted by --gpu ("~", per
+    step), else "-"."""
+    if site.stall_ms is not None:
+        return f"{site.stall_ms:.3f}"
+    predicted = getattr(site, "predicted_stall_ms", None)
+    return "-" if predicted is None else f"~{predicted:.3f}"
+
+
 def rows(sites):
     for i, s in sites:
         phase = f"hook:{s.hook}" if s.hook else s.phase
-        stall = "-" if s.stall_ms is None else f"{s.stall_ms:.3f}"
+        stall = stall_cell(s)
         # a spawned child's site: its pid by the line
         where = f"{short_path(s.file)}:{s.line}" + (f" (pid {s.process.pid})"
                                                     if s.process is not None else "")

@@ -15,6 +15,7 @@ from tabulate import tabulate
 from .common import numbered, short_path
 
 HEADERS = ["fix", "op", "where", "stall ms/step", "payoff ms/step", "blocks"]
+_NO_GAIN = 0.98  # a sync-free step this close to the step: removing syncs gains nothing
 
 
 def ranked(report) -> list[tuple[int, Any]]:
@@ -27,19 +28,45 @@ def _ms(value: float) -> str:
     return f"{value:.4f}" if value < 0.1 else f"{value:.3f}"
 
 
+def _mean(steps, key: str) -> float:
+    return sum(getattr(s, key) for s in steps) / len(steps)
+
+
 def steps_line(report) -> str:
+    """The predicted step: its length, what bounds it and why, and what removing every sync
+    would leave (only when that is the prediction: "will not speed this step up")."""
     cost = report.cost
     steps = cost.steps if cost is not None else ()
     head = f"predicted on {cost.gpu_name if cost is not None else report.gpu}"
-    if cost is None or not steps:
+    if not steps:
         return head + ": no measured step to predict"
     n = len(steps)
-    step_ms = sum(s.predicted_step_ms for s in steps) / n
-    busy = sum(s.gpu_busy for s in steps) / n
+    step_ms, busy = _mean(steps, "predicted_step_ms"), _mean(steps, "gpu_busy")
     bound = max(("host", "device"), key=lambda b: sum(s.bound == b for s in steps))
-    return (f"{head}: step {_ms(step_ms)} ms, GPU busy {busy:.0%}, {bound}-bound "
-            f"(mean of {n} step(s); host {cost.host_dispatch_us:.1f} us/op "
-            "calibrated on this machine)")
+    host, python, device = (_mean(steps, k) for k in ("host_ms", "python_ms", "device_ms"))
+    why = (f"the host's own work ({_ms(host)} ms: {_ms(python)} ms of your code's Python, "
+           f"{_ms(max(0.0, host - python))} ms issuing ops) "
+           + ("outlasts" if bound == "host" else "is shorter than")
+           + f" the GPU's kernels ({_ms(device)} ms)")
+    free = _mean(steps, "sync_free_step_ms")
+    if free >= _NO_GAIN * step_ms:
+        after = "removing syncs will not speed this step up"
+    else:
+        after = f"without its syncs: {_ms(free)} ms ({1 - free / step_ms:.0%} shorter)"
+    return (f"{head}: step {_ms(step_ms)} ms (mean of {n}), GPU busy {busy:.0%}, "
+            f"{bound}-bound: {why}; {after}")
+
+
+def host_line(report) -> str:
+    """Where the host's figures come from."""
+    cost = report.cost
+    if cost is None:
+        return ""
+    return (f"host: {cost.host_dispatch_us:g} us per op called from Python, "
+            f"{cost.engine_op_us:g} us per op of backward, "
+            f"+ {cost.launch_api_us:g} us per kernel launch (published eager-PyTorch "
+            "figures: docs/cost-model.md); your code's Python as this CPU ran it, on its CPU "
+            "clock, gpusync's own work left out.  stall ms above: ~ predicted per step")
 
 
 def rows(report) -> list[list]:
@@ -51,7 +78,7 @@ def cost_table(report) -> str:
     """The table's cost section ("" without --gpu)."""
     if report.gpu is None:
         return ""
-    out = ["", steps_line(report)]
+    out = ["", steps_line(report), host_line(report)]
     if ranked(report):
         out += ["fixes ranked by payoff (ms per step saved if the sync went away):",
                 tabulate(rows(report), headers=HEADERS, tablefmt="simple")]

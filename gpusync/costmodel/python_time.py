@@ -1,0 +1,163 @@
+"""The user's own Python between two recorded events, from the scan's clocks.
+
+The wall-clock gap between two ops on the scanning machine is not what the GPU machine's host
+would spend there.  It also holds (docs/cost-model.md, "Host time"):
+
+- other processes' time on a loaded machine: the gaps are read on the recording thread's CPU
+  clock (`time.thread_time()`), which stops while the thread waits for a core;
+- gpusync's own work: the dispatch hook's way in and out (`GapBaseline.light_s`, measured on
+  tiny back-to-back ops) and the recording of each sync (its stack walk), which the scan
+  times where it happens and leaves out;
+- the after-effects of a long CPU kernel, or of losing the core to another process: the first
+  Python after it runs with cold caches and TLBs (tens to a hundred microseconds on a VM; on a
+  GPU host the kernel runs on the device and nothing is evicted): the gap after an op whose
+  CPU kernel took at least `HEAVY_S`, or in which the thread was preempted (its involuntary
+  context switches, read with the CPU clock), is measured against `GapBaseline.heavy_s`, the
+  same gap measured after a long kernel with no Python in between.
+
+What is left of each gap is the user's Python (`python_s` on the OpRecord or SyncPoint).
+Steps that ran the same ops and reads are then given, gap by gap, the smallest of their
+estimates, and op by op the smallest CPU kernel time (what an op on host tensors costs): what
+timeit does with repeats, since anything but the code only ever adds time; so one preempted or
+cache-cold step does not stand out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from gpusync.costmodel.own_time import OwnTime
+from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
+
+Event = Union[OpRecord, SyncPoint]
+
+# A CPU kernel that keeps the recording thread this long leaves the caches to the kernel's
+# data: the next gap starts cold.
+HEAVY_S = 200e-6
+_ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
+
+
+@dataclass(frozen=True)
+class GapBaseline:
+    """The CPU time of a gap with no user Python in it, on the scanning machine under the scan:
+    after a short op (light_s) and after a long CPU kernel (heavy_s)."""
+
+    light_s: float = 0.0
+    heavy_s: float = 0.0
+
+
+def _cpu(event: Event) -> tuple[float, float] | None:
+    if event.cpu_start_s is None or event.cpu_end_s is None:
+        return None
+    return event.cpu_start_s, event.cpu_end_s
+
+
+def heavy(event: Event | None) -> bool:
+    return isinstance(event, OpRecord) and event.kernel_s >= HEAVY_S
+
+
+def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, float, bool]]:
+    """(event, CPU gap before it less gpusync's own work in it, whether a long CPU kernel ran
+    since the last gap outside backward), in the recording thread's CPU order; the first
+    event, with nothing before it, is left out."""
+    stamped = sorted((e for e in events if _cpu(e) is not None),
+                     key=lambda e: e.cpu_start_s or 0.0)
+    out = []
+    last_end: float | None = None
+    last_switches: int | None = None
+    cold = False  # a long kernel ran, or the thread lost its core, since the last user gap
+    for event in stamped:
+        start, end = _cpu(event) or (0.0, 0.0)
+        if last_end is not None:
+            mine = own.within(last_end, start) if own is not None and start > last_end else 0.0
+            switched = _switched(last_switches, event.switches_start)
+            out.append((event, max(0.0, start - last_end - mine), cold or switched))
+            cold = cold and _in_engine(event)  # backward's gaps are not the user's: still cold
+        if last_end is None or end >= last_end:
+            last_end, last_switches = end, event.switches_end
+        cold = cold or heavy(event) or _switched(event.switches_start, event.switches_end)
+    return out
+
+
+def _switched(before: int | None, after: int | None) -> bool:
+    """The thread was preempted between two readings: other processes ran on its core."""
+    return before is not None and after is not None and after != before
+
+
+def _low(values: list[float], fallback: float) -> float:
+    """The 10th percentile of enough samples: gaps with nothing of the user's in them."""
+    if len(values) < _ENOUGH:
+        return fallback
+    values = sorted(values)
+    return values[len(values) // 10]
+
+
+def fitted(gaps: list[tuple[Event, float, bool]], fallback: GapBaseline) -> GapBaseline:
+    """The baseline read off the run's own gaps outside backward: the low end of those after a
+    short op and of those after a long kernel (under the session's own hooks, on this run's
+    machine and load), where there are enough of each; else the calibration's."""
+    python_gaps = [(g, after_heavy) for e, g, after_heavy in gaps if not _in_engine(e)]
+    light = _low([g for g, h in python_gaps if not h], fallback.light_s)
+    return GapBaseline(light_s=light,
+                       heavy_s=max(light, _low([g for g, h in python_gaps if h],
+                                               fallback.heavy_s)))
+
+
+def _in_engine(event: Event) -> bool:
+    return isinstance(event, OpRecord) and event.from_engine
+
+
+def python_by_event(events: Sequence[Event], baseline: GapBaseline,
+                    own: OwnTime | None = None) -> tuple[dict[int, float], GapBaseline]:
+    """The user's Python before each event, by id(event), and the baseline used.  An event
+    without CPU times (another thread's) is absent: its thread's Python is not the recording
+    thread's; an op autograd's engine dispatches between two of its own gets 0 (backward runs
+    no Python of the user's but for hooks, which are not counted)."""
+    gaps = _gaps(events, own)
+    base = fitted(gaps, baseline)
+    python: dict[int, float] = {}
+    for event, gap, after_heavy in gaps:
+        python[id(event)] = 0.0 if _in_engine(event) else max(
+            0.0, gap - (base.heavy_s if after_heavy else base.light_s))
+    return python, base
+
+
+def with_python(events: Sequence[Event], baseline: GapBaseline,
+                own: OwnTime | None = None) -> tuple[list[Event], GapBaseline]:
+    """Every event given its python_s (python_by_event; 0 where it has none), and the
+    baseline used."""
+    python, base = python_by_event(events, baseline, own)
+    return [dataclasses.replace(e, python_s=python.get(id(e), 0.0)) for e in events], base
+
+
+def _signature(step: StepTrace) -> tuple:
+    return (tuple(o.name for o in step.ops), tuple(s.site for s in step.syncs))
+
+
+def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
+    """Steps that ran the same ops and reads, each gap given the smallest estimate among them
+    (and each op its smallest CPU kernel time: what a host-only op costs)."""
+    groups: dict[tuple, list[StepTrace]] = {}
+    for step in steps:
+        groups.setdefault(_signature(step), []).append(step)
+    out = []
+    for step in steps:
+        peers = groups[_signature(step)]
+        if len(peers) < 2:
+            out.append(step)
+            continue
+        ops = tuple(dataclasses.replace(o, python_s=_least(p.ops[i] for p in peers),
+                                        kernel_s=min(p.ops[i].kernel_s for p in peers))
+                    for i, o in enumerate(step.ops))
+        syncs = tuple(dataclasses.replace(s, python_s=_least(p.syncs[i] for p in peers))
+                      for i, s in enumerate(step.syncs))
+        out.append(dataclasses.replace(step, ops=ops, syncs=syncs))
+    return out
+
+
+def _least(events) -> float | None:
+    known = [e.python_s for e in events if e.python_s is not None]
+    return min(known) if known else None
