@@ -86,9 +86,26 @@ def script_document(tune) -> dict:
         "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
         "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
         "baseline_noise": _noise(tune.baseline_noise),
-        "settings": settings, "changes": changes, "emit": knobs.emit(changes, tune.builds),
+        "settings": settings, "changes": changes, "emit": _emit(tune, changes),
         "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
         "versions": versions(), "date": time.strftime("%Y-%m-%d")})
+
+
+def _emit(tune, changes: dict) -> dict:
+    """The chosen settings' spelling; `why` says why there is no code to paste."""
+    emit: dict = knobs.emit(changes, tune.builds)
+    emit["why"] = None
+    if not emit["python"]:
+        if changes:
+            emit["why"] = "the chosen settings are environment variables (emit.env)"
+        else:
+            verdict = tune.decision.outcomes.get(UNCHANGED) if tune.decision else None
+            kept = verdict.reason if verdict is not None and verdict.reason else (
+                tune.notes[0] if tune.notes else "no candidate was measured")
+            if kept.startswith("baseline (") and kept.endswith(")"):
+                kept = kept[len("baseline ("):-1]
+            emit["why"] = f"nothing chosen, the script's own settings kept: {kept}"
+    return emit
 
 
 def _noise(noise: float | None) -> float | None:

@@ -185,3 +185,15 @@ def test_a_cpu_run_says_what_it_decides_and_no_pipeline_note_without_a_pipeline(
     assert by[f"{pytorch.PIN}=true"]["p50_ms"] is None
     assert by[f"{pytorch.FUSED}=true"]["p50_ms"] is None
     assert by[f"{pytorch.SET_TO_NONE}=true"]["p50_ms"] is not None
+
+
+def test_with_nothing_chosen_the_json_says_why_there_is_no_code(tuned):
+    import json
+
+    tune, _ = tuned
+    data = json.loads(render_as("tune-script", tune, "json"))
+    assert data["chosen"] == "baseline" and data["emit"]["python"] == ""
+    assert data["emit"]["why"].startswith("nothing chosen, the script's own settings kept: ")
+    assert data["emit"]["why"] != "nothing chosen, the script's own settings kept: "
+    assert render_as("tune-emit", tune, "python").startswith(
+        "# nothing to change: the script's own settings were kept")
