@@ -84,3 +84,14 @@ def test_tune_and_fix_give_the_same_verdict_and_say_what_they_compared(tmp_path,
     pinned = " ".join(kept["dataloader.pin_memory"]["verification"]["parity"])
     assert f"over {steps} steps identical" in pinned
     assert cands["torch.dataloader.pin_memory=true"]["parity"] == "identical"
+
+
+def test_the_grad_scaler_advice_does_not_name_another_optimizer(tmp_path):
+    """An SGD user is not told to use AdamW: the advice names no class but the user's kind."""
+    (tmp_path / "train.py").write_text(AMP.replace("OPTIMIZER", SGD))
+    proc = run_main("scan", "train.py", "--steps", "2", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [site] = [s for s in json.loads(proc.stdout)["sites"]
+              if s["op"] == "item" and s["fix"].startswith("GradScaler")]  # scaler.step(opt)
+    assert "fused=True" in site["fix"] and "AdamW(" not in site["fix"]
+    assert "SGD(..., fused=True) for an SGD" in site["fix"]
