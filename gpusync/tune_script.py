@@ -146,7 +146,7 @@ def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     again = _Again(tune, plan, progress, lead)
     if timed:
         _time_again(tune, plan, progress, lead)
-        again()
+    again()  # baseline_noise: whether the script repeats itself from tune's seeds
     _judge_parity(tune, plan, again)
     noise = tune.baseline_noise = again.noise()
     tune.result, tune.decision = _decide(tune, noise, rule)
@@ -168,6 +168,7 @@ def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
     _note_noise(tune, noise)
     ran = [r for r in tune.runs[1:] if r.status == "run" and r.record is not None]
     base = tune.runs[0].record
+    tune.runs[0].parity = "identical" if base is not None else None  # the reference
     if ran and base is not None:
         _, compared = agree.parity(base, base, agree.Tolerance(plan.tolerance), output=True)
         tune.notes.append(
@@ -183,8 +184,8 @@ def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
 
 
 class _Again:
-    """The baseline's scanned run made again, only when needed (a difference, or a timed
-    tune): whether the script repeats its own results under the same seeds."""
+    """The baseline's scanned run made again, once: whether the script repeats its own
+    results under the same seeds (baseline_noise, and fix's rule for a difference)."""
 
     def __init__(self, tune: ScriptTune, plan: Plan, progress: Progress, lead):
         self.tune, self.plan, self.progress, self.lead = tune, plan, progress, lead
@@ -388,7 +389,7 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
         if verdict is not None:
             decision.outcomes[r.candidate.name] = verdict
         else:  # kept parity, and its speed is not judged here: say why
-            allowed = f"; tolerance: {r.tolerance}" if r.tolerance else ""
+            allowed = f"; tolerance: {r.tolerance}" if r.tolerance not in ("", r.parity) else ""
             r.reason = f"parity kept ({r.parity}{allowed}); {r.candidate.gpu_speed_only}"
     if not (unchanged.record or {}).get("losses"):  # say so, not "results differ (n/a)"
         if NO_LOSSES not in tune.notes:
