@@ -178,8 +178,8 @@ def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
     if plan.mode == "cuda":
         return
     tune.notes.append(CPU_DECIDES.replace("run once, untimed", "ran once, untimed"))
-    untimed = [r for r in tune.runs if r.status == "run" and r.candidate.gpu_speed_only]
-    if any(PIPELINE in r.candidate.changed for r in untimed):
+    if any(r.status == "run" and r.candidate.gpu_speed_only and PIPELINE in r.candidate.changed
+           for r in tune.runs):  # only where a pipeline ran: the note is about its streams
         tune.notes.append(GPU_SPEED_ONLY)
 
 
@@ -206,7 +206,7 @@ class _Again:
         base = self.tune.runs[0].record
         if self.record is None or base is None:
             return None
-        return _loss_diff(base["losses"], self.record["losses"])
+        return agree.loss_diff(base["losses"], self.record["losses"])
 
 
 def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
@@ -219,12 +219,15 @@ def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
     for run in tune.runs[1:]:
         if run.status != "run" or run.record is None or base is None or run.parity:
             continue
+        if not base["losses"]:  # nothing shows it keeps the results (NO_LOSSES says so)
+            run.parity = "no losses"
+            continue
         tol = agree.Tolerance(atol=plan.tolerance, rounding=bool(run.candidate.changed.get(
             FUSED)), option="--tolerance")
         why, _ = agree.judge(base, run.record, again, tol, output=False)
         if why is not None and why.startswith("the script does not repeat"):
             noise = again.noise() or 0.0
-            diff = _loss_diff(base["losses"], run.record["losses"])
+            diff = agree.loss_diff(base["losses"], run.record["losses"])
             allowance = max(plan.tolerance, NOISE_HEADROOM * noise)
             run.parity_kept = diff is not None and diff <= allowance
             run.parity = parity_text(diff)
@@ -440,11 +443,4 @@ NO_LOSSES = ("no losses to compare: the script never called backward() on a one-
              "script as it is")
 
 
-def _loss_diff(base: list[float], other: list[float]) -> float | None:
-    if not base or not other:
-        return None
-    if len(base) != len(other):
-        return math.inf
-    if not all(math.isfinite(x) for x in base + other):
-        return math.inf  # a NaN or Inf loss never matches
-    return max(abs(a - b) for a, b in zip(base, other, strict=True))
+_loss_diff = agree.loss_diff  # its name in tests/unit/test_tune.py

@@ -232,6 +232,18 @@ def judge(base: dict, other: dict, again: Callable[[], dict | None], tolerance: 
                              "to run (timings)"]
 
 
+def loss_diff(base: list[float], other: list[float]) -> float | None:
+    """The largest difference of two runs' losses (tune's allowance for a script that does
+    not repeat itself); inf for another count or a NaN or infinite loss, None without losses."""
+    if not base or not other:
+        return None
+    if len(base) != len(other):
+        return math.inf
+    if not all(math.isfinite(x) for x in base + other):
+        return math.inf  # a NaN or Inf loss never matches
+    return max(abs(a - b) for a, b in zip(base, other, strict=True))
+
+
 def load(path: str) -> dict[str, Any]:
     import torch
 
