@@ -149,7 +149,7 @@ def parity(base: dict, other: dict, tolerance: Tolerance, output: bool) -> tuple
     same = "identical" if exact or (why is None and _difference(
         base, other, 0.0, 0.0, output, False) is None) else "within the tolerance"
     how = " (as backward() got them: scaled by GradScaler)" if base.get("scaled") else ""
-    compared = [f"{len(base['losses'])} losses{how} over {steps(base)} steps {same}"
+    compared = [f"{len(base['losses'])} losses {same}{how}, over {steps(base)} steps"
                 if base["losses"] else "no loss to compare (nothing called backward())",
                 f"{len(base['parameters'])} final parameters {same}" if base["parameters"] else
                 "no parameters to compare (no torch.optim optimizer was built)"]
