@@ -233,10 +233,9 @@ def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
             run.parity = parity_text(diff)
             continue
         run.parity_kept = why is None
-        _, compared = agree.parity(base, run.record, tol, output=True)
         if why is not None:
             run.parity = why.removeprefix("differs from the original: ")
-        elif compared[0].endswith(" identical"):
+        elif agree.parity(base, run.record, agree.Tolerance(), output=True)[0] is None:
             run.parity = "identical"
         else:
             run.parity = tol.text(base)
