@@ -53,6 +53,15 @@ class Verdict:
                 CANNOT_JUDGE: errors.EXIT_CANNOT_JUDGE}[self.status]
 
     @property
+    def headline(self) -> str:
+        """The last line of the text verdict: fewer syncs than recorded fails the gate (exit 1)
+        as a win nobody recorded, not as a regression."""
+        if self.status == REGRESSION and self.only_improvements:
+            return ("unrecorded improvement (fewer syncs than the baseline records: commit "
+                    "the suggested baseline to record it)")
+        return self.status
+
+    @property
     def only_improvements(self) -> bool:
         """Every problem is a win: the suggested baseline records it. A regression is never
         written into a suggestion (that would rubber-stamp it)."""

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import knobs, runs
-from .bench.harness import Measurement, TechniqueResult, max_diff, parity_text
-from .knobs import user
+from .bench.harness import Measurement, TechniqueResult, parity_text
+from .knobs.tuned_file import KIND, load_tuned  # noqa: F401  (gpusync run and fix read it here)
 from .progress import Progress
 from .report import Report
+from .runs import agree
 
 SEED = 0  # every run of every candidate starts from it (runs/candidate_child.seed_everything)
 
@@ -41,6 +43,10 @@ class Run:
     steps_run: int = 0  # whole steps of its timed run (a script may end before the plan does)
     peak_alloc_mb: float | None = None  # GPU only
     peak_reserved_mb: float | None = None
+    record: dict | None = None  # what parity compares, from its scanned run (runs/agree.py)
+    parity: str | None = None  # "identical", the tolerance it kept, or why it differs
+    parity_kept: bool = False
+    tolerance: str = ""  # the tolerance it was judged by, where not "identical"
 
 
 @dataclass
@@ -74,24 +80,44 @@ class Plan:
     timeout: float
     scan_steps: int = 3
     extra: tuple = ()  # the user's own knobs (knobs.user)
+    folder: str = ""  # where the scanned runs' records are written (a temporary folder)
+    tolerance: float = 0.0  # --tolerance, for parity (runs/agree.py)
 
     @property
     def steps_needed(self) -> int:
         """Whole steps a timed run goes through."""
         return self.warmup + self.block * self.repeats
 
-    def job(self, settings: dict, scan: bool) -> runs.CandidateJob:
+    def job(self, settings: dict, scan: bool, record: str | None = None) -> runs.CandidateJob:
         steps = self.scan_steps if scan else self.block * self.repeats
         return runs.CandidateJob(target=self.target, mode=self.mode, warmup=self.warmup,
                                  steps=steps, block=self.block, settings=settings, scan=scan,
-                                 script_args=tuple(self.script_args), seed=SEED)
+                                 script_args=tuple(self.script_args), seed=SEED, record=record)
+
+    def record(self) -> str:
+        return os.path.join(self.folder, f"{len(os.listdir(self.folder))}-record.pt")
 
 
 def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
                 ) -> ScriptTune:
     """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain. Under torchrun,
     `lead` (runs.Lockstep) runs each candidate on every rank."""
+    import tempfile
+
     progress = progress or Progress("gpusync tune")
+    if plan.mode != "cuda":
+        progress.note(CPU_DECIDES)
+    with tempfile.TemporaryDirectory(prefix="gpusync-tune-") as folder:
+        plan = dataclasses.replace(plan, folder=folder, tolerance=rule["tolerance"])
+        return _tune(plan, rule, progress, lead)
+
+
+CPU_DECIDES = ("no GPU: this run decides parity and syncs per step (exact on the virtual CUDA "
+               "device); speed only on a GPU, so the candidates whose gain is a GPU's run "
+               "once, untimed")
+
+
+def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     tune = _discover(plan, progress, lead)
     if len(tune.runs) == 1:  # nothing to compare: no need to time the script
         tune.notes.append("nothing to tune: the script builds nothing gpusync has knobs for (a "
@@ -106,29 +132,115 @@ def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=N
             r.status, r.reason = "not_applicable", r.candidate.not_applicable
         elif r.candidate.unavailable:
             r.status, r.reason = "not_run", r.candidate.unavailable
-    plan = _measure_baseline(tune, todo, plan, progress, lead)
-    if todo[0].status == "failed":  # nothing can be compared with it
-        progress.close()
-        return tune
-    for k, run in enumerate(todo[1:], 2):
-        _measure(run, k, len(todo), plan, progress, lead)
-    noise = tune.baseline_noise = _noise(tune, plan, progress, lead)
-    tune.result, tune.decision = _decide(tune, noise, rule)
     cuda = plan.mode == "cuda"
+    timed = [r for r in todo[1:] if cuda or not r.candidate.gpu_speed_only]
+    if timed:
+        plan = _measure_baseline(tune, todo, plan, progress, lead)
+        if todo[0].status == "failed":  # nothing can be compared with it
+            progress.close()
+            return tune
+    else:  # nothing this device can time: the scanned run is the baseline's one run
+        todo[0].status, todo[0].steps_run = "run", plan.warmup + plan.scan_steps
+    for k, run in enumerate(todo[1:], 2):
+        _measure(run, k, len(todo), plan, progress, lead, timed=run in timed)
+    again = _Again(tune, plan, progress, lead)
+    if timed:
+        _time_again(tune, plan, progress, lead)
+    again()  # baseline_noise: whether the script repeats itself from tune's seeds
+    _judge_parity(tune, plan, again)
+    noise = tune.baseline_noise = again.noise()
+    tune.result, tune.decision = _decide(tune, noise, rule)
     extra = knobs.combined(_group_winners(tune, plan.extra), tune.builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
         run = Run(extra)
         tune.runs.append(run)
         _measure(run, 1, 1, plan, progress, lead)
+        _judge_parity(tune, plan, again)
         tune.result, tune.decision = _decide(tune, noise, rule)
     progress.close()
-    _note_noise(tune, noise)
-    if not cuda:
-        tune.notes.append("no GPU: step times are CPU times and host stalls are not measured; "
-                          "parity and syncs per step are exact")
-        if any(r.candidate.gpu_speed_only and r.status == "run" for r in tune.runs):
-            tune.notes.append(GPU_SPEED_ONLY)
+    _notes(tune, noise, plan)
     return tune
+
+
+def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
+    from .knobs.torchrec import PIPELINE
+
+    _note_noise(tune, noise)
+    ran = [r for r in tune.runs[1:] if r.status == "run" and r.record is not None]
+    base = tune.runs[0].record
+    tune.runs[0].parity = "identical" if base is not None else None  # the reference
+    if ran and base is not None:
+        _, compared = agree.parity(base, base, agree.Tolerance(plan.tolerance), output=True)
+        tune.notes.append(
+            f"parity (the check gpusync fix makes): {'; '.join(compared)}, in each "
+            f"candidate's scanned run (--warmup {plan.warmup} + {plan.scan_steps} steps; "
+            f"gpusync fix --warmup {plan.warmup} --steps {plan.scan_steps} compares the same)")
+    if plan.mode == "cuda":
+        return
+    tune.notes.append(CPU_DECIDES.replace("run once, untimed", "ran once, untimed"))
+    if any(r.status == "run" and r.candidate.gpu_speed_only and PIPELINE in r.candidate.changed
+           for r in tune.runs):  # only where a pipeline ran: the note is about its streams
+        tune.notes.append(GPU_SPEED_ONLY)
+
+
+class _Again:
+    """The baseline's scanned run made again, once: whether the script repeats its own
+    results under the same seeds (baseline_noise, and fix's rule for a difference)."""
+
+    def __init__(self, tune: ScriptTune, plan: Plan, progress: Progress, lead):
+        self.tune, self.plan, self.progress, self.lead = tune, plan, progress, lead
+        self.record: dict | None = None
+        self.ran = False
+
+    def __call__(self) -> dict | None:
+        if not self.ran and self.tune.runs[0].record is not None:
+            self.ran = True
+            self.progress.stage("baseline again: its own run-to-run difference (parity)")
+            path = self.plan.record()
+            _, failure = runs.candidate(self.plan.job({}, True, path), self.plan.timeout,
+                                        lead=self.lead)
+            self.record = agree.load(path) if failure is None and os.path.exists(path) else None
+        return self.record
+
+    def noise(self) -> float | None:
+        base = self.tune.runs[0].record
+        if self.record is None or base is None:
+            return None
+        return agree.loss_diff(base["losses"], self.record["losses"])
+
+
+def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
+    """Each run candidate against the baseline: gpusync fix's check (runs/agree.py); a
+    script that does not repeat itself is judged on its losses within 4x its own noise."""
+    from .knobs.pytorch import FUSED
+    from .tune import NOISE_HEADROOM
+
+    base = tune.runs[0].record
+    for run in tune.runs[1:]:
+        if run.status != "run" or run.record is None or base is None or run.parity:
+            continue
+        if not base["losses"]:  # nothing shows it keeps the results (NO_LOSSES says so)
+            run.parity = "no losses"
+            continue
+        tol = agree.Tolerance(atol=plan.tolerance, rounding=bool(run.candidate.changed.get(
+            FUSED)), option="--tolerance")
+        why, _ = agree.judge(base, run.record, again, tol, output=False)
+        if why is not None and why.startswith("the script does not repeat"):
+            noise = again.noise() or 0.0
+            diff = agree.loss_diff(base["losses"], run.record["losses"])
+            allowance = max(plan.tolerance, NOISE_HEADROOM * noise)
+            run.parity_kept = diff is not None and diff <= allowance
+            run.parity = parity_text(diff)
+            continue
+        run.parity_kept = why is None
+        if why is not None:
+            run.parity = why.removeprefix("differs from the original: ")
+        elif agree.parity(base, run.record, agree.Tolerance(), output=True)[0] is None:
+            run.parity = "identical"
+        else:
+            run.parity = tol.text(base)
+        if tol.rounding:  # say what was allowed even when nothing needed it
+            run.tolerance = tol.text(base)
 
 
 GPU_SPEED_ONLY = ("the pipelines that overlap work on CUDA streams ran on the virtual CUDA "
@@ -156,7 +268,8 @@ def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
     command = "gpusync tune " + shlex.join([plan.target, *(["--", *plan.script_args]
                                                            if plan.script_args else [])])
     progress.stage("baseline: discovering what the script builds (scanned run)")
-    base_scan, failure = runs.candidate(plan.job({}, True), plan.timeout, lead=lead)
+    path = plan.record()
+    base_scan, failure = runs.candidate(plan.job({}, True, path), plan.timeout, lead=lead)
     if failure:
         from .errors import UserCodeError
 
@@ -166,6 +279,7 @@ def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
     tune = ScriptTune(plan.target, command, "cuda" if cuda else "cpu", base_scan.builds,
                       [Run(c) for c in cands], block=plan.block)
     tune.runs[0].report = base_scan.report
+    tune.runs[0].record = agree.load(path) if os.path.exists(path) else None
     return tune
 
 
@@ -185,17 +299,15 @@ def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: P
     return plan
 
 
-def _noise(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> float | None:
-    """The baseline against itself: how far its losses move from run to run."""
+def _time_again(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> None:
+    """The baseline timed again after the candidates: a machine whose speed drifted cannot
+    make a win."""
     if tune.runs[0].status != "run":
-        return None
-    progress.stage("baseline again: its own run-to-run difference (parity allowance)",
-                   plan.steps_needed)
+        return
+    progress.stage("baseline timed again (the machine's drift)", plan.steps_needed)
     again, failure = runs.candidate(plan.job({}, False), plan.timeout, progress, lead)
-    if failure is not None:
-        return None
-    tune.baseline_again_ms = list(again.samples_ms)
-    return max_diff(tune.runs[0].losses or None, again.losses or None)
+    if failure is None:
+        tune.baseline_again_ms = list(again.samples_ms)
 
 
 def _fit(plan: Plan, steps_run: int) -> Plan | None:
@@ -205,28 +317,38 @@ def _fit(plan: Plan, steps_run: int) -> Plan | None:
     return None if block < 1 or block >= plan.block else dataclasses.replace(plan, block=block)
 
 
-def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None) -> None:
+def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None,
+             timed: bool = True) -> None:
+    """Timed without detection (when this device can time it), then scanned, recording
+    what parity compares."""
     name = run.candidate.name
     # the candidates before this one took about as long as each one left will
     left = f", about {progress.elapsed() / (k - 1) * (n - k + 1):.0f}s left" if k > 1 else ""
-    progress.stage(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps"
-                   f"{left}", plan.steps_needed)
-    timed, failure = runs.candidate(plan.job(run.candidate.settings, False), plan.timeout,
-                                    progress, lead)
-    tail = timed.output
+    failure, tail = None, ""
+    if timed:
+        progress.stage(f"candidate {k}/{n} {name}: timing {plan.repeats} x {plan.block} steps"
+                       f"{left}", plan.steps_needed)
+        measured, failure = runs.candidate(plan.job(run.candidate.settings, False),
+                                           plan.timeout, progress, lead)
+        tail = measured.output
     if failure is None and run.report is None:
-        progress.stage(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps")
-        scanned, failure = runs.candidate(plan.job(run.candidate.settings, True),
+        progress.stage(f"candidate {k}/{n} {name}: scanning {plan.scan_steps} steps"
+                       + ("" if timed else f" (its one run on a CPU){left}"))
+        path = plan.record()
+        scanned, failure = runs.candidate(plan.job(run.candidate.settings, True, path),
                                           plan.timeout, lead=lead)
         run.report, tail = scanned.report, scanned.output
+        run.record = agree.load(path) if failure is None and os.path.exists(path) else None
+        if not timed:
+            measured = scanned
     if failure is not None:
         run.status, run.reason, run.output = "failed", failure, tail
         progress.note(f"candidate {k}/{n} {name}: failed: {failure}")
         return
-    run.status, run.samples_ms, run.losses = "run", timed.samples_ms, timed.losses
-    run.steps_run, run.reason = timed.steps_run, ""
-    run.peak_alloc_mb, run.peak_reserved_mb = timed.peak_alloc_mb, timed.peak_reserved_mb
-    if len(run.samples_ms) < plan.repeats:
+    run.status, run.samples_ms, run.losses = "run", measured.samples_ms, measured.losses
+    run.steps_run, run.reason = measured.steps_run, ""
+    run.peak_alloc_mb, run.peak_reserved_mb = measured.peak_alloc_mb, measured.peak_reserved_mb
+    if timed and len(run.samples_ms) < plan.repeats:
         run.status, run.reason = "failed", (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: it ran {run.steps_run} "
             f"whole steps and needs {plan.steps_needed} (--warmup + --repeats x --steps)")
@@ -249,34 +371,29 @@ def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
 
 
 def _decide(tune: ScriptTune, noise: float | None, rule: dict):
-    from .profiles import Candidate
-    from .tune import CandidateVerdict, Status
+    """Parity is _judge_parity's; speed is tune.decide's, among the timed candidates (a CPU
+    times none whose gain is a GPU's: those keep their parity verdict, never chosen)."""
+    from .tune import CandidateVerdict, Decision, Status
 
-    measured = [r for r in tune.runs if r.status == "run"]
-    if not measured or measured[0] is not tune.runs[0]:
+    ran = [r for r in tune.runs if r.status == "run"]
+    if not ran or ran[0] is not tune.runs[0]:
         return None, None
-    unchanged = measured[0]  # the script as it is
-    variants = []
-    for r in measured:
-        diff = _loss_diff(unchanged.losses, r.losses)
-        variants.append(Measurement(
-            name=r.candidate.name, samples_ms=r.samples_ms,
-            syncs_per_step=r.report.syncs_per_step if r.report is not None else math.nan,
-            syncs_by_phase=dict(r.report.syncs_by_phase) if r.report is not None else {},
-            peak_alloc_mb=r.peak_alloc_mb,
-            peak_reserved_mb=r.peak_reserved_mb, max_diff=diff,
-            parity=parity_text(diff) if unchanged.losses and r.losses else "no losses"))
-    result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
-                             steps=tune.block, repeats=len(unchanged.samples_ms),
-                             reference_noise=noise)
-    cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
-             for r in measured}
-    decision = _speed_decision(result, cands, rule, tune.baseline_again_ms or None,
-                               {r.candidate.name for r in measured if r.candidate.gpu_speed_only})
-    for r in measured:  # kept parity, and its speed is not judged here: say why
-        if r.candidate.gpu_speed_only and r.candidate.name not in decision.outcomes:
-            r.reason = f"parity kept; {r.candidate.gpu_speed_only}"
-    if not unchanged.losses:  # say so, rather than "results differ from the baseline (n/a)"
+    unchanged = ran[0]  # the script as it is
+    result, decision = None, Decision(unchanged.candidate.name, {
+        unchanged.candidate.name: CandidateVerdict(Status.CHOSEN, "baseline (no candidate "
+                                                   "this device can time)")})
+    if unchanged.samples_ms:
+        result, decision = _timed_decision(tune, [r for r in ran if r.samples_ms], noise, rule)
+    for r in ran[1:]:
+        if r.samples_ms or r.candidate.name in decision.outcomes:
+            continue
+        verdict = _untimed_verdict(r, rule["allow_approximate"])
+        if verdict is not None:
+            decision.outcomes[r.candidate.name] = verdict
+        else:  # kept parity, and its speed is not judged here: say why
+            allowed = f"; tolerance: {r.tolerance}" if r.tolerance not in ("", r.parity) else ""
+            r.reason = f"parity kept ({r.parity}{allowed}); {r.candidate.gpu_speed_only}"
+    if not (unchanged.record or {}).get("losses"):  # say so, not "results differ (n/a)"
         if NO_LOSSES not in tune.notes:
             tune.notes.append(NO_LOSSES)
         for name, verdict in decision.outcomes.items():
@@ -286,24 +403,38 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     return result, decision
 
 
-def _speed_decision(result, cands: dict, rule: dict, again_ms, gpu_only: set[str]):
-    """tune.decide's choice among the candidates whose speed this device can tell; those it
-    cannot (stream overlap on a CPU) keep decide's parity verdict, or say why they are not
-    judged for speed, and are never chosen."""
+def _untimed_verdict(run: Run, allow_approximate: bool):
+    from .tune import CandidateVerdict, Status
+
+    if run.parity_kept:
+        return None
+    if not run.candidate.approximate:
+        return CandidateVerdict(Status.DIFFERS, f"results differ from the baseline ({run.parity})")
+    if not allow_approximate:
+        return CandidateVerdict(Status.NOT_CONSIDERED, f"approximate ({run.parity}); "
+                                "--allow-approximate to consider it")
+    return None
+
+
+def _timed_decision(tune: ScriptTune, timed: list[Run], noise: float | None, rule: dict):
+    from .profiles import Candidate
     from .tune import decide
 
-    if not gpu_only:
-        return decide(result, cands, **rule, again_ms=again_ms)
-    timed = dataclasses.replace(result, variants=[m for m in result.variants
-                                                  if m.name not in gpu_only])
-    decision = decide(timed, cands, **rule, again_ms=again_ms)
-    judged = decide(result, cands, **rule, again_ms=again_ms)  # the parity of every candidate
-    for name in gpu_only:
-        verdict = judged.outcomes[name]
-        if verdict.status.rejected:  # its results differ, or it is approximate
-            decision.outcomes[name] = verdict
-        # else no speed verdict: its Run's reason says why (_decide)
-    return decision
+    unchanged = timed[0]
+    variants = [Measurement(
+        name=r.candidate.name, samples_ms=r.samples_ms,
+        syncs_per_step=r.report.syncs_per_step if r.report is not None else math.nan,
+        syncs_by_phase=dict(r.report.syncs_by_phase) if r.report is not None else {},
+        peak_alloc_mb=r.peak_alloc_mb, peak_reserved_mb=r.peak_reserved_mb,
+        max_diff=0.0 if r is unchanged or r.parity_kept else math.inf,
+        parity="identical" if r is unchanged else (r.parity or "no record")) for r in timed]
+    result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
+                             steps=tune.block, repeats=len(unchanged.samples_ms),
+                             reference_noise=noise)
+    cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
+             for r in timed}
+    return result, decide(result, cands, **{**rule, "tolerance": 0.0},
+                          again_ms=tune.baseline_again_ms or None)
 
 
 NO_LOSSES = ("no losses to compare: the script never called backward() on a one-element "
@@ -311,62 +442,4 @@ NO_LOSSES = ("no losses to compare: the script never called backward() on a one-
              "script as it is")
 
 
-def _loss_diff(base: list[float], other: list[float]) -> float | None:
-    if not base or not other:
-        return None
-    if len(base) != len(other):
-        return math.inf
-    if not all(math.isfinite(x) for x in base + other):
-        return math.inf  # a NaN or Inf loss never matches
-    return max(abs(a - b) for a, b in zip(base, other, strict=True))
-
-
-# -- the tuned-settings file, read back by `gpusync run` -----------------------------------------
-KIND = "gpusync-tune"
-
-
-def load_tuned(path: str) -> dict:
-    """The settings of a file written by `gpusync tune -o`."""
-    from . import yamlfile
-    from .errors import BadInput
-    from .fileio import read_user_file
-
-    data = yamlfile.load(read_user_file(path, "tuned settings", limit=yamlfile.MAX_BYTES),
-                         f"tuned settings {path}")
-    from .schemas import VERSIONS
-
-    if not isinstance(data, dict) or data.get("kind") != KIND:
-        raise BadInput(f"{path} was not written by gpusync tune -o")
-    readable = range(1, VERSIONS[KIND] + 1)  # `settings` is as version 1 wrote it (2 added
-    # baseline_noise, which `gpusync run` does not read): a file tuned before stays usable
-    version = data.get("schema_version")
-    if type(version) is not int or version not in readable:  # YAML's `true` is no version
-        raise BadInput(f"{path} has schema_version {version!r}; this gpusync reads "
-                       f"{', '.join(map(str, readable))}")
-    settings = data.get("settings")
-    known = {k.name: k for k in knobs.registry()}
-    if not isinstance(settings, dict):
-        raise BadInput(f"{path}: 'settings' must be a mapping of knob to value")
-    for name, value in settings.items():
-        if isinstance(name, str) and name.startswith((user.ENV, user.ARG)):
-            _check_user_knob(path, name, value)
-            continue
-        if name not in known:
-            raise BadInput(f"{path}: unknown knob '{name}' (known: {', '.join(sorted(known))})")
-        if value not in known[name].values:
-            raise BadInput(f"{path}: knob '{name}' cannot be {value!r} "
-                           f"(one of {', '.join(map(repr, known[name].values))})")
-    return settings
-
-
-def _check_user_knob(path: str, name: str, value) -> None:
-    """A hand-edited env:/arg: setting: a name a shell takes, and a string value (YAML reads
-    `1` as a number, `010` as 8 and `yes` as true: gpusync will not guess what was meant)."""
-    from .errors import BadInput
-
-    why = user.bad_name(name)
-    if why:
-        raise BadInput(f"{path}: knob '{name}': {why}")
-    if not isinstance(value, str):
-        raise BadInput(f"{path}: knob '{name}' must be a string, and YAML read "
-                       f"{value!r} ({type(value).__name__}): quote it: {name}: \"...\"")
+_loss_diff = agree.loss_diff  # its name in tests/unit/test_tune.py

@@ -4,6 +4,7 @@ from __future__ import annotations
 from .events import BACKWARD, HOOK, SyncEvent
 from .frames import capture
 from .libraries import known
+from .libraries.pytorch import module_move_fix
 from .phases import PhaseTracker
 from .rules import PINNED_DETAIL, PINNED_SOURCE, fix_for
 
@@ -42,7 +43,8 @@ class Recorder:
         # a framework's lever beats the generic text a layer passes (torch.save's, for a
         # Trainer's checkpoint): the user cannot edit the framework's call
         lever, framework = known(frames)
-        text = lever if lever and framework is not None else fix or lever or fix_for(label)
+        text = (lever if lever and framework is not None
+                else fix or lever or module_move_fix(label, raw) or fix_for(label))
         if framework is not None and detail == PINNED_DETAIL:
             detail = PINNED_SOURCE
         event = SyncEvent(

@@ -58,8 +58,11 @@ FIXES: dict[str, str] = {
     "non_blocking=True, ideally on a side stream (a train pipeline does this)",
     "H2D copy (torch.tensor)": "build it with torch.full/torch.arange on the device, or create "
     "it once outside the step",
-    "pageable non_blocking copy": "pin the source (tensor.pin_memory()) so non_blocking=True is "
-    "really asynchronous",
+    # a DataLoader pins in its own worker / pin-memory thread; tensor.pin_memory() on the main
+    # thread is itself a host copy the step waits for
+    "pageable non_blocking copy": "pin the host side so non_blocking=True is really "
+    "asynchronous: a DataLoader's batches with DataLoader(..., pin_memory=True) (gpusync fix "
+    "writes it); a tensor of your own through a pinned buffer kept across steps",
     "cuda.synchronize": "remove it from the step; use events (event.record/stream.wait_event) to "
     "order work",
     "Event.synchronize": "poll event.query() or let a host thread wait on it",

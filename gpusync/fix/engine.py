@@ -15,7 +15,6 @@ from .result import Check, Dropped, FixResult, Verified
 from .runner import Plan, Run, Runner
 
 OVERLAP = "with the other patches: "
-TOLERANCE = " (--rtol / --atol admit a patch that only rounds differently)"
 
 
 class _Original:
@@ -192,55 +191,28 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
                                             fewer)
     if why is not None:
         return Check(run.syncs_per_step, failure=why)
+    tolerance = compare.Tolerance(plan.rtol, plan.atol, any(p.rounds for p in proposals))
     changes = [p.printed_changes for p in proposals if p.printed_changes]
     if changes:
-        why, compared = compare.parity(original.run.record, run.record, plan.rtol, plan.atol,
+        why, compared = compare.parity(original.run.record, run.record, tolerance,
                                        output=False)
         compared.append("printed output not compared: " + "; ".join(changes))
         return Check(run.syncs_per_step, removed, moved, compared,
-                     None if why is None else _differs(why))
+                     None if why is None else compare.differs(why, tolerance))
     output = any(p.output_matters for p in proposals)
-    why, compared = _parity(original, run, plan, output)
+    why, compared = _parity(original, run, tolerance, output)
     return Check(run.syncs_per_step, removed, moved, compared, why)
 
 
-def _parity(original: _Original, run: Run, plan: Plan, output: bool) -> tuple[str | None,
-                                                                                list[str]]:
-    """Losses and final parameters (and what it printed) as the original's; a difference
-    counts only if the original repeats its own results under the same seeds. Numbers the
-    original prints differently from one run to the next (timings) are not compared."""
-    base = original.run.record
-    why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=True)
-    if why is None:
-        return None, compared
-    again = original.again()
-    own = None if again is None else compare.parity(base, again.record, plan.rtol, plan.atol,
-                                                     output=True)[0]
-    if again is None or own is None:
-        return _differs(why), compared
-    numbers, _ = compare.parity(base, again.record, plan.rtol, plan.atol, output=False)
-    if numbers is not None:
-        return ("the script does not repeat its own results under the same seeds "
-                f"({numbers}): parity cannot be proved (a tolerance: --rtol / --atol)"), compared
-    why, compared = compare.parity(base, run.record, plan.rtol, plan.atol, output=False)
-    if why is not None:
-        return _differs(why), compared
-    steady, comparable = compare.printed_steady(base["printed"], again.record["printed"],
-                                                run.record["printed"])
-    if steady is not None:
-        return _differs(steady), compared
-    if not comparable:
-        if output:
-            return ("what the script prints changes shape from run to run: a patch that "
-                    "moves what it prints cannot be checked"), compared
-        return None, [*compared, "printed output not compared (it varies from run to run)"]
-    return None, [*compared, "printed output identical but for the numbers that vary from run "
-                             "to run (timings)"]
+def _parity(original: _Original, run: Run, tolerance: compare.Tolerance, output: bool
+            ) -> tuple[str | None, list[str]]:
+    """Losses and final parameters (and what it printed) as the original's: the check tune
+    makes too (runs/agree.py)."""
+    def again():
+        second = original.again()
+        return None if second is None else second.record
 
-
-def _differs(why: str) -> str:
-    printed = why.startswith(("printed line", "it printed"))
-    return f"differs from the original: {why}{'' if printed else TOLERANCE}"
+    return compare.judge(original.run.record, run.record, again, tolerance, output)
 
 
 def _combine(result: FixResult, original: _Original, runner: Runner,

@@ -56,13 +56,22 @@ def _fbgemm_limits(builds: Builds, value, settings: Settings) -> str | None:
     return None
 
 
+def _gpu_speed_only(value, settings: Settings) -> str | None:
+    """Both move or remove the writeback dedup's syncs: where the host waits for a GPU, which
+    a CPU (no queue to wait for, fbgemm's CPU kernels) cannot time."""
+    if value in (False, "fbgemm"):
+        return None
+    return ("it moves or removes where the host waits for the GPU: a CPU's step time says "
+            "nothing of its speed on a GPU")
+
+
 KNOBS = [
     Knob(PRECOMPUTE, (False, True), "writeback",
          "fbgemm computes the writeback dedup indices in forward", _script_precompute,
-         not_applicable=_fbgemm_limits),
+         not_applicable=_fbgemm_limits, gpu_speed_only=_gpu_speed_only),
     Knob(WRITEBACK, ("fbgemm", "syncfree"), "writeback",
          "who dedups the EXACT_SGD writeback gradient", _script_writeback,
-         not_applicable=_fbgemm_limits),
+         not_applicable=_fbgemm_limits, gpu_speed_only=_gpu_speed_only),
 ]
 
 

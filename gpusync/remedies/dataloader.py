@@ -1,6 +1,9 @@
 """dataloader.pin_memory: a DataLoader's batches copied to the GPU with `.to(device)` /
 `.cuda()` ("H2D copy" at the copy's line, every step) -> `pin_memory=True` on the DataLoader(...)
-that built the loader and `non_blocking=True` on those copies.
+that built the loader and `non_blocking=True` on those copies. A loop whose copies pass
+`non_blocking=True` already from a loader that does not pin ("pageable non_blocking copy": from
+pageable memory, the copy is staged through a pinned buffer and the host waits for it) gets
+`pin_memory=True` on the loader alone.
 
 Why it is safe (torch's sources, aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda): a
 blocking host-to-device copy ends in `at::cuda::memcpy_and_sync`, the host waiting for it; with
@@ -33,6 +36,7 @@ from .remedy import Proposal, Refusal
 from .source import Edit, Source
 
 NAME = "dataloader.pin_memory"
+PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True
 BUILD, BATCH, COPY = "dataloader.build", "dataloader.batch", "dataloader.copy"
 _PIN_MEMORY_AT = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler,
 #                     num_workers, collate_fn, pin_memory, ...): its position
@@ -144,29 +148,44 @@ def observe(facts: Facts) -> Iterator[Facts]:
 def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
     """pin_memory=True on the loader(s) whose yielded tensors this line copies, non_blocking=True
     on every copy of those tensors in the file (the same edits from each of its copy sites)."""
-    if site.op != "H2D copy":
+    if site.op not in ("H2D copy", PAGEABLE):
         return None
+    pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
     seen = facts.at(COPY, site.file, site.line)
     if seen is None or not any(v.get("built") for v in seen.values):
         return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
     try:
         if seen.more:
             raise _Refused("more distinct copies were seen at this line than are kept")
-        own = _copies(source, site.line, seen.values)
+        own = _copies(source, site.line, seen.values, pageable)
         builds = {b for _, bs in own for b in bs}
         copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
         for (kind, file, line), other in facts.data.items():
             if kind == COPY and file == site.file and line != site.line and not other.more:
                 with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
-                    theirs = _copies(source, line, other.values)
+                    theirs = _copies(source, line, other.values, pageable)
                     if theirs and all(bs <= builds for _, bs in theirs):
                         copies[line] = [c for c, _ in theirs]
         pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
     except _Refused as e:
         return Refusal(NAME, site, str(e))
     edits = [e for _, e in pins if e is not None]
+    if pageable:
+        if not edits:
+            return None  # pinned already: the copy's source is something else
+        return Proposal(NAME, site, tuple(sorted(edits)), _pinned_summary(pins, sorted(copies)))
     edits += [source.set_keyword(c, "non_blocking", "True") for cs in copies.values() for c in cs]
     return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
+
+
+def _pinned_summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
+    pinned = [b[1] for b, e in pins if e is not None]
+    value = next(e.text.partition("pin_memory=")[2].rstrip(",") for _, e in pins
+                 if e is not None)
+    return (f"pin_memory={value} on the DataLoader at {_lines(pinned)}: the copies of its "
+            f"batches at {_lines(lines)} pass non_blocking=True already, but from pageable "
+            "memory a non_blocking copy still makes the host wait; from the pinned batches "
+            "it does not (the device still runs them before the kernels that read them)")
 
 
 def _summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
@@ -185,9 +204,11 @@ def _lines(numbers: list[int]) -> str:
     return f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
-def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Call, set]]:
+def _copies(source: Source, line: int, values: list[dict], pageable: bool = False
+            ) -> list[tuple[ast.Call, set]]:
     """Each copy call of `line` with the builds of the loaders whose tensors it copies; raises
-    _Refused where one is not safe to make non_blocking."""
+    _Refused where one is not safe to make non_blocking (`pageable`: where the copies do not
+    all pass non_blocking themselves, or are not safe to make truly asynchronous)."""
     by_end: dict[Any, list[dict]] = {}
     for v in values:
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
@@ -207,8 +228,10 @@ def _copies(source: Source, line: int, values: list[dict]) -> list[tuple[ast.Cal
         if not all(v["direct"] for v in group):
             raise _Refused(f"{what} copies by library code it calls, not by a .to(...)/"
                            ".cuda(...) of its own")
-        if any(v["non_blocking"] for v in group):
+        if not pageable and any(v["non_blocking"] for v in group):
             raise _Refused(f"{what} passes non_blocking itself: the script chose it")
+        if pageable and not all(v["non_blocking"] for v in group):
+            raise _Refused(f"{what} does not pass non_blocking=True on every copy")
         if call is None or not isinstance(call.func, ast.Attribute):
             raise _Refused(f"the copy at line {line} is not a .to(...)/.cuda(...) call that can "
                            "be told apart on the line")

@@ -9,9 +9,9 @@ The edit is fused=True at the optimizer's constructor call, the line the run saw
 optimizer that this scaler.step stepped; offered only for the classes that have a fused
 kernel (detect/libraries/pytorch.py FUSED_OPTIMIZERS), not built with differentiable=True or
 foreach=True (fused refuses both), whose parameters are floating point (not complex) and
-whose gradients were dense in every step observed. Fused SGD computes the same update as the
-foreach one; fused Adam, AdamW and Adagrad compute the same formula in one kernel, which may
-round differently in the last bit."""
+whose gradients were dense in every step observed. A fused optimizer computes the same formula
+in one kernel, which may round differently in the last bit (fused SGD under GradScaler too: it
+unscales inside the kernel): parity is judged within the dtype's rounding (runs/agree.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -102,12 +102,12 @@ class _Fused:
         if given is not None and literal(given.value) not in (None, False):
             return Refusal(self.NAME, site, f"fused={source.segment(given.value)} is given")
         edit = source.set_keyword(calls[0], "fused", "True")
-        exact = "the same update" if what["class"] == "SGD" else \
-            "the same update formula in one kernel (it may round differently in the last bit)"
         return Proposal(self.NAME, site, (edit,), (
             f"{what['class']}(..., fused=True) at line {line}: GradScaler hands found_inf to "
-            f"the fused step on the device instead of reading it on the host; {exact}, and "
-            "the step is still skipped where the gradients hold inf/nan"))
+            "the fused step on the device instead of reading it on the host; the same update "
+            "formula in one kernel (it may round differently in the last bit: parity within "
+            "the dtype's rounding), and the step is still skipped where the gradients hold "
+            "inf/nan"), rounds=True)
 
 
 FUSED = _Fused()

@@ -35,7 +35,7 @@ def gate_text(verdict) -> str:
     out += [f"note: {note}" for note in verdict.notes]
     if verdict.suggested_baseline:
         out.append(f"suggested new baseline written to {verdict.suggested_baseline}")
-    out.append(f"gate: {verdict.status}")
+    out.append(f"gate: {verdict.headline}")
     return "\n".join(out) + "\n"
 
 

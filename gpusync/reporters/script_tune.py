@@ -77,7 +77,8 @@ def script_document(tune) -> dict:
             "p90_ms": round(m.p90_ms, 4) if m else None,
             "syncs_per_step": run.report.syncs_per_step if run.report is not None else None,
             "syncs_by_phase": run.report.syncs_by_phase if run.report is not None else None,
-            "parity": m.parity if m else None, "peak_alloc_mb": run.peak_alloc_mb,
+            "parity": run.parity or (m.parity if m else None),
+            "peak_alloc_mb": run.peak_alloc_mb,
             "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})
     return schema_document("gpusync-tune", {
         "device": tune.device, "target": tune.target, "command": tune.command,
@@ -85,9 +86,26 @@ def script_document(tune) -> dict:
         "p50_gain": round(tune.decision.p50_gain, 4) if tune.decision else 0.0,
         "p90_gain": round(tune.decision.p90_gain, 4) if tune.decision else 0.0,
         "baseline_noise": _noise(tune.baseline_noise),
-        "settings": settings, "changes": changes, "emit": knobs.emit(changes, tune.builds),
+        "settings": settings, "changes": changes, "emit": _emit(tune, changes),
         "candidates": candidates, "builds": tune.builds, "notes": tune.notes,
         "versions": versions(), "date": time.strftime("%Y-%m-%d")})
+
+
+def _emit(tune, changes: dict) -> dict:
+    """The chosen settings' spelling; `why` says why there is no code to paste."""
+    emit: dict = knobs.emit(changes, tune.builds)
+    emit["why"] = None
+    if not emit["python"]:
+        if changes:
+            emit["why"] = "the chosen settings are environment variables (emit.env)"
+        else:
+            verdict = tune.decision.outcomes.get(UNCHANGED) if tune.decision else None
+            kept = verdict.reason if verdict is not None and verdict.reason else (
+                tune.notes[0] if tune.notes else "no candidate was measured")
+            if kept.startswith("baseline (") and kept.endswith(")"):
+                kept = kept[len("baseline ("):-1]
+            emit["why"] = f"nothing chosen, the script's own settings kept: {kept}"
+    return emit
 
 
 def _noise(noise: float | None) -> float | None:
@@ -209,21 +227,22 @@ def _with_gpusync_note(data: dict) -> str:
 
 
 def sync_savers(tune, data: dict) -> list[dict]:
-    """The candidates, not chosen, whose results are identical to the script's and which make
-    fewer syncs per step (what a CPU measures exactly), with their code."""
+    """The candidates, not chosen, that keep the script's results (identical, or within the
+    rounding a fused optimizer makes) and make fewer syncs per step (what a CPU measures
+    exactly), with their code."""
     by = {c["name"]: c for c in data["candidates"]}
     base = by[UNCHANGED]["syncs_per_step"]
     out = []
     for run in tune.runs[1:]:
         c = by[run.candidate.name]
-        if (c["name"] == data["chosen"] or c["parity"] != "identical" or base is None
+        if (c["name"] == data["chosen"] or not run.parity_kept or base is None
                 or c["syncs_per_step"] is None or c["syncs_per_step"] >= base):
             continue
         python = knobs.emit(run.candidate.changed, tune.builds)["python"]
+        kept = "identical results" if c["parity"] == "identical" else f"results {c['parity']}"
         if python:
             out.append({"name": c["name"], "python": python, "text": (
-                f"identical results with {c['syncs_per_step']:g} syncs per step instead of "
-                f"{base:g}")})
+                f"{kept} with {c['syncs_per_step']:g} syncs per step instead of {base:g}")})
     return out
 
 

@@ -90,7 +90,9 @@ def run_candidate(job: ScriptRun, live: dict | None = None) -> RunResult:
     handle = patches.add_layer(torch.autograd, "_engine_run_backward", capture)
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(knobs.applied(job.settings, builds))
+            # a candidate's settings name every knob the script's discovery found: what the
+            # script builds was recorded then, and the other families have nothing to act on
+            stack.enter_context(knobs.applied(job.settings, builds, discover=not job.settings))
             stack.enter_context(targets.patched_sources(job.sources))
             if job.observe:
                 stack.enter_context(remedies.observing(facts))

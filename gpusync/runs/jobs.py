@@ -218,13 +218,19 @@ class CandidateJob(_Job):
     # the seeds set before the script runs, so that every run of a candidate starts alike
     # (None: the script's own randomness)
     seed: int | None = None
+    # where to torch.save what parity compares (runs/agree.py); under torchrun, rank 0's
+    record: str | None = None
 
     def run(self, results: Results) -> None:
+        import os
+
         from .candidate_child import ScriptRun, run_candidate
 
+        rank0 = os.environ.get("RANK", "0") == "0"
         spec = ScriptRun(target=self.target, mode=self.mode, warmup=self.warmup,
                          steps=self.steps, block=self.block, settings=self.settings,
-                         scan=self.scan, script_args=self.script_args, seed=self.seed)
+                         scan=self.scan, script_args=self.script_args, seed=self.seed,
+                         record=self.record if rank0 else None)
         _counting_steps(results, lambda live: run_candidate(spec, live).encode())
 
 

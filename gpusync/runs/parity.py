@@ -1,6 +1,7 @@
-"""What `gpusync fix` compares between the user's script and its patched copy, recorded in the
-run's process: every loss it calls backward() on, the parameters of every optimizer it built as
-they are when the run ends, and what it printed (sys.stdout)."""
+"""What parity compares (runs/agree.py, for fix and tune), recorded in the run's process: every
+loss it calls backward() on, the parameters of every optimizer it built as they are when the
+run ends, what it printed (sys.stdout), how many optimizer steps it took and whether a
+GradScaler scaled the losses backward() got."""
 from __future__ import annotations
 
 import contextlib
@@ -32,6 +33,8 @@ class Record:
         self.losses: list = []
         self.printed: list[str] = []
         self.optimizers: list = []  # kept alive: the script's globals are gone when it ends
+        self.steps = 0
+        self.scaled = False  # a GradScaler scaled a loss: the losses are as backward() got them
 
     def loss(self, scalars: list) -> None:
         """The one-element tensors a backward() started from, detached copies."""
@@ -48,7 +51,8 @@ class Record:
         import torch
 
         torch.save({"losses": [float(t) for t in self.losses], "parameters": self.parameters(),
-                    "printed": "".join(self.printed)[:_PRINTED_KEPT]}, path)
+                    "printed": "".join(self.printed)[:_PRINTED_KEPT], "steps": self.steps,
+                    "scaled": self.scaled}, path)
         self.optimizers.clear()
 
 
@@ -56,6 +60,7 @@ class Record:
 def recording(record: Record) -> Iterator[Record]:
     """The optimizers the script builds kept and sys.stdout teed while inside."""
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
 
     from ..detect import patches
 
@@ -64,7 +69,16 @@ def recording(record: Record) -> Iterator[Record]:
         record.optimizers.append(opt)
         return out
 
+    def scale(call, scaler, *args, **kwargs):
+        record.scaled = record.scaled or scaler.is_enabled()
+        return call(scaler, *args, **kwargs)
+
+    def stepped(_opt, _args, _kwargs) -> None:
+        record.steps += 1
+
     handle = patches.add_layer(torch.optim.Optimizer, "__init__", init)
+    scaled = patches.add_layer(torch.amp.GradScaler, "scale", scale)
+    counted = register_optimizer_step_post_hook(stepped)
     stdout = sys.stdout
     sys.stdout = _Tee(stdout, record.printed)
     try:
@@ -72,4 +86,6 @@ def recording(record: Record) -> Iterator[Record]:
     finally:
         if isinstance(sys.stdout, _Tee):
             sys.stdout = stdout
+        counted.remove()
+        scaled.remove()
         handle.remove()

@@ -171,3 +171,29 @@ def test_emitted_code_says_what_needs_gpusync_installed():
     # the libraries' own settings alone need no gpusync
     alone = {"changes": {pytorch.FUSED: True}, "emit": knobs.emit({pytorch.FUSED: True}, builds)}
     assert "gpusync" not in _with_gpusync_note(alone)
+
+
+def test_a_cpu_run_says_what_it_decides_and_no_pipeline_note_without_a_pipeline(tuned):
+    """No torchrec pipeline in PLAIN: the note about pipelines overlapping work on CUDA
+    streams is not for it. On a CPU pinned memory and a fused optimizer are a GPU's speed-ups:
+    each runs once, scanned, untimed; set_to_none is the host's, timed."""
+    tune, _ = tuned
+    assert tune_script.GPU_SPEED_ONLY not in tune.notes
+    assert any(n.startswith("no GPU: this run decides parity and syncs per step")
+               for n in tune.notes)
+    by = _candidates(tune)
+    assert by[f"{pytorch.PIN}=true"]["p50_ms"] is None
+    assert by[f"{pytorch.FUSED}=true"]["p50_ms"] is None
+    assert by[f"{pytorch.SET_TO_NONE}=true"]["p50_ms"] is not None
+
+
+def test_with_nothing_chosen_the_json_says_why_there_is_no_code(tuned):
+    import json
+
+    tune, _ = tuned
+    data = json.loads(render_as("tune-script", tune, "json"))
+    assert data["chosen"] == "baseline" and data["emit"]["python"] == ""
+    assert data["emit"]["why"].startswith("nothing chosen, the script's own settings kept: ")
+    assert data["emit"]["why"] != "nothing chosen, the script's own settings kept: "
+    assert render_as("tune-emit", tune, "python").startswith(
+        "# nothing to change: the script's own settings were kept")

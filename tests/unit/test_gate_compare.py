@@ -63,6 +63,16 @@ def test_a_suggestion_only_for_wins():
     assert not combine([], None).only_improvements
 
 
+def test_fewer_syncs_fail_the_gate_as_an_unrecorded_improvement_not_a_regression():
+    win = combine([Problem("fewer syncs", "fewer syncs: k 2 -> 1 per step", "a.py", 3)], None)
+    assert win.status == "regression" and win.exit_code == 1  # still fails: record the win
+    text = render(win, "text")
+    assert text.endswith("gate: unrecorded improvement (fewer syncs than the baseline records: "
+                         "commit the suggested baseline to record it)\n")
+    worse = combine([Problem("fewer syncs", "f"), Problem("new site", "n")], None)
+    assert render(worse, "text").endswith("gate: regression\n")
+
+
 def test_annotations_without_a_line_or_file():
     verdict = Verdict("regression", [Problem("new site", "x", "a.py", 0),
                                      Problem("slower", "slower: 1.3x, p=0.001")])

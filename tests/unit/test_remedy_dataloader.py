@@ -1,5 +1,6 @@
 """dataloader.pin_memory: pin_memory=True on the DataLoader whose yielded tensors a line copies
 and non_blocking=True on those copies, from what the run observed; refused where unsafe."""
+import re
 import textwrap
 
 import pytest
@@ -208,3 +209,62 @@ def test_without_code_positions_a_line_of_one_copy_is_still_edited():
     assert "x = x.to(device, non_blocking=True)" in apply(text, list(proposal.edits))
     answer = dataloader.propose(site(5), Source(PATH, TRAIN), positionless(TRAIN))
     assert isinstance(answer, Refusal) and "that can be told apart on the line" in answer.reason
+
+
+NON_BLOCKING = {5: [("x.to(device, non_blocking=True)", True, True, True),
+                    ("y.to(device, non_blocking=True)", True, True, True)]}
+TRAIN_NB = TRAIN.replace("x.to(device), y.to(device)", "x.to(device, non_blocking=True), "
+                         "y.to(device, non_blocking=True)")
+
+
+def test_copies_that_pass_non_blocking_from_a_loader_that_does_not_pin_get_the_pinning():
+    """The most common loader mistake: non_blocking=True from pageable memory still waits."""
+    proposal = dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+                                  facts_for(TRAIN_NB, NON_BLOCKING))
+    assert isinstance(proposal, Proposal)
+    out = apply(TRAIN_NB, list(proposal.edits))
+    assert out == TRAIN_NB.replace("batch_size=8)", "batch_size=8, pin_memory=torch.cuda."
+                                   "is_available())")  # the copies are left as they are
+    assert "pass non_blocking=True already" in proposal.summary
+    # a loader that pins already: the pageable source is something else, not this remedy's
+    assert dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+                              facts_for(TRAIN_NB, NON_BLOCKING, pinned=True)) is None
+    # a line whose copies do not all pass non_blocking: refused, with why
+    mixed = {5: [("x.to(device, non_blocking=True)", True, True, True),
+                 ("y.to(device, non_blocking=True)", True, False, True)]}
+    answer = dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+                                facts_for(TRAIN_NB, mixed))
+    assert isinstance(answer, Refusal) and "does not pass non_blocking=True" in answer.reason
+
+
+def test_fix_pins_the_loader_of_non_blocking_copies_verified(tmp_path):
+    """End to end: the site is gone and the losses, parameters and printed output are the
+    original's (gpusync fix's verification)."""
+    import json
+
+    from tests.conftest import run_main
+
+    (tmp_path / "train.py").write_text(SCRIPT.replace(
+        "x, y = x.to(device), y.to(device)",
+        "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"))
+    proc = run_main("fix", "train.py", "--only", dataloader.NAME, "--steps", "2", "--format",
+                    "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    [patch] = data["patches"]
+    assert patch["remedy"] == dataloader.NAME
+    verification = patch["verification"]
+    assert verification["failure"] is None
+    assert verification["removed"] == ["pageable non_blocking copy at train.py:12 (2/step)"]
+    assert any(re.fullmatch(r"\d+ losses identical, over \d+ steps", p)
+               for p in verification["parity"])
+    assert "printed output identical" in verification["parity"]
+
+
+def test_the_scans_advice_for_a_pageable_non_blocking_copy_is_the_loaders_pinning():
+    """Not tensor.pin_memory() on the main thread, which is itself a copy the step waits for."""
+    from gpusync.detect.rules import FIXES
+
+    advice = FIXES[dataloader.PAGEABLE]
+    assert "DataLoader(..., pin_memory=True)" in advice
+    assert "tensor.pin_memory()" not in advice

@@ -52,9 +52,13 @@ ENTRIES = (
 
 REMEDIES = (
     Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
-          "GradScaler reads found_inf on the host before stepping a non-fused optimizer: use "
-          "an optimizer with fused=True (e.g. torch.optim.AdamW(..., fused=True)), whose step "
-          "GradScaler hands found_inf to on the device",
+          # no class named: the sync's frames do not say which optimizer it steps, and an
+          # SGD user told "AdamW(..., fused=True)" would change the algorithm
+          "GradScaler reads found_inf on the host before stepping a non-fused optimizer: "
+          "build the optimizer it steps with fused=True (torch.optim's Adam, AdamW, SGD and "
+          "Adagrad have it: your own class, e.g. SGD(..., fused=True) for an SGD; gpusync fix "
+          "writes it at your constructor), whose step GradScaler hands found_inf to on the "
+          "device",
           "torch/amp/grad_scaler.py GradScaler._maybe_opt_step", V),
     Entry("torch/nn/utils/clip_grad.py", (),
           "clip_grad_norm_(error_if_nonfinite=True) reads the norm on the host: drop "
@@ -77,3 +81,20 @@ FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
 # pinned tensor with non_blocking=True makes the host wait for nothing (an H2D copy from
 # pageable memory, or a blocking one, waits for the copy: detect/ops.py bus_copy).
 DATALOADER_ITER = ("torch.utils.data.dataloader", "_BaseDataLoaderIter")
+
+# A module's .to(device) / .cuda() copies each parameter and buffer up once, through
+# Module._apply (torch/nn/modules/module.py): it is no batch, so DataLoader advice is wrong there.
+MODULE_MOVE_FILE = os.path.join("torch", "nn", "modules", "module.py")
+MODULE_MOVE_FIX = ("a module's .to(device) / .cuda() copies each parameter and buffer to the "
+                   "device once: not per step, nothing to pin; to skip the copy, build the "
+                   "module on the device (with torch.device('cuda'): ... or device=...)")
+
+
+def module_move_fix(label: str, raw: list[tuple[str, int, str]]) -> str | None:
+    """MODULE_MOVE_FIX for a host-to-device copy made inside Module._apply."""
+    if label != "H2D copy":
+        return None
+    for file, _, function in raw:
+        if function.endswith("_apply") and file.endswith(MODULE_MOVE_FILE):
+            return MODULE_MOVE_FIX
+    return None
