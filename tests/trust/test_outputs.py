@@ -21,10 +21,11 @@ pytestmark = pytest.mark.usefixtures("in_process")
 SCRIPT = """\
 import os, sys, torch
 {before}
-m = torch.nn.Linear(2, 1)
+dev = "cuda" if torch.cuda.is_available() else "cpu"  # the loss is read from the device
+m = torch.nn.Linear(2, 1).to(dev)
 opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for i in range(3):
-    loss = m(torch.ones(2)).sum()
+    loss = m(torch.ones(2, device=dev)).sum()
     loss.backward()
     opt.step()
     print("loss", loss.item())
@@ -67,7 +68,7 @@ def test_the_report_to_dev_stderr_appends_to_the_shells_log(tmp_path):
     assert proc.returncode == 0, proc.stderr
     log = (tmp_path / "build.log").read_text()
     assert log.startswith("earlier build output\n")  # kept, not truncated or replaced
-    assert "gpusync scan of x.py" in log and "x.py:9" in log and "loss" in log
+    assert "gpusync scan of x.py" in log and "x.py:10" in log and "loss" in log
 
 
 def test_the_report_to_dev_stdout_goes_down_the_pipe_and_appends(tmp_path):
