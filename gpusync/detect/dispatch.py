@@ -93,16 +93,25 @@ class HostFlowMode(DispatchMode):
     """The dispatch mode of a CPU run without the C++ observer: it also follows where each
     op's outputs would live (residency.py HostSet)."""
 
-    def flow(self, key: int, args, kwargs, out):
+    def placed_by_origin(self, key: int, args, kwargs, out) -> bool:
+        """Outputs whose place does not follow their inputs, marked: torch.tensor(data) and
+        Python scalars enter in host memory; a factory C++ code hands a device (DDP's
+        buffers, a backward formula's zeros) makes device memory. Both tables ask this first."""
         det = self.det
-        ids = det.host.ids
-        if key in _LIFT_IDS:  # torch.tensor(data) / Python scalars enter here: host memory
+        if key in _LIFT_IDS:
             det.host.mark_host(out)
-            return out
+            return True
         if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
                 det.device_default or _options_in_backward(det, kwargs)):
             for t in _outputs(out):
                 det.host.mark_device(t)
+            return True
+        return False
+
+    def flow(self, key: int, args, kwargs, out):
+        det = self.det
+        ids = det.host.ids
+        if self.placed_by_origin(key, args, kwargs, out):
             return out
         # Outputs live on the host only when every tensor input does.
         if _all_host(args, ids) and (not kwargs or _all_host(kwargs.values(), ids)):
@@ -123,13 +132,7 @@ class DeviceFlowMode(HostFlowMode):
     def flow(self, key: int, args, kwargs, out):
         det = self.det
         ids = det.host.ids
-        if key in _LIFT_IDS:
-            det.host.mark_host(out)
-            return out
-        if not _has_tensor(args) and not _has_tensor(kwargs.values()) and (
-                det.device_default or _options_in_backward(det, kwargs)):
-            for t in _outputs(out):
-                det.host.mark_device(t)
+        if self.placed_by_origin(key, args, kwargs, out):
             return out
         if not _any_in(args, ids) and not (kwargs and _any_in(kwargs.values(), ids)):
             for t in _outputs(out):
