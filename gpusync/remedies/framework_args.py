@@ -58,6 +58,18 @@ def _named(source: Source, name: str) -> bool:
                isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(source.tree))
 
 
+
+def already_given(name: str, site, source, call, field: str) -> Refusal | None:
+    """The script's call passes `field` itself (or may, through **kwargs): its choice."""
+    given = keyword(call, field)
+    if given is not None:
+        return Refusal(name, site, f"{field}={source.segment(given.value)} is given at line "
+                       f"{call.lineno}: the script asks for it")
+    if any(k.arg is None for k in call.keywords):
+        return Refusal(name, site, f"{source.segment(call.func)}(..., **...) at line "
+                       f"{call.lineno} may pass {field} already")
+    return None
+
 class _TrainingArgument:
     """One TrainingArguments field set on the script's one `TrainingArguments(...)` call, for
     the sites of one Trainer step."""
@@ -93,13 +105,9 @@ class _TrainingArgument:
                            f"file (lines {', '.join(str(c.lineno) for c in calls)}): which one "
                            "the Trainer got is the script's choice")
         call = calls[0]
-        given = keyword(call, self.field)
-        if given is not None:
-            return Refusal(self.NAME, site, f"{self.field}={source.segment(given.value)} is "
-                           f"given at line {call.lineno}: the script asks for it")
-        if any(k.arg is None for k in call.keywords):
-            return Refusal(self.NAME, site, f"TrainingArguments(..., **...) at line "
-                           f"{call.lineno} may pass {self.field} already")
+        refused = already_given(self.NAME, site, source, call, self.field)
+        if refused is not None:
+            return refused
         edit = source.set_keyword(call, self.field, self.value)
         return Proposal(self.NAME, site, (edit,), (
             f"TrainingArguments(..., {self.field}={self.value}) at line {call.lineno}: "
@@ -168,13 +176,9 @@ class _MetricValidation:
                            f"{site.line} is not built at one line of this file "
                            f"({len(builds)} found): set validate_args=False where it is built")
         name, build = builds[0]
-        given = keyword(build, "validate_args")
-        if given is not None:
-            return Refusal(self.NAME, site, f"validate_args={source.segment(given.value)} is "
-                           f"given at line {build.lineno}: the script asks for it")
-        if any(k.arg is None for k in build.keywords):
-            return Refusal(self.NAME, site, f"{source.segment(build.func)}(..., **...) at line "
-                           f"{build.lineno} may pass validate_args already")
+        refused = already_given(self.NAME, site, source, build, "validate_args")
+        if refused is not None:
+            return refused
         return Proposal(self.NAME, site, (source.set_keyword(build, "validate_args", "False"),), (
             f"{name} = {source.segment(build.func)}(..., validate_args=False) at line "
             f"{build.lineno}: torchmetrics no longer checks the targets on the host at each "
