@@ -58,7 +58,6 @@ def _named(source: Source, name: str) -> bool:
                isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(source.tree))
 
 
-
 def already_given(name: str, site, source, call, field: str) -> Refusal | None:
     """The script's call passes `field` itself (or may, through **kwargs): its choice."""
     given = keyword(call, field)
