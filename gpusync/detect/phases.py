@@ -281,6 +281,11 @@ class PhaseTracker:
             return FORWARD, None, None, None
         if self._eval and not torch.is_grad_enabled() and not moving:
             return EVAL, None, None, None  # the evaluation loop, between its forwards
+        if torch.is_grad_enabled():
+            # autograd is back on: the loop left its no-grad region (an RL agent acting under
+            # inference_mode between its training steps), so a later no-grad sync before the
+            # next forward is not evaluation's
+            self._eval = False
         return OTHER, None, None, None
 
     def _classify_backward(self, hook: str | bool | None):

@@ -411,3 +411,25 @@ def test_an_inference_forward_is_eval_and_moving_the_model_after_it_is_not(tmp_p
     report = scan(tmp_path, text)
     assert {s.phase for s in sites_at(report, text, "# METRIC")} == {"eval"}
     assert {s.phase for s in sites_at(report, text, "# TEARDOWN")} == {"other"}
+
+
+def test_an_agent_acting_under_inference_mode_is_one_site_whatever_ran_before(tmp_path):
+    """A DQN acts greedily under inference_mode at every environment step and trains only
+    once its buffer fills: with autograd back on between two actions (the action's .item()),
+    the copy into the next action's no-grad block is the same site before and after training
+    began (it was split into 'eval' before the first optimizer step and 'other' after)."""
+    text = '''
+    import torch
+    q = torch.nn.Linear(4, 2).to("cuda")
+    opt = torch.optim.SGD(q.parameters(), lr=0.1)
+    for step in range(8):
+        state = torch.randn(1, 4)
+        with torch.inference_mode():
+            action = q(state.to("cuda")).argmax(1)  # ACT
+        action.item()
+        if step >= 4:
+            q(torch.randn(2, 4, device="cuda")).sum().backward(); opt.step(); opt.zero_grad()
+    '''
+    report = scan(tmp_path, text)
+    [act] = [s for s in sites_at(report, text, "# ACT") if s.op == "H2D copy"]
+    assert act.phase == "other" and act.count == 8
