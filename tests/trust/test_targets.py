@@ -13,10 +13,11 @@ pytestmark = pytest.mark.usefixtures("in_process")  # targets and arguments: no 
 SCRIPT = """\
 import sys, torch
 assert sys.argv[1] == "--n", f"run without the recorded arguments: {sys.argv}"
-m = torch.nn.Linear(2, 1)
+dev = "cuda" if torch.cuda.is_available() else "cpu"  # the loss is read from the device
+m = torch.nn.Linear(2, 1).to(dev)
 opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for i in range(int(sys.argv[2])):
-    loss = m(torch.ones(2)).sum()
+    loss = m(torch.ones(2, device=dev)).sum()
     loss.backward()
     opt.step()
     if "--sync" in sys.argv:
