@@ -28,13 +28,20 @@ from typing import Any, Callable
 import torch
 
 from . import patches, virtual_surface, virtual_torch
-from .virtual_device import DEVICE, VirtualStream, is_cuda_device, pin_host, sync
+from .virtual_device import (
+    DEVICE,
+    VirtualStream,
+    is_cuda_device,
+    objects_through_gpu,
+    pin_host,
+    sync,
+)
 
 
 def _nccl_to_gloo(call, *args, **kwargs):
     backend = kwargs.get("backend", args[0] if args else None)
     if isinstance(backend, str) and "nccl" in backend:
-        DEVICE.nccl = True
+        DEVICE.nccl = objects_through_gpu(backend)
         if "backend" in kwargs:
             kwargs["backend"] = "gloo"
         else:

@@ -187,8 +187,23 @@ DEVICE = VirtualDevice()
 
 
 def nccl_requested() -> bool:
-    """The script asked init_process_group for NCCL (the virtual device runs gloo)."""
+    """The script's default group, asked for with NCCL (the virtual device runs gloo), takes
+    its object collectives and barrier through the GPU (`objects_through_gpu`)."""
     return DEVICE.nccl
+
+
+def objects_through_gpu(backend: str) -> bool:
+    """Whether a group of this backend takes its object collectives and barrier through the
+    GPU, by torch's rule (distributed_c10d.py `_get_object_coll_device`): one backend: when it
+    is NCCL; "device:backend" pairs: the host when a cpu pair is among them, else the first
+    pair's backend."""
+    text = backend.lower()
+    if ":" not in text:
+        return "nccl" in text
+    pairs = [part.split(":", 1) for part in text.split(",") if ":" in part]
+    if any(device.strip() == "cpu" for device, _ in pairs):
+        return False
+    return bool(pairs) and "nccl" in pairs[0][1]
 
 
 def pin_host(t: torch.Tensor) -> torch.Tensor:

@@ -274,11 +274,18 @@ class VirtualLibraries:
             return call(*args, **kwargs)
 
     def _new_group(self, call, *args, **kwargs):
-        """A group asked for with another backend than NCCL (a gloo group for host
-        barriers) does not wait for a stream."""
+        """A group whose backend keeps objects and barriers on the host (gloo, or
+        "cpu:gloo,cuda:nccl") does not wait for a stream."""
         backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
+        if isinstance(backend, str) and "nccl" in backend.lower():
+            # a CPU build has no NCCL: the group runs gloo, as init_process_group's does
+            if "backend" in kwargs:
+                kwargs = {**kwargs, "backend": "gloo"}
+            else:
+                args = (*args[:2], "gloo", *args[3:])
+            kwargs.pop("device_id", None)
         group = call(*args, **kwargs)
-        if backend is not None and "nccl" not in str(backend).lower():
+        if backend is not None and not virtual_device.objects_through_gpu(str(backend)):
             self._host_groups.append(group)
         return group
 

@@ -143,6 +143,39 @@ def test_a_host_group_or_a_host_device_moves_nothing_to_the_gpu(group):
     assert s.events == []
 
 
+def test_a_group_with_a_cpu_backend_beside_nccl_keeps_objects_and_barriers_on_the_host(group):
+    """init_process_group("cpu:gloo,cuda:nccl"): torch's _get_object_coll_device takes the
+    cpu pair for object collectives and barrier (no copy through the GPU, no stream wait)."""
+    with scan() as s:
+        group("cpu:gloo,cuda:nccl")
+        calls()
+        calls(dist.new_group(backend="cpu:gloo,cuda:nccl"))
+        dist.barrier()
+    assert s.events == []
+
+
+def test_a_new_nccl_group_runs_as_gloo_and_stays_an_nccl_group(group):
+    """dist.new_group(backend="nccl") raised "Distributed package doesn't have NCCL built in"
+    under the scan; it runs gloo, as init_process_group's group does, and its object
+    collectives are the NCCL path's."""
+    with scan() as s:
+        group("nccl")
+        nccl = dist.new_group(backend="nccl")
+        out = [None]
+        dist.all_gather_object(out, {"a": 1}, group=nccl)
+    assert out == [{"a": 1}]
+    assert [e.op for e in s.events] == [label for label, _ in c10d.all_gather_object(1)]
+
+
+def test_which_backends_take_objects_through_the_gpu():
+    from gpusync.detect.virtual_device import objects_through_gpu
+
+    assert objects_through_gpu("nccl") and objects_through_gpu("NCCL")
+    assert objects_through_gpu("cuda:nccl")
+    assert not objects_through_gpu("gloo") and not objects_through_gpu("cpu:gloo,cuda:nccl")
+    assert not objects_through_gpu("cuda:nccl,cpu:gloo")
+
+
 def test_a_gpu_device_on_a_host_group_goes_through_the_gpu(group):
     """broadcast/send/recv_object_list with device= use that device whatever the group."""
     with scan() as s:
