@@ -55,12 +55,31 @@ def plan(name: str, bound: dict[str, Any]) -> list[c10d.Step]:
     return c10d.broadcast_object_list(objects, rank == src)
 
 
-class ObjectCollectives:
-    """The layers over torch.distributed's object collectives, for one op detector; the
-    groups in `host_groups` were asked for with a host backend (VirtualLibraries._new_group)."""
+class GroupPaths:
+    """Which process groups take object collectives and barriers through the GPU: those
+    asked for with NCCL (`new_group(backend="nccl")`), not those with a host backend
+    (`"gloo"`, `"cpu:gloo,cuda:nccl"`); any other (the default group, a new_group without a
+    backend) as the default group was asked for."""
 
-    def __init__(self, det, host_groups: list):
-        self.det, self.host_groups = det, host_groups
+    def __init__(self):
+        self.host: list = []
+        self.gpu: list = []
+
+    def add(self, group, backend: str) -> None:
+        (self.gpu if virtual_device.objects_through_gpu(backend) else self.host).append(group)
+
+    def through_gpu(self, group) -> bool:
+        if any(group is g for g in self.host):
+            return False
+        return any(group is g for g in self.gpu) or virtual_device.nccl_requested()
+
+
+class ObjectCollectives:
+    """The layers over torch.distributed's object collectives, for one op detector; `groups`:
+    the process groups made so far and their paths (VirtualLibraries._new_group)."""
+
+    def __init__(self, det, groups: GroupPaths):
+        self.det, self.groups = det, groups
 
     def install(self) -> list[patches.Handle]:
         dist = torch.distributed
@@ -73,9 +92,7 @@ class ObjectCollectives:
         device = bound.get("device")
         if device:  # `device or _get_object_coll_device(group)`: a falsy device is no device
             return is_cuda_device(device)
-        group = bound.get("group")
-        return (virtual_device.nccl_requested()
-                and not any(group is g for g in self.host_groups))
+        return self.groups.through_gpu(bound.get("group"))
 
     def _syncs(self, name: str, args, kwargs) -> list[c10d.Step]:
         try:

@@ -43,11 +43,11 @@ import torch
 from torch.autograd.function import BackwardCFunction, FunctionCtx
 from torch.utils._pytree import tree_leaves
 
-from . import patches, virtual_device
+from . import patches
 from .libraries import fbgemm
 from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
 from .libraries.pytorch import SERIALIZATION_FIX
-from .virtual_collectives import ObjectCollectives
+from .virtual_collectives import GroupPaths, ObjectCollectives
 from .virtual_device import current_device, is_cuda_device
 
 
@@ -171,7 +171,7 @@ class VirtualLibraries:
         self._forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._saved_from_device: set[str] = set()
         self._ddps: weakref.WeakSet = weakref.WeakSet()
-        self._host_groups: list = []  # process groups asked for with a host backend
+        self._groups = GroupPaths()  # process groups made with a backend of their own
         if torch.distributed.is_available():
             from torch.nn.parallel import distributed as ddp_module
 
@@ -184,7 +184,7 @@ class VirtualLibraries:
                 patches.add_layer(torch.distributed, "barrier", self._barrier),
                 patches.add_layer(torch.distributed, "new_group", self._new_group),
             ]
-            self._handles += ObjectCollectives(self.det, self._host_groups).install()
+            self._handles += ObjectCollectives(self.det, self._groups).install()
 
     def _patch_tbe(self, module) -> None:
         self._handles.append(patches.add_layer(
@@ -267,15 +267,15 @@ class VirtualLibraries:
         the group runs gloo here, so that wait is predicted."""
         async_op = kwargs.get("async_op", args[1] if len(args) > 1 else False)
         group = kwargs.get("group", args[0] if args else None)
-        on_host = any(group is g for g in self._host_groups)
-        if virtual_device.nccl_requested() and not async_op and not on_host:
+        if self._groups.through_gpu(group) and not async_op:
             self.det.record("Stream.synchronize", predicted=BARRIER)
         with self.det.rec.suppress():
             return call(*args, **kwargs)
 
     def _new_group(self, call, *args, **kwargs):
-        """A group whose backend keeps objects and barriers on the host (gloo, or
-        "cpu:gloo,cuda:nccl") does not wait for a stream."""
+        """A group's own backend decides where its objects and barriers go (GroupPaths): an
+        NCCL one through the GPU, whatever the default group's, a host one ("gloo",
+        "cpu:gloo,cuda:nccl") not."""
         backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
         if isinstance(backend, str) and "nccl" in backend.lower():
             # a CPU build has no NCCL: the group runs gloo, as init_process_group's does
@@ -285,8 +285,8 @@ class VirtualLibraries:
                 args = (*args[:2], "gloo", *args[3:])
             kwargs.pop("device_id", None)
         group = call(*args, **kwargs)
-        if backend is not None and not virtual_device.objects_through_gpu(str(backend)):
-            self._host_groups.append(group)
+        if backend is not None:
+            self._groups.add(group, str(backend))
         return group
 
     def _on_device(self, module) -> bool:

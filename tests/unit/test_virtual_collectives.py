@@ -167,6 +167,18 @@ def test_a_new_nccl_group_runs_as_gloo_and_stays_an_nccl_group(group):
     assert [e.op for e in s.events] == [label for label, _ in c10d.all_gather_object(1)]
 
 
+def test_an_nccl_group_beside_a_gloo_default_goes_through_the_gpu(group):
+    with scan() as s:
+        group("gloo")
+        nccl = dist.new_group(backend="nccl")
+        dist.all_gather_object([None], 1, group=nccl)
+        dist.all_gather_object([None], 1)
+        dist.barrier(group=nccl)
+        dist.barrier()
+    expected = [label for label, _ in c10d.all_gather_object(1)] + ["Stream.synchronize"]
+    assert [e.op for e in s.events] == expected
+
+
 def test_which_backends_take_objects_through_the_gpu():
     from gpusync.detect.virtual_device import objects_through_gpu
 
