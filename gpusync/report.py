@@ -13,7 +13,7 @@ import torch
 
 from ._version import __version__
 from .cost import Cost
-from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent
+from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent, package_path
 from .detect.steps import NONE as NO_STEP
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
@@ -66,9 +66,7 @@ class CodeLine:
     def short(self) -> str:
         """As the scan's table shows it:
         "torch/amp/grad_scaler.py:371 GradScaler._maybe_opt_step"."""
-        file = self.file
-        for marker in ("site-packages/", "dist-packages/"):
-            file = file.rpartition(marker)[2] if marker in file else file
+        file = package_path(self.file)
         return f"{file}:{self.line} {self.function or ''}".strip() if file else ""
 
 

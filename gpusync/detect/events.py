@@ -16,6 +16,14 @@ class Frame:
                 "library": self.library}
 
 
+def package_path(file: str) -> str:
+    """A library's file from its package name on ("transformers/trainer.py"); others as they
+    are."""
+    for marker in ("site-packages/", "dist-packages/"):
+        file = file.rpartition(marker)[2] if marker in file else file
+    return file
+
+
 @dataclass(frozen=True)
 class FrameworkStep:
     """The step of a framework's own loop that made a sync (its logging, its NaN/Inf loss
@@ -31,9 +39,7 @@ class FrameworkStep:
     @property
     def short(self) -> str:
         """As the fix list shows it: "transformers/trainer.py:1922 Trainer._run_epoch"."""
-        file = self.file.replace("\\", "/")
-        for marker in ("site-packages/", "dist-packages/"):
-            file = file.rpartition(marker)[2] if marker in file else file
+        file = package_path(self.file.replace("\\", "/"))
         return f"{file}:{self.line} {self.function}"
 
 
