@@ -31,6 +31,7 @@ from . import patches, virtual_surface, virtual_torch
 from .virtual_device import (
     DEVICE,
     VirtualStream,
+    gloo_for_nccl,
     is_cuda_device,
     objects_through_gpu,
     pin_host,
@@ -39,14 +40,10 @@ from .virtual_device import (
 
 
 def _nccl_to_gloo(call, *args, **kwargs):
-    backend = kwargs.get("backend", args[0] if args else None)
-    if isinstance(backend, str) and "nccl" in backend:
-        DEVICE.nccl = objects_through_gpu(backend)
-        if "backend" in kwargs:
-            kwargs["backend"] = "gloo"
-        else:
-            args = ("gloo", *args[1:])
-    kwargs.pop("device_id", None)  # binds NCCL to a GPU: nothing to bind
+    args, kwargs, nccl = gloo_for_nccl(args, kwargs, 0)
+    if nccl is not None:
+        DEVICE.nccl = objects_through_gpu(nccl)
+    kwargs.pop("device_id", None)  # binds a group to a GPU: nothing to bind
     return call(*args, **kwargs)
 
 

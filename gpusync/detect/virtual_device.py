@@ -192,6 +192,21 @@ def nccl_requested() -> bool:
     return DEVICE.nccl
 
 
+def gloo_for_nccl(args: tuple, kwargs: dict, at: int) -> tuple[tuple, dict, str | None]:
+    """A process group's arguments with an NCCL backend (`backend=`, or positional at `at`)
+    made gloo, which a CPU build has, and no GPU to bind (`device_id`); and the backend the
+    code asked for (None when not NCCL)."""
+    backend = kwargs.get("backend", args[at] if len(args) > at else None)
+    if not (isinstance(backend, str) and "nccl" in backend.lower()):
+        return args, kwargs, None
+    if "backend" in kwargs:
+        kwargs = {**kwargs, "backend": "gloo"}
+    else:
+        args = (*args[:at], "gloo", *args[at + 1:])
+    kwargs.pop("device_id", None)
+    return args, kwargs, backend
+
+
 def objects_through_gpu(backend: str) -> bool:
     """Whether a group of this backend takes its object collectives and barrier through the
     GPU, by torch's rule (distributed_c10d.py `_get_object_coll_device`): one backend: when it

@@ -48,7 +48,7 @@ from .libraries import fbgemm
 from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
 from .libraries.pytorch import SERIALIZATION_FIX
 from .virtual_collectives import GroupPaths, ObjectCollectives
-from .virtual_device import current_device, is_cuda_device
+from .virtual_device import current_device, gloo_for_nccl, is_cuda_device
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -277,13 +277,7 @@ class VirtualLibraries:
         NCCL one through the GPU, whatever the default group's, a host one ("gloo",
         "cpu:gloo,cuda:nccl") not."""
         backend = kwargs.get("backend", args[2] if len(args) > 2 else None)
-        if isinstance(backend, str) and "nccl" in backend.lower():
-            # a CPU build has no NCCL: the group runs gloo, as init_process_group's does
-            if "backend" in kwargs:
-                kwargs = {**kwargs, "backend": "gloo"}
-            else:
-                args = (*args[:2], "gloo", *args[3:])
-            kwargs.pop("device_id", None)
+        args, kwargs, _ = gloo_for_nccl(args, kwargs, 2)  # as init_process_group's group
         group = call(*args, **kwargs)
         if backend is not None:
             self._groups.add(group, str(backend))
