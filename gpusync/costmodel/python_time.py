@@ -41,12 +41,46 @@ _ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
 
 
 @dataclass(frozen=True)
+class ColdCost:
+    """What a long CPU kernel that touched `nbytes` costs the Python run after it on the
+    scanning machine, measured on a probe of framework Python (an optimizer step): the time it
+    added (`added_s`, cold less warm) and the ratio (`factor`, cold over warm)."""
+
+    nbytes: int
+    added_s: float
+    factor: float
+
+
+@dataclass(frozen=True)
 class GapBaseline:
     """The CPU time of a gap with no user Python in it, on the scanning machine under the scan:
-    after a short op (light_s) and after a long CPU kernel (heavy_s)."""
+    after a short op (light_s) and after a long CPU kernel (heavy_s); and what a long kernel
+    costs the Python after it (`cold`, by the bytes the kernel touched, smallest first)."""
 
     light_s: float = 0.0
     heavy_s: float = 0.0
+    cold: tuple[ColdCost, ...] = ()
+
+    def cold_at(self, nbytes: int) -> ColdCost | None:
+        """The calibration point for a kernel of `nbytes`: the largest one no bigger (the
+        smallest where all are bigger); None without calibration."""
+        if not self.cold:
+            return None
+        fitting = [c for c in self.cold if c.nbytes <= nbytes]
+        return fitting[-1] if fitting else self.cold[0]
+
+    def warm(self, gap: float, nbytes: int) -> float:
+        """The user's Python in a gap measured after a long kernel of `nbytes` (or after the
+        thread lost its core: nbytes PREEMPTED), as it would run with warm caches.  The cold
+        caches add at most what they added to the probe, and at most make Python `factor`
+        times slower: the larger of the two estimates (the smaller penalty) is taken, never
+        more than the gap less the no-Python baseline after a kernel."""
+        upper = max(0.0, gap - self.heavy_s)
+        cost = self.cold_at(nbytes)
+        if cost is None:
+            return upper
+        base = max(0.0, gap - self.light_s)
+        return min(upper, max(base - cost.added_s, base / max(cost.factor, 1.0), 0.0))
 
 
 def _cpu(event: Event) -> tuple[float, float] | None:
@@ -55,30 +89,43 @@ def _cpu(event: Event) -> tuple[float, float] | None:
     return event.cpu_start_s, event.cpu_end_s
 
 
+# The cold size of a gap after the thread lost its core: other processes' data, of any size.
+PREEMPTED = 1 << 62
+
+
 def heavy(event: Event | None) -> bool:
     return isinstance(event, OpRecord) and event.kernel_s >= HEAVY_S
 
 
-def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, float, bool]]:
-    """(event, CPU gap before it less gpusync's own work in it, whether a long CPU kernel ran
-    since the last gap outside backward), in the recording thread's CPU order; the first
-    event, with nothing before it, is left out."""
+def _cold_bytes(event: Event) -> int:
+    """How much a long kernel evicted (the bytes it touched); 0 for a short one."""
+    if not heavy(event):
+        return 0
+    return max(1, event.nbytes) if isinstance(event, OpRecord) else 1
+
+
+def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, float, int]]:
+    """(event, CPU gap before it less gpusync's own work in it, how cold it starts: the bytes
+    the largest long CPU kernel since the last gap outside backward touched, PREEMPTED if the
+    thread lost its core, 0 if neither), in the recording thread's CPU order; the first event,
+    with nothing before it, is left out."""
     stamped = sorted((e for e in events if _cpu(e) is not None),
                      key=lambda e: e.cpu_start_s or 0.0)
     out = []
     last_end: float | None = None
     last_switches: int | None = None
-    cold = False  # a long kernel ran, or the thread lost its core, since the last user gap
+    cold = 0  # since the last user gap: what long kernels evicted, or PREEMPTED
     for event in stamped:
         start, end = _cpu(event) or (0.0, 0.0)
         if last_end is not None:
             mine = own.within(last_end, start) if own is not None and start > last_end else 0.0
-            switched = _switched(last_switches, event.switches_start)
-            out.append((event, max(0.0, start - last_end - mine), cold or switched))
-            cold = cold and _in_engine(event)  # backward's gaps are not the user's: still cold
+            switched = PREEMPTED if _switched(last_switches, event.switches_start) else 0
+            out.append((event, max(0.0, start - last_end - mine), max(cold, switched)))
+            cold = cold if _in_engine(event) else 0  # backward's gaps are not the user's
         if last_end is None or end >= last_end:
             last_end, last_switches = end, event.switches_end
-        cold = cold or heavy(event) or _switched(event.switches_start, event.switches_end)
+        switched = PREEMPTED if _switched(event.switches_start, event.switches_end) else 0
+        cold = max(cold, _cold_bytes(event), switched)
     return out
 
 
@@ -95,15 +142,16 @@ def _low(values: list[float], fallback: float) -> float:
     return values[len(values) // 10]
 
 
-def fitted(gaps: list[tuple[Event, float, bool]], fallback: GapBaseline) -> GapBaseline:
+def fitted(gaps: list[tuple[Event, float, int]], fallback: GapBaseline) -> GapBaseline:
     """The baseline read off the run's own gaps outside backward: the low end of those after a
     short op and of those after a long kernel (under the session's own hooks, on this run's
     machine and load), where there are enough of each; else the calibration's."""
-    python_gaps = [(g, after_heavy) for e, g, after_heavy in gaps if not _in_engine(e)]
+    python_gaps = [(g, cold) for e, g, cold in gaps if not _in_engine(e)]
     light = _low([g for g, h in python_gaps if not h], fallback.light_s)
     return GapBaseline(light_s=light,
                        heavy_s=max(light, _low([g for g, h in python_gaps if h],
-                                               fallback.heavy_s)))
+                                               fallback.heavy_s)),
+                       cold=fallback.cold)
 
 
 def _in_engine(event: Event) -> bool:
@@ -119,9 +167,9 @@ def python_by_event(events: Sequence[Event], baseline: GapBaseline,
     gaps = _gaps(events, own)
     base = fitted(gaps, baseline)
     python: dict[int, float] = {}
-    for event, gap, after_heavy in gaps:
-        python[id(event)] = 0.0 if _in_engine(event) else max(
-            0.0, gap - (base.heavy_s if after_heavy else base.light_s))
+    for event, gap, cold in gaps:
+        python[id(event)] = 0.0 if _in_engine(event) else (
+            base.warm(gap, cold) if cold else max(0.0, gap - base.light_s))
     return python, base
 
 

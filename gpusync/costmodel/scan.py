@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
+import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +25,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gpusync.costmodel import native_log
 from gpusync.costmodel.adapter import record_op
 from gpusync.costmodel.annotate import annotate, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
@@ -36,8 +38,9 @@ from gpusync.costmodel.own_time import (
     timing_layers,
 )
 from gpusync.costmodel.predict import Prediction, predict_steps
-from gpusync.costmodel.python_time import GapBaseline, python_by_event, steadied
+from gpusync.costmodel.python_time import ColdCost, GapBaseline, python_by_event, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
+from gpusync.detect import native
 from gpusync.report import Report, SiteKey
 
 # Syncs that copy nothing to the host: the host only waits for the queue to drain (an H2D
@@ -103,21 +106,64 @@ def _median_cpu_gap(ops: Sequence[OpRecord], after: Callable[[OpRecord], bool]) 
     return max(0.0, gaps[len(gaps) // 2]) if gaps else 0.0
 
 
-def gap_baseline(calls: int = 200, long_kernels: int = 12) -> GapBaseline:
-    """The CPU time OpStream measures between two ops with no Python between them: after a
-    tiny op (its own way in and out) and after a long CPU kernel (the caches it left cold).
-    Measured before the session installs, on the same thread the scan records."""
+def gap_baseline(calls: int = 200, long_kernels: int = 12,
+                 observer_module: Any = None) -> GapBaseline:
+    """The CPU time the recorder measures between two ops with no Python between them: after
+    a tiny op (its own way in and out) and after a long CPU kernel (the caches it left cold).
+    Measured before the session installs, on the same thread the scan records; by the op
+    stream, or by a C++ observer of its own when `observer_module` (native.load()) is given."""
     a, big = torch.ones(1), torch.ones(384, 384)
-    stream = OpStream()
-    with stream:
+    cold: list[ColdCost] = []
+
+    def run() -> None:
         for _ in range(calls):
             torch.add(a, a)
         for _ in range(long_kernels):
             torch.mm(big, big)
             torch.add(a, a)
-    light = _median_cpu_gap(stream.ops[calls // 10:calls], lambda o: True)
-    heavy = _median_cpu_gap(stream.ops[calls:], lambda o: o.name == "aten.mm.default")
-    return GapBaseline(light_s=light, heavy_s=max(light, heavy))
+        cold.extend(cold_costs())
+
+    if observer_module is not None:
+        ops = native_log.logged(observer_module, run)
+    else:
+        stream = OpStream()
+        with stream:
+            run()
+        ops = stream.ops
+    light = _median_cpu_gap(ops[calls // 10:calls], lambda o: True)
+    heavy = _median_cpu_gap(ops[calls:calls + 2 * long_kernels],
+                            lambda o: o.name == "aten.mm.default")
+    return GapBaseline(light_s=light, heavy_s=max(light, heavy), cold=tuple(cold))
+
+
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 6) -> list[ColdCost]:
+    """What a long CPU kernel costs the Python after it on this machine: an optimizer step's
+    Python (framework code, as most of a training step's Python is) timed warm, and right after
+    an fp32 matmul of each size (which touches 3 x size^2 x 4 bytes).  Its own tensors only."""
+    params = [torch.zeros(4, requires_grad=True) for _ in range(8)]
+    for p in params:
+        p.grad = torch.zeros(4)
+    optimizer = torch.optim.SGD(params, lr=0.1, foreach=True)
+
+    def probe() -> float:
+        start = time.thread_time()
+        optimizer.step()
+        return time.thread_time() - start
+
+    for _ in range(10):
+        probe()
+    warm = statistics.median(probe() for _ in range(20))
+    out = []
+    for n in sizes:
+        big = torch.ones(n, n)
+        times = []
+        for _ in range(repeats):
+            torch.mm(big, big)
+            times.append(probe())
+        cold = statistics.median(times)
+        out.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, cold - warm),
+                            factor=max(1.0, cold / warm) if warm > 0 else 1.0))
+    return out
 
 
 class CostScan:
@@ -135,6 +181,12 @@ class CostScan:
         self.sync_clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] = {}
         self.own = OwnTime(self.stream.owner)
         self._timed: Any = None
+        # the session's C++ observer, logging every op (native_log.py); else the op stream,
+        # pushed at attach (below the session's own dispatch mode, as before it)
+        self.observer: Any = None
+        self._pushed = contextlib.ExitStack()
+        self._streaming = False
+        self._ops: list[OpRecord] | None = None
 
     def attach(self, session: Any) -> None:
         """The scan's session (run_scan's on_session): residency from its detector, and its
@@ -142,8 +194,17 @@ class CostScan:
         user's)."""
         self.session = session
         detector = getattr(session, "detector", None)
-        if detector is not None:
-            self.stream.on_device = detector.host.on_device
+        observer = getattr(detector, "observer", None)
+        if observer is not None and self.observer is None:
+            native_log.configure(native.load())
+            self.baseline = gap_baseline(observer_module=native.load())
+            self.observer = observer
+            observer.log_ops(True)
+        elif observer is None and self.observer is None and not self._streaming:
+            if detector is not None:
+                self.stream.on_device = detector.host.on_device
+            self._pushed.enter_context(self.stream)
+            self._streaming = True
         recorder = getattr(session, "recorder", None)
         if recorder is not None and self._timed is None:
             self._timed = recorder
@@ -153,8 +214,21 @@ class CostScan:
             self.own.layer(tracker, TRACKER_HOOKS)
             self.own.layer(tracker.steps, STEP_CALLS)
 
+    def ops(self) -> list[OpRecord]:
+        """Every op recorded: the observer's log (taken once, at the end) or the stream's."""
+        if self.observer is None:
+            return self.stream.ops
+        if self._ops is None:
+            self._ops = native_log.records(self.observer.take_ops())
+        return self._ops
+
     def detach(self) -> None:
-        """The session's objects as they were: their own methods back."""
+        """The session's objects as they were: their own methods back, the op stream
+        popped, the observer's log off."""
+        self._pushed.close()
+        if self.observer is not None:
+            self.ops()  # taken before the observer goes with its session
+            self.observer.log_ops(False)
         if self._timed is not None:
             self._timed.__dict__.pop("record", None)
             self._timed = None
@@ -181,7 +255,7 @@ class CostScan:
         first, end = measured_steps(report.steps, report.warmup)
         # the outcome's: the last step ends where what runs after it begins
         starts = list(session.outcome().step_starts)
-        traces = step_traces(list(session.events), self.stream.ops, starts, range(first, end),
+        traces = step_traces(list(session.events), self.ops(), starts, range(first, end),
                              t0=session.tracker.t0, clocks=self.sync_clocks,
                              baseline=self.baseline, own=self.own)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None
@@ -201,11 +275,11 @@ def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan
     The recorder's own gaps are measured here, before the session patches anything."""
     gpu = get_gpu(gpu_name)
     with cheap_frees():
-        baseline = gap_baseline()
+        baseline = gap_baseline()  # the op stream's; the observer's is measured at attach
         scan = CostScan(gpu, dataclasses.replace(host or HostModel(),
                                                  gap_overhead_s=baseline.light_s), baseline)
         try:
-            with timing_layers(scan.own), scan.stream:
+            with timing_layers(scan.own):
                 yield scan
         finally:
             scan.detach()

@@ -14,8 +14,12 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Device.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
+
+#include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -41,6 +45,7 @@ constexpr uint8_t kKeep = 8;    // copy_: the destination stays where it is
 // Opaque only through an Autograd kernel beside its composite one (matmul, linear: nested
 // tensors' autograd kernel); a dense or sparse tensor runs the composite, whose ops are real.
 constexpr uint8_t kAutogradOnly = 16;
+constexpr uint8_t kFlops = 32;  // the cost model counts its FLOPs: its log entry keeps its arguments
 
 // An opaque op with this many inner ops or more runs with RecordFunction off (ThreadState).
 constexpr int kQuietFrom = 2;
@@ -55,6 +60,7 @@ struct OpInfo {
   // are run with RecordFunction off (see ThreadState::quiet).
   int inner = -1;
   bool op = false;       // a dispatcher op, not a named range
+  bool logged = false;   // an op the op log keeps: not record_function's markers
   std::string name;      // "aten::nonzero"
   std::string overload;  // "default", "Tensor", ...
   std::vector<std::pair<size_t, std::string>> kwonly;  // keyword-only arguments by position
@@ -71,6 +77,7 @@ struct Frame {
   uint64_t inner_at;   // inner_ops_ when the op began
   bool remember = false;  // not recorded: its outputs' forward line is still wanted
   bool opaque = false;    // its inner ops are only counted (kOpaque, but see start)
+  int64_t logged = -1;    // its entry in the op log (OpLog), if it has one
   // The first host tensor inputs (the inputs are gone by the op's end: its outputs replace
   // them on the stack): an output that is one of them, handed back as it is, stays there.
   std::array<Impl*, 4> host_inputs{};
@@ -122,6 +129,7 @@ struct Config {
   // Ops whose kernels are Python (torch.library custom ops): what they run inside runs on
   // CUDA as it is written, and what they keep (ctx stashes) must be followed.
   std::vector<std::string> transparent;
+  std::vector<std::string> flops;  // ops with a FLOP formula (torch.utils.flop_counter)
   std::atomic<uint64_t> version{0};
 };
 Config& config() {
@@ -173,6 +181,88 @@ struct ResidencyTable {
   std::mutex lock;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
   size_t sweep_at = 4096;
+};
+
+
+// -- the cost model's op log (`scan --gpu`, costmodel/native_log.py) ------------------------
+// Every op the observer sees, with what the cost model needs: its tensors' shapes, dtypes and
+// side of the bus, the thread's CPU clock around it and the arguments of ops with a FLOP
+// formula. A Python dispatch mode recording the same cost about 20 us per op, and its Python
+// left the CPU's caches cold for the user's code that followed: the Python between two ops
+// then took several times what it takes outside the scan, and that is what the model reads
+// as the user's host time.
+double wall_now() {  // Python's time.perf_counter() clock
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+double cpu_now() {  // Python's time.thread_time() clock
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+long switches_now() {  // involuntary context switches of this thread (own_time.thread_clock)
+#ifdef RUSAGE_THREAD
+  rusage usage;
+  if (getrusage(RUSAGE_THREAD, &usage) == 0) return usage.ru_nivcsw;
+#endif
+  return 0;
+}
+
+struct LoggedTensor {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  bool strided = true;  // false: no strides (sparse, nested)
+  bool contiguous = true;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  bool device = false;
+};
+
+// A list of tensors (a formula reads none; keeping one would keep its tensors alive).
+bool holds_tensors(const c10::IValue& v) {
+  if (v.isTensorList()) return true;
+  if (!v.isList()) return false;
+  for (const c10::IValue& e : v.toListRef()) {
+    if (e.isTensor() || e.isNone()) return true;  // Tensor?[]: None stands for a tensor
+  }
+  return false;
+}
+
+LoggedTensor logged_tensor(const at::Tensor& t, bool device) {
+  LoggedTensor m;
+  m.dtype = t.scalar_type();
+  m.device = device;
+  try {
+    if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+      for (const auto& s : t.sym_sizes()) m.sizes.push_back(s.guard_int(__FILE__, __LINE__));
+      m.strided = false;
+      return m;
+    }
+    m.sizes = t.sizes().vec();
+    if (t.layout() == at::kStrided) {
+      m.strides = t.strides().vec();
+      m.contiguous = t.is_contiguous();
+    } else {
+      m.strided = false;
+    }
+  } catch (const std::exception&) {  // nested tensors have no sizes: shape unknown
+    m.strided = false;
+  }
+  return m;
+}
+
+struct LoggedOp {
+  const char* name;
+  const char* overload;
+  double wall = 0, wall_end = 0, cpu_start = 0, cpu_end = 0, kernel_s = 0;
+  long switches_start = 0, switches_end = 0;
+  bool from_engine = false;
+  uint8_t tf32 = 0;  // bit 0: matmuls may use TF32, bit 1: cuDNN convolutions may
+  std::vector<LoggedTensor> inputs, outputs;
+  bool has_args = false;          // a kFlops op: the next three are kept
+  std::vector<c10::IValue> args;  // its arguments, a tensor's place None
+  std::vector<int> tensor_at;     // per argument: its index in inputs, or -1
+  std::vector<int> output_at;     // per return: its index in outputs, or -1
 };
 
 class Observer {
@@ -242,6 +332,10 @@ class Observer {
       return false;
     }
     OpInfo& info = info_of(fn);
+    const bool logging = logging_ && !follows_ && info.logged;
+    const double wall = logging ? wall_now() : 0, cpu = logging ? cpu_now() : 0;
+    const long switches = logging ? switches_now() : 0;
+    double asked = 0;  // CPU seconds Python took to judge the op: gpusync's, not the kernel's
     Frame f{&info, true, false, true, false, false, nullptr, inner_ops_};
     auto inputs = fn.inputs();
     Inputs seen;
@@ -268,15 +362,20 @@ class Observer {
     // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
     // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
     // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
-    f.opaque = (info.flags & kOpaque) && !((info.flags & kAutogradOnly) && seen.any_sparse);
+    // Logging ops, they are looked into too: the ops they run are the ones logged.
+    f.opaque = (info.flags & kOpaque) &&
+               !((info.flags & kAutogradOnly) && (seen.any_sparse || (logging_ && !follows_)));
     if (f.opaque) ++opaque_depth_;
     if ((info.flags & kRule) && !follows_ && recorded_depth_ == 0 &&
         worth_asking(info.filter, seen)) {
+      const double before = logging ? cpu_now() : 0;
       int answer = ask(info, inputs);
+      if (logging) asked = cpu_now() - before;
       f.recorded = answer == kRecorded;
       f.remember = answer == kRemember;
       if (f.recorded) ++recorded_depth_;
     }
+    if (logging) f.logged = log_start(fn, info, inputs, wall, cpu, switches, asked);
     stack_.push_back(f);
     return f.opaque && info.inner >= kQuietFrom;
   }
@@ -286,6 +385,15 @@ class Observer {
     Frame f = stack_.back();
     stack_.pop_back();
     if (!f.visible) return;
+    const double entered = f.logged >= 0 ? cpu_now() : 0;
+    settle(fn, f);
+    if (f.logged >= 0 && static_cast<size_t>(f.logged) < log_.size()) {
+      log_end(log_[f.logged], fn.outputs(), entered);
+    }
+  }
+
+  // Where the outputs of an op that ended live, and what Python hears of it.
+  void settle(const at::RecordFunction& fn, const Frame& f) {
     const uint8_t flags = f.info->flags;
     if (f.opaque) {
       --opaque_depth_;
@@ -339,7 +447,94 @@ class Observer {
     opaque_depth_ = recorded_depth_ = 0;
   }
 
+  void log_ops(bool on) { logging_ = on; }
+
+  // The ops logged since the last call, as tuples (costmodel/native_log.py reads them), and
+  // the log emptied.
+  py::list take_ops() {
+    py::list out;
+    for (const LoggedOp& op : log_) out.append(logged_tuple(op));
+    log_.clear();
+    return out;
+  }
+
  private:
+  int64_t log_start(const at::RecordFunction& fn, const OpInfo& info,
+                    c10::ArrayRef<const c10::IValue> inputs, double wall, double cpu,
+                    long switches, double asked) {
+    LoggedOp op;
+    op.name = fn.name();
+    op.overload = fn.overload_name();
+    op.wall = wall;
+    op.cpu_start = cpu;
+    op.switches_start = switches;
+    op.kernel_s = -asked;  // log_end adds the op's whole time
+    op.from_engine = torch::autograd::get_current_graph_task_id() != -1;
+    op.has_args = (info.flags & kFlops) != 0;
+    if (op.has_args) {
+      auto& ctx = at::globalContext();
+      op.tf32 = static_cast<uint8_t>(
+          (ctx.allowTF32CuBLAS() ||
+           ctx.float32MatmulPrecision() != at::Float32MatmulPrecision::HIGHEST) |
+          (ctx.allowTF32CuDNN() ? 2 : 0));
+    }
+    std::lock_guard<std::mutex> guard(table_->lock);
+    for (const c10::IValue& value : inputs) {
+      int slot = -1;
+      each_tensor(value, [&](const at::Tensor& t) {
+        if (value.isTensor()) slot = static_cast<int>(op.inputs.size());
+        op.inputs.push_back(logged_tensor(t, !host(t)));
+      });
+      if (op.has_args) {
+        op.tensor_at.push_back(slot);
+        op.args.push_back(value.isTensor() || holds_tensors(value) ? c10::IValue() : value);
+      }
+    }
+    log_.push_back(std::move(op));
+    return static_cast<int64_t>(log_.size()) - 1;
+  }
+
+  void log_end(LoggedOp& op, const std::vector<c10::IValue>& outputs, double entered) {
+    op.kernel_s = std::max(0.0, op.kernel_s + entered - op.cpu_start);
+    {
+      std::lock_guard<std::mutex> guard(table_->lock);
+      for (const c10::IValue& value : outputs) {
+        int slot = -1;
+        each_tensor(value, [&](const at::Tensor& t) {
+          if (value.isTensor()) slot = static_cast<int>(op.outputs.size());
+          op.outputs.push_back(logged_tensor(t, !host(t)));
+        });
+        if (op.has_args) op.output_at.push_back(slot);
+      }
+    }
+    op.switches_end = switches_now();
+    op.wall_end = wall_now();
+    op.cpu_end = cpu_now();
+  }
+
+  static py::tuple tensor_tuple(const LoggedTensor& m) {
+    py::object strides = m.strided ? py::object(py::cast(m.strides)) : py::none();
+    auto dtype = py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(m.dtype)));
+    return py::make_tuple(py::cast(m.sizes), strides, m.contiguous, dtype, m.device);
+  }
+
+  static py::tuple logged_tuple(const LoggedOp& op) {
+    py::list inputs, outputs;
+    for (const auto& m : op.inputs) inputs.append(tensor_tuple(m));
+    for (const auto& m : op.outputs) outputs.append(tensor_tuple(m));
+    py::object args = py::none();
+    if (op.has_args) {
+      py::list values;
+      for (const auto& v : op.args) values.append(torch::jit::toPyObject(v));
+      args = py::make_tuple(values, py::cast(op.tensor_at), py::cast(op.output_at),
+                            static_cast<int>(op.tf32));
+    }
+    return py::make_tuple(std::string(op.name), std::string(op.overload), op.wall,
+                          op.wall_end, op.cpu_start, op.cpu_end, op.kernel_s, op.switches_start,
+                          op.switches_end, op.from_engine, inputs, outputs, args);
+  }
+
   static OpInfo& info_of(const at::RecordFunction& fn) {
     OpTable& table = op_table();
     Config& c = config();
@@ -395,6 +590,9 @@ class Observer {
     if (!decomposes) info.flags |= kOpaque;
     if (!decomposes && autograd_only) info.flags |= kAutogradOnly;
     info.op = static_cast<bool>(op);
+    // What a dispatch mode sees: ops with kernels of their own, not the composites that
+    // decompose into them (matmul for dense tensors runs mm), nor record_function's markers.
+    info.logged = info.op && !decomposes && !autograd_only && name.rfind("profiler::", 0) != 0;
     auto rule = c.rules.find(name);
     if (rule != c.rules.end()) {
       info.flags |= kRule;
@@ -413,6 +611,7 @@ class Observer {
     };
     if (listed(c.lifts)) info.flags |= kLift;
     if (listed(c.keeps)) info.flags |= kKeep;
+    if (listed(c.flops)) info.flags |= kFlops;
     return info;
   }
 
@@ -519,6 +718,8 @@ class Observer {
   uint64_t inner_ops_ = 0;
   int opaque_depth_ = 0;
   int recorded_depth_ = 0;
+  bool logging_ = false;  // log_ops(True): `scan --gpu` records every op here (LoggedOp)
+  std::vector<LoggedOp> log_;
 };
 
 // What this thread holds, in one thread_local: each access to one costs a call in a shared
@@ -670,6 +871,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("virtual_device_index", &virtual_device_index);
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
   m.def("add_transparent", [](const std::string& name) { add_to(&Config::transparent, name); });
+  m.def("add_flops", [](const std::string& name) { add_to(&Config::flops, name); });
   py::class_<Observer>(m, "Observer")
       .def(py::init<py::object, py::object, bool>(), py::arg("on_rule"),
            py::arg("on_recorded"), py::arg("tracks_device") = false)
@@ -683,5 +885,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("install", [](Observer& o) { install(o); })
       .def("uninstall", [](Observer& o) { uninstall(o); })
       .def("follow_this_thread", [](Observer& o) { follow_this_thread(o); })
-      .def("share_table", &Observer::share_table);
+      .def("share_table", &Observer::share_table)
+      .def("log_ops", &Observer::log_ops)
+      .def("take_ops", &Observer::take_ops);
 }

@@ -346,3 +346,37 @@ def test_recording_finds_the_tensors_in_lists_and_keyword_arguments():
     out = add([a, b], [a, b])
     op = record_op(add, ([a, b],), {"other": [a, b]}, out, host_start_s=0.0)
     assert len(op.inputs) == 4 and [t.shape for t in op.outputs] == [(2, 3), (4, 3)]
+
+
+def test_python_after_a_long_kernel_is_taken_warm_by_what_the_cold_probe_showed():
+    from gpusync.costmodel.python_time import ColdCost
+
+    # the probe (an optimizer step) ran 20 us warm; after a 1 MB kernel 80 us, after 12 MB 400
+    base = GapBaseline(light_s=2 * US, heavy_s=50 * US,
+                       cold=(ColdCost(1 << 20, 60 * US, 4.0), ColdCost(12 << 20, 380 * US, 20.0)))
+    assert base.cold_at(1 << 10) == base.cold[0]  # smaller than any: the smallest
+    assert base.cold_at(4 << 20) == base.cold[0]
+    assert base.cold_at(1 << 30) == base.cold[1]
+    # 402 us after a 12 MB kernel: the added time (380) leaves 20; a factor 20 leaves 20
+    assert base.warm(402 * US, 12 << 20) == pytest.approx(20 * US)
+    # 2 ms of Python after it: the added time is at most 380 us, not a factor 20
+    assert base.warm(2002 * US, 12 << 20) == pytest.approx(1620 * US)
+    # a few lines: the factor keeps a little (4 us), never less than nothing
+    assert base.warm(82 * US, 12 << 20) == pytest.approx(4 * US)
+    # never more than the gap less the no-Python baseline after a kernel
+    assert base.warm(60 * US, 1 << 20) <= 10 * US + 1e-12
+    # without a probe: the gap less that baseline, as before
+    assert GapBaseline(heavy_s=50 * US).warm(402 * US, 12 << 20) == pytest.approx(352 * US)
+
+
+def test_a_gap_is_as_cold_as_the_largest_kernel_since_the_last_users_gap():
+    from gpusync.costmodel.python_time import ColdCost
+
+    big = TensorMeta((1024, 1024))  # 4 MiB each: the mm touches 12 MiB
+    base = GapBaseline(light_s=0.0, heavy_s=10 * US,
+                       cold=(ColdCost(1 << 20, 40 * US, 4.0), ColdCost(12 << 20, 300 * US, 20.0)))
+    mm = OpRecord("aten.mm.default", (big, big), (big,), cpu_start_s=0.0, cpu_end_s=8000 * US,
+                  kernel_s=8000 * US)
+    after = op("step", 8400 * US)  # 400 us later: cold by the 12 MiB table entry
+    timed, _ = with_python([mm, after], base)
+    assert python_of(timed) == [0.0, 100.0]  # 400 - 300 beats 400 / 20
