@@ -103,11 +103,12 @@ def _site() -> str | None:
     """file:line of the user's innermost frame (where the script built or called)."""
     from ..detect import frames
 
-    for file, line, _ in frames.raw_stack(2):
-        if frames.is_users(file):
-            relative = os.path.relpath(file)
-            return f"{file if relative.startswith('..') else relative}:{line}"
-    return None
+    found = frames.user_call(2)
+    if found is None:
+        return None
+    file, line = found.where
+    relative = os.path.relpath(file)
+    return f"{file if relative.startswith('..') else relative}:{line}"
 
 
 def _add_site(builds: Builds, key: str, entry: dict) -> None:

@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..report import Site
-from . import loop_scope as scope
-from .callsite import call_ending, caller
+from . import syntax
+from .callsite import caller
 from .observe import Facts, layers
 from .remedy import Proposal, Refusal
 from .source import Edit, Source
@@ -214,7 +214,7 @@ def _copies(source: Source, line: int, values: list[dict], pageable: bool = Fals
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
     out = []
     for end, group in by_end.items():
-        call = call_ending(source.tree, line, end, ("to", "cuda"))
+        call = source.call_ending(line, end, ("to", "cuda"))
         what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
         if not any(v.get("built") for v in group):
             raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
@@ -244,21 +244,16 @@ def _not_written_after(source: Source, call: ast.Call) -> None:
     """A non_blocking copy reads the host tensor after the call returns: the script must not
     write into it (by the name it copied) after the copy, unless that name now holds the copy."""
     assert isinstance(call.func, ast.Attribute)
-    receiver = call.func.value
-    while isinstance(receiver, (ast.Attribute, ast.Subscript)):
-        receiver = receiver.value
-    if not isinstance(receiver, ast.Name):
+    name = syntax.root(call.func.value)
+    if name is None:
         return
     stmt = source.statement(call)
-    if receiver.id in scope.assigned(stmt):  # x = x.to(d): x is the device copy from here on
+    if name in syntax.assigned(stmt):  # x = x.to(d): x is the device copy from here on
         return
-    block: ast.AST = scope.loop_of(source, stmt) or next(
-        (a for a in source.ancestors(stmt) if isinstance(a, (ast.FunctionDef,
-                                                              ast.AsyncFunctionDef))),
-        source.tree)
-    line = scope.changed_in_place(block, receiver.id, after=stmt.end_lineno or stmt.lineno)
+    block: ast.AST = source.loop(stmt, every_iteration=True) or source.function(stmt)
+    line = syntax.changed_in_place(block, name, after=stmt.end_lineno or stmt.lineno)
     if line is not None:
-        raise _Refused(f"{receiver.id} is changed in place at line {line}, after it is copied at "
+        raise _Refused(f"{name} is changed in place at line {line}, after it is copied at "
                        f"line {call.lineno}: a non_blocking copy could read the change")
 
 
@@ -280,8 +275,8 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
                        "tuples, lists and dicts")
     if all(v["pin_memory"] for v in infos):
         return None
-    call = call_ending(source.tree, line, tuple(end) if end[0] is not None else None,
-                       ("DataLoader",))
+    call = source.call_ending(line, tuple(end) if end[0] is not None else None,
+                              ("DataLoader",))
     if call is None:
         raise _Refused(f"the DataLoader of line {line} is not built by a DataLoader(...) call "
                        "there")

@@ -18,41 +18,16 @@ the host only because of how it was called (detect/libraries/pytorch.py, docs/ru
 Each edits only a call the run saw make the sync at that line, with a literal it can read."""
 from __future__ import annotations
 
-import ast
 import contextlib
-import os
 import weakref
-from typing import Any, Iterator
+from typing import Iterator
 
+from ..fileio import same_file
 from ..report import Site
 from .observe import Facts, layers
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, library
 from .source import Source, callee_name
-
-
-def library(site: Site) -> tuple[str, str]:
-    """(file, function) of the library line that synced under the user's, ("", "") if none."""
-    lib = site.library
-    return (lib.file.replace("\\", "/"), lib.function) if lib is not None else ("", "")
-
-
-def same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-def literal(node: ast.AST | None) -> Any:
-    """The value of a literal True/False/None, else a marker that it is not one."""
-    if isinstance(node, ast.Constant) and node.value in (True, False, None) and \
-            type(node.value) in (bool, type(None)):
-        return node.value
-    return NOT_LITERAL
-
-
-NOT_LITERAL = object()
-
-
-def keyword(call: ast.Call, name: str) -> ast.keyword | None:
-    return next((k for k in call.keywords if k.arg == name), None)
+from .syntax import keyword, literal
 
 
 # -- clip_grad_norm_(error_if_nonfinite=True) -----------------------------------------------

@@ -36,10 +36,10 @@ import os
 from ..detect.libraries import lightning, transformers
 from ..detect.rules import PINNED_SOURCE
 from ..report import Site
-from .flags import keyword, literal
 from .observe import Facts
 from .remedy import Proposal, Refusal
 from .source import Source, callee_name
+from .syntax import keyword, keyword_value, literal, root
 
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
@@ -124,8 +124,9 @@ class _ProgBar:
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not _made_by(site, lightning.PROGRESS_BAR_STEP):
             return None
-        calls = [c for c in self._logs(source) if literal(_value(c, "prog_bar")) is True
-                 and literal(_value(c, "on_step")) is not False]
+        calls = [c for c in self._logs(source)
+                 if literal(keyword_value(c, "prog_bar")) is True
+                 and literal(keyword_value(c, "on_step")) is not False]
         if not calls:
             return Refusal(self.NAME, site, "no self.log(..., prog_bar=True) in a "
                            f"{self.HOOK} of {os.path.relpath(site.file)}: set prog_bar=False "
@@ -196,7 +197,7 @@ class _MetricValidation:
         bound = _imported_from(source, "torchmetrics")
         built = [(n, _constructor(n.value)) for n in ast.walk(source.tree)
                  if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)]
-        return [call for n, call in built if _root(call.func) in bound
+        return [call for n, call in built if root(call.func) in bound
                 and any(source.segment(t) == name for t in n.targets)]
 
 
@@ -220,21 +221,9 @@ def _imported_from(source: Source, package: str) -> set[str]:
     return names
 
 
-def _root(node: ast.AST) -> str | None:
-    """`torchmetrics` for `torchmetrics.classification.Accuracy`, `Accuracy` for itself."""
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
 def _names(source: Source, calls: list[ast.Call]) -> list[str]:
     """What each call logs, as the source spells it ('"train_loss"', "{...}")."""
     return [source.segment(c.args[0]) if c.args else "?" for c in calls]
-
-
-def _value(call: ast.Call, name: str) -> ast.AST | None:
-    kw = keyword(call, name)
-    return kw.value if kw is not None else None
 
 
 METRIC_VALIDATION = _MetricValidation()

@@ -17,11 +17,11 @@ from typing import Iterator
 
 from ..report import Site
 from . import logging_scope as scope
-from . import logging_sum
+from . import logging_sum, syntax
 from .logging_scope import Read, Refused, atom
 from .observe import Facts, Observed
 from .remedy import Proposal, Refusal
-from .source import Edit, Source
+from .source import Edit, Loop, Source
 
 NAME = "item.log_every"
 KIND = "item.read"  # {"dtype": "float32", "alias": bool} for each read at a user's line
@@ -120,14 +120,14 @@ def every_step(source: Source, stmt: ast.stmt) -> str:
 
 
 def deferred(site: Site, source: Source, read: Read, stmt: ast.Assign,
-             loop: ast.For | ast.While, seen: Observed) -> tuple[list[Edit], str]:
+             loop: Loop, seen: Observed) -> tuple[list[Edit], str]:
     """(a) `v = <read>` whose only readers are in one interval block after it: the line moves
     into the block; or, when what it reads changes before the block, `v` holds the detached
     tensor (a clone, if it may change in place) until the block reads it."""
     name = stmt.targets[0].id  # type: ignore[attr-defined]
     block, between = _block(source, stmt, loop, name)
     alias = any(v.get("alias") for v in seen.values if isinstance(v, dict))
-    moved = scope.changed(between, scope.names_in(stmt.value))
+    moved = scope.changed(between, syntax.reads(stmt.value))
     test = scope.first_line(source, block)
     pure = scope.pure(stmt.value, read.call)
     if moved is None and pure and not alias and scope.owns_lines(source, stmt):
@@ -139,7 +139,7 @@ def deferred(site: Site, source: Source, read: Read, stmt: ast.Assign,
                       + ("computes more than the read" if not pure else
                          f"reads what line {getattr(moved, 'lineno', '?')} changes")
                       + ": moved to the block it could give another value")
-    in_place = alias or scope.changed(between, {scope.root(read.receiver) or ""},
+    in_place = alias or scope.changed(between, {syntax.root(read.receiver) or ""},
                                       rebinding=False) is not None
     keep = f"{atom(source, read.receiver)}.detach()" + (".clone()" if in_place else "")
     again = {"item": f"{name}.item()", "float()": f"float({name})",
@@ -153,7 +153,7 @@ def deferred(site: Site, source: Source, read: Read, stmt: ast.Assign,
         "place the script uses it")
 
 
-def _block(source: Source, stmt: ast.Assign, loop: ast.For | ast.While,
+def _block(source: Source, stmt: ast.Assign, loop: Loop,
            name: str) -> tuple[ast.If, list[ast.stmt]]:
     """The interval block after `stmt` that holds every read of `name`, and the statements
     that run between the two."""
@@ -162,7 +162,7 @@ def _block(source: Source, stmt: ast.Assign, loop: ast.For | ast.While,
         raise Refused("the read runs only in some iterations (under an `if` or a `try` in "
                       "the loop)")
     following = scope.after(source, path, loop)
-    used = scope.uses(source, scope.scope_of(source, loop), name)
+    used = scope.uses(source, source.function(loop), name)
     if used.other:
         raise Refused(f"`{name}` is also used by `{scope.first_line(source, used.other[0])}`")
     for store in used.stores:

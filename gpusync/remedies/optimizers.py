@@ -18,11 +18,12 @@ import contextlib
 import weakref
 from typing import Any, Iterator
 
+from ..fileio import same_file
 from ..report import Site
-from .flags import keyword, library, literal, same_file
 from .observe import Facts, layers
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, library
 from .source import Source
+from .syntax import keyword, literal
 
 
 def _why_not(opt: Any) -> str | None:

@@ -42,6 +42,12 @@ class Proposal:
     rounds: bool = False
 
 
+def library(site: Site) -> tuple[str, str]:
+    """(file, function) of the library line that synced under the user's, ("", "") if none."""
+    lib = site.library
+    return (lib.file.replace("\\", "/"), lib.function) if lib is not None else ("", "")
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why `remedy` offers nothing for `site` (listed in the report, never silent)."""

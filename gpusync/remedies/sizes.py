@@ -33,6 +33,7 @@ from . import scope
 from .observe import Facts, Observed, layers
 from .remedy import Proposal, Refusal
 from .source import Edit, Source
+from .syntax import keyword_value
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,14 @@ class SizeRemedy:
         raise NotImplementedError
 
     def _note(self, facts: Facts, names: scope.Names, n: int) -> None:
-        frame = scope.user_frame()
-        if frame is None:
+        from ..detect import frames
+
+        # the op's caller: the user's line, with only gpusync's or torch's thin wrappers
+        # (F.one_hot) between; torch's own code calling the op is not the user's call
+        found = frames.user_call()
+        if found is None or found.through_library:
             return
+        frame = found.frame
         facts.note(self.NAME, n, where=(frame.f_code.co_filename, frame.f_lineno))
         names.note(facts, self.NAME + ":names", frame, n)
 
@@ -131,10 +137,6 @@ def _held_in_every_call(seen: Observed | None) -> list[str] | None:
     return sorted(left)
 
 
-def _keyword(call: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
-
-
 def _literal(node: ast.expr | None, value: Any) -> bool:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
             isinstance(node.operand, ast.Constant) and type(node.operand.value) is int:
@@ -182,7 +184,7 @@ class _OneHot(SizeRemedy):
     def editable(self, call):
         if len(call.args) > 1:
             return _literal(call.args[1], -1)
-        value = _keyword(call, "num_classes")
+        value = keyword_value(call, "num_classes")
         return value is None or _literal(value, -1)
 
     def edits(self, source, found):
@@ -219,7 +221,7 @@ class _RepeatInterleave(SizeRemedy):
                 patches.add_layer(torch.Tensor, "repeat_interleave", noting(True))]
 
     def editable(self, call):
-        return _keyword(call, "output_size") is None
+        return keyword_value(call, "output_size") is None
 
     def edits(self, source, found):
         return [source.set_keyword(found.call, "output_size", found.expr)]
@@ -259,8 +261,8 @@ class _Nonzero(SizeRemedy):
                 patches.add_layer(torch.Tensor, "nonzero", layer)]
 
     def editable(self, call):
-        as_tuple = _keyword(call, "as_tuple")
-        return (isinstance(call.func, ast.Attribute) and _keyword(call, "out") is None
+        as_tuple = keyword_value(call, "as_tuple")
+        return (isinstance(call.func, ast.Attribute) and keyword_value(call, "out") is None
                 and (as_tuple is None or _literal(as_tuple, False))
                 and not any(isinstance(a, ast.Starred) for a in call.args)
                 and not any(k.arg is None for k in call.keywords))

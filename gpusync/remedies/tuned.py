@@ -32,7 +32,7 @@ from ..detect.libraries.fbgemm import TBE_MODULE
 from ..detect.libraries.torchrec import PIPELINE_MODULES, PIPELINES
 from ..report import Site
 from .observe import Facts, user_line
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, library
 from .source import Edit, Source, apply
 from .tuned_edits import (
     PIPELINE,
@@ -182,15 +182,10 @@ def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | No
     return None
 
 
-def _library(site: Site) -> tuple[str, str]:
-    lib = site.library
-    return (lib.file, lib.function) if lib is not None else ("", "")
-
-
 def _writeback_site(site: Site) -> bool:
     """fbgemm's writeback dedup (utils/writeback_util.py), in its backward hook or, with
     precompute_writeback, in the TBE's forward."""
-    file, function = _library(site)
+    file, function = library(site)
     return "fbgemm_gpu" in file and ("writeback" in file or "writeback" in function)
 
 
