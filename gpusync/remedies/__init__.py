@@ -1,6 +1,7 @@
-"""What `gpusync fix` can change: one module per remedy (remedy.py says what a remedy is), the
-run's facts they read (observe.py), and the user's source they edit (source.py). Below runs/:
-the scan's process installs the remedies' observers; gpusync/fix/ proposes and verifies."""
+"""What `gpusync fix` can change: one module per remedy (remedy.py says what a remedy is); what
+they share (the run's facts they read, the user's source they edit, questions about its syntax)
+is in helpers/. Below runs/: the scan's process installs the remedies' observers;
+gpusync/fix/ proposes and verifies."""
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ from . import (
     tensor_list,
     tuned,
 )
-from .observe import Facts
+from .helpers.observe import Facts
 from .remedy import Proposal, Refusal, Remedy
 
 REMEDIES: tuple[Remedy, ...] = (

@@ -22,11 +22,11 @@ import weakref
 from typing import Any, Iterator
 
 from ..report import Site
-from . import callsite
-from .observe import Facts, layers
+from .helpers import callsite
+from .helpers.observe import Facts, layers
+from .helpers.source import Source
+from .helpers.syntax import keyword, literal
 from .remedy import Proposal, Refusal, library
-from .source import Source
-from .syntax import keyword, literal
 
 _TRANSFORMER = "torch/nn/modules/transformer.py"
 _MASKS = ("mask", "src_mask", "tgt_mask")

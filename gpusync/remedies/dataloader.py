@@ -29,11 +29,11 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..report import Site
-from . import syntax
-from .callsite import caller
-from .observe import Facts, layers
+from .helpers import syntax
+from .helpers.callsite import caller
+from .helpers.observe import Facts, layers
+from .helpers.source import Edit, Source
 from .remedy import Proposal, Refusal
-from .source import Edit, Source
 
 NAME = "dataloader.pin_memory"
 PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True

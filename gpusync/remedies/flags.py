@@ -24,10 +24,10 @@ from typing import Iterator
 
 from ..fileio import same_file
 from ..report import Site
-from .observe import Facts, layers
+from .helpers.observe import Facts, layers
+from .helpers.source import Source, callee_name
+from .helpers.syntax import keyword, literal
 from .remedy import Proposal, Refusal, library
-from .source import Source, callee_name
-from .syntax import keyword, literal
 
 
 # -- clip_grad_norm_(error_if_nonfinite=True) -----------------------------------------------
@@ -74,7 +74,7 @@ class _ValidateArgs:
         from torch.distributions import Distribution
 
         from ..detect import patches
-        from .observe import user_line
+        from .helpers.observe import user_line
 
         built: dict[int, tuple[weakref.ref, list]] = {}  # id -> (the distribution, where)
 

@@ -36,10 +36,10 @@ import os
 from ..detect.libraries import lightning, transformers
 from ..detect.rules import PINNED_SOURCE
 from ..report import Site
-from .observe import Facts
+from .helpers.observe import Facts
+from .helpers.source import Source, callee_name
+from .helpers.syntax import keyword, keyword_value, literal, root
 from .remedy import Proposal, Refusal
-from .source import Source, callee_name
-from .syntax import keyword, keyword_value, literal, root
 
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)

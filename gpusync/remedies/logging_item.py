@@ -4,7 +4,7 @@ stays on the device and is read only where the script uses it, under its own int
   (a) `v = loss.item()` used only in such a block: the read moves into the block (or `v`
       holds the detached tensor until the block reads it, when `loss` is rebound before);
   (b) `total += loss.item()` read in such a block or after the loop: the sum is kept on the
-      device in float64 (logging_sum.py), the same double additions in the same order.
+      device in float64 (helpers/logging_sum.py), the same double additions in the same order.
 A value used every step (printed, appended, passed on) is refused: the script has no step of
 its own to read it at, and gpusync does not invent one."""
 from __future__ import annotations
@@ -16,12 +16,12 @@ import textwrap
 from typing import Iterator
 
 from ..report import Site
-from . import logging_scope as scope
-from . import logging_sum, syntax
-from .logging_scope import Read, Refused, atom
-from .observe import Facts, Observed
+from .helpers import logging_scope as scope
+from .helpers import logging_sum, syntax
+from .helpers.logging_scope import Read, Refused, atom
+from .helpers.observe import Facts, Observed
+from .helpers.source import Edit, Loop, Source
 from .remedy import Proposal, Refusal
-from .source import Edit, Loop, Source
 
 NAME = "item.log_every"
 KIND = "item.read"  # {"dtype": "float32", "alias": bool} for each read at a user's line
@@ -109,7 +109,7 @@ def _seen(facts: Facts, site: Site) -> Observed | None:
 def every_step(source: Source, stmt: ast.stmt) -> str:
     text = scope.first_line(source, stmt)
     if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-        from .source import callee_name
+        from .helpers.source import callee_name
 
         if callee_name(stmt.value) in _LOGGERS:
             return (f"`{text}` logs it every step, and what it prints must stay the same: "

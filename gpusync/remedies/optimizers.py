@@ -20,10 +20,10 @@ from typing import Any, Iterator
 
 from ..fileio import same_file
 from ..report import Site
-from .observe import Facts, layers
+from .helpers.observe import Facts, layers
+from .helpers.source import Source
+from .helpers.syntax import keyword, literal
 from .remedy import Proposal, Refusal, library
-from .source import Source
-from .syntax import keyword, literal
 
 
 def _why_not(opt: Any) -> str | None:
@@ -54,7 +54,7 @@ class _Fused:
         from torch.amp.grad_scaler import GradScaler
 
         from ..detect import patches
-        from .observe import user_line
+        from .helpers.observe import user_line
 
         built: dict[int, tuple[weakref.ref, list]] = {}  # id -> (the optimizer, its line)
 

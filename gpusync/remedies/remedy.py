@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..report import Site
-from .observe import Facts
-from .source import Edit, Source
+from .helpers.observe import Facts
+from .helpers.source import Edit, Source
 
 
 @dataclass(frozen=True)

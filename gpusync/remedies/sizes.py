@@ -19,8 +19,8 @@
 
 Each is offered only when the size observed (from the output's shape: no sync, no device
 value read) was one N in every call and a name of the program that is a constant at the call
-held N in every call too (scope.py says what counts and which name is preferred); a literal
-is never written. Otherwise: a Refusal saying why."""
+held N in every call too (helpers/constants.py says what counts and which name is
+preferred); a literal is never written. Otherwise: a Refusal saying why."""
 from __future__ import annotations
 
 import ast
@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..report import Site
-from . import scope
-from .observe import Facts, Observed, layers
+from .helpers import constants
+from .helpers.observe import Facts, Observed, layers
+from .helpers.source import Edit, Source
+from .helpers.syntax import keyword_value
 from .remedy import Proposal, Refusal
-from .source import Edit, Source
-from .syntax import keyword_value
 
 
 @dataclass(frozen=True)
@@ -52,13 +52,13 @@ class SizeRemedy:
     NAME = ""
     OP = ""  # the scan's op label for the site
     CALLEES: tuple[str, ...] = ()
-    HINT: str | None = None  # what the size's name says it is (scope.choose)
+    HINT: str | None = None  # what the size's name says it is (constants.choose)
     WHAT = "size"  # in reasons: "the class count"
 
     # -- observing ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def observe(self, facts: Facts) -> Iterator[Facts]:
-        names = scope.Names()
+        names = constants.Names()
         handles = self._install(lambda n: self._note(facts, names, n))
         with layers(handles):
             yield facts
@@ -66,7 +66,7 @@ class SizeRemedy:
     def _install(self, note: Callable[[int], None]) -> list[Any]:
         raise NotImplementedError
 
-    def _note(self, facts: Facts, names: scope.Names, n: int) -> None:
+    def _note(self, facts: Facts, names: constants.Names, n: int) -> None:
         from ..detect import frames
 
         # the op's caller: the user's line, with only gpusync's or torch's thin wrappers
@@ -121,7 +121,7 @@ class SizeRemedy:
         names = _held_in_every_call(facts.at(self.NAME + ":names", site.file, site.line))
         if names is None:
             return "the names holding it were not all kept: not known which held it throughout"
-        best, why = scope.choose(source, editable[0], names, self.HINT)
+        best, why = constants.choose(source, editable[0], names, self.HINT)
         if best is None:
             return f"{self.WHAT} {seen.value}: {why}"
         return _Found(editable[0], best.expr, best.kind, seen.value, seen.calls)

@@ -31,11 +31,11 @@ import hashlib
 from typing import Any, Iterator
 
 from ..report import Site
-from . import syntax
-from .callsite import caller
-from .observe import Facts
+from .helpers import syntax
+from .helpers.callsite import caller
+from .helpers.observe import Facts
+from .helpers.source import Edit, Loop, Source
 from .remedy import Proposal, Refusal
-from .source import Edit, Loop, Source
 
 NAME = "tensor.hoist"
 HOIST, PINNED = "tensor.hoist", "tensor.pinned"

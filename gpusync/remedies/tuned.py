@@ -1,6 +1,6 @@
 """tuned.settings: the torchrec / fbgemm settings `gpusync tune -o` chose (`gpusync fix --tuned
 FILE`: facts.settings), written into the script where it builds what they set
-(tuned_edits.py has the edits).
+(helpers/tuned_edits.py has the edits).
 
 Which sites a setting removes (checked by scanning gpusync/examples/torchrec_train.py with each
 setting applied, torchrec 1.9.2 / fbgemm-gpu 1.8.0):
@@ -31,10 +31,9 @@ from ..detect.events import BATCH_COPY, EMB_LOOKUP, INPUT_DIST
 from ..detect.libraries.fbgemm import TBE_MODULE
 from ..detect.libraries.torchrec import PIPELINE_MODULES, PIPELINES
 from ..report import Site
-from .observe import Facts, user_line
-from .remedy import Proposal, Refusal, library
-from .source import Edit, Source, apply
-from .tuned_edits import (
+from .helpers.observe import Facts, user_line
+from .helpers.source import Edit, Source, apply
+from .helpers.tuned_edits import (
     PIPELINE,
     PRECOMPUTE,
     WRITEBACK,
@@ -44,6 +43,7 @@ from .tuned_edits import (
     precompute_edit,
     syncfree_edits,
 )
+from .remedy import Proposal, Refusal, library
 
 NAME = "tuned.settings"
 PIPELINE_BUILT, TBE_BUILT, CONFIG_BUILT = "tuned.pipeline", "tuned.tbe", "tuned.config"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpusync.remedies import Facts, Proposal, Refusal, dataloader
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 

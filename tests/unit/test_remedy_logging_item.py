@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpusync.remedies import Facts, Proposal, Refusal, logging_item
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import recorded_run
 

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from gpusync import remedies
 from gpusync.remedies import Facts, Proposal, Refusal, dataloader, tensor_list
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 

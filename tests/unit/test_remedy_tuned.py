@@ -7,8 +7,8 @@ import torch
 
 from gpusync.examples import torchrec_train
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, tuned
-from gpusync.remedies.source import Source, apply, check
-from gpusync.remedies.tuned_edits import (
+from gpusync.remedies.helpers.source import Source, apply, check
+from gpusync.remedies.helpers.tuned_edits import (
     Unsafe,
     chosen_pipeline,
     pipeline_edits,

@@ -7,8 +7,8 @@ import os
 import textwrap
 
 from gpusync.detect import frames
-from gpusync.remedies import syntax
-from gpusync.remedies.source import Source
+from gpusync.remedies.helpers import syntax
+from gpusync.remedies.helpers.source import Source
 
 
 def _source(code: str) -> Source:

@@ -28,7 +28,7 @@ class CallSite:
 
 def caller(skip: int = 2) -> CallSite | None:
     """The user's innermost frame above the layer that calls this (`skip` frames up)."""
-    from ..detect import frames
+    from ...detect import frames
 
     found = frames.user_call(skip)
     if found is None:

@@ -51,7 +51,7 @@ def _class_file(cls: type) -> str:
 def _holds(value: Any) -> Mapping[str, Any] | None:
     """The attributes one level into `value` (its instance dict; a user module's or class's
     namespace), read without running any of its code (no properties, no __getattr__)."""
-    from ..detect import frames
+    from ...detect import frames
 
     if isinstance(value, (types.ModuleType, type)):
         file = _class_file(value) if isinstance(value, type) else getattr(value, "__file__", "")
@@ -135,7 +135,10 @@ class Names:
 
 # -- in the source --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Candidate:
+class ConstantName:
+    """A name of the program ("name" or "base.attr") that is a constant at a call, ranked for
+    choosing which one to write there."""
+
     expr: str
     rank: int
     kind: str  # for the summary: "the argument", "the module constant", ...
@@ -235,7 +238,7 @@ def _attribute_constant(source: Source, attr: str) -> bool:
     return True
 
 
-def constant(source: Source, call: ast.AST, expr: str) -> Candidate | None:
+def constant(source: Source, call: ast.AST, expr: str) -> ConstantName | None:
     """`expr` ("name" or "base.attr") ranked, when it is a constant of the program at `call`
     (module doc), else None."""
     base, _, attr = expr.partition(".")
@@ -246,7 +249,7 @@ def constant(source: Source, call: ast.AST, expr: str) -> Candidate | None:
         return None
     if attr:
         found = (RANK_LOCAL if base == "self" else RANK_ATTRIBUTE, "the attribute")
-    return Candidate(expr, *found)
+    return ConstantName(expr, *found)
 
 
 def _read_near(source: Source, call: ast.AST) -> set[str]:
@@ -256,7 +259,7 @@ def _read_near(source: Source, call: ast.AST) -> set[str]:
 
 
 def choose(source: Source, call: ast.AST, names: list[str], hint: str | None = None
-           ) -> tuple[Candidate | None, str]:
+           ) -> tuple[ConstantName | None, str]:
     """The name to write at `call` among `names` (those that held N in every call), the
     first of: a name matching `hint` (a regex on what the size is, e.g. classes); one already
     read in the loop (else the function) around the call; by rank: a local, an argument or

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from ..detect.libraries.torchrec import FUSED_DEFAULTS, PIPELINE_MODULES, PIPELINES
+from ...detect.libraries.torchrec import FUSED_DEFAULTS, PIPELINE_MODULES, PIPELINES
 from .source import Edit, Source
 
 PIPELINE = "torchrec.pipeline"  # gpusync/knobs/torchrec.py's names (a layer above: not imported)

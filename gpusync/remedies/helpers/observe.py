@@ -65,7 +65,7 @@ class Facts:
 def user_line(skip: int = 2) -> tuple[str, int] | None:
     """(file, line) of the user's innermost frame (`skip` frames up from here), library frames
     above it or not: where the scan places its sites, also one that a library's code makes."""
-    from ..detect import frames
+    from ...detect import frames
 
     found = frames.user_call(skip)
     return None if found is None else found.where
