@@ -21,25 +21,13 @@ from . import (
 from .helpers.observe import Facts
 from .remedy import Proposal, Refusal, Remedy
 
-REMEDIES: tuple[Remedy, ...] = (
-    dataloader,
-    tensor_list,
-    sizes.ONE_HOT,
-    sizes.REPEAT_INTERLEAVE,
-    sizes.NONZERO,
-    flags.CLIP_GRAD_NORM,
-    flags.VALIDATE_ARGS,
-    optimizers.FUSED,
-    causal.IS_CAUSAL,
-    framework_args.NAN_INF_FILTER,
-    framework_args.NON_BLOCKING,
-    framework_args.PROG_BAR,
-    framework_args.METRIC_VALIDATION,
-    logging_item,
-    tuned,
-)  # each remedy, in the order their proposals are tried
+# the remedy modules, each listing its remedies in REMEDIES: their proposals are tried in this
+# order, a module's in its own
+MODULES = (dataloader, tensor_list, sizes, flags, optimizers, causal, framework_args,
+           logging_item, tuned)
+REMEDIES: tuple[Remedy, ...] = tuple(r for module in MODULES for r in module.REMEDIES)
 
-__all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "observing"]
+__all__ = ["MODULES", "REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "observing"]
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from .helpers import callsite
 from .helpers.observe import Facts, layers
 from .helpers.source import Source
 from .helpers.syntax import keyword, literal
-from .remedy import Proposal, Refusal, library
+from .remedy import Proposal, Refusal, Remedy, library
 
 _TRANSFORMER = "torch/nn/modules/transformer.py"
 _MASKS = ("mask", "src_mask", "tgt_mask")
@@ -84,7 +84,7 @@ def _the_call(source: Source, line: int, spans: set[tuple]) -> ast.Call | None:
     return source.call_at(list(spans.pop())) if len(spans) == 1 else None
 
 
-class _IsCausal:
+class _IsCausal(Remedy):
     NAME = "transformer.is_causal"
 
     @contextlib.contextmanager
@@ -173,3 +173,4 @@ class _IsCausal:
 
 
 IS_CAUSAL = _IsCausal()
+REMEDIES = (IS_CAUSAL,)

@@ -33,7 +33,7 @@ from .helpers import syntax
 from .helpers.callsite import caller
 from .helpers.observe import Facts, layers
 from .helpers.source import Edit, Source
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, Remedy
 
 NAME = "dataloader.pin_memory"
 PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True
@@ -127,55 +127,61 @@ class _Watch:
         return out
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    import torch
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
+class _PinMemory(Remedy):
+    NAME = NAME
 
-    from ..detect import patches
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        import torch
+        from torch.utils.data import DataLoader
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    watch = _Watch(facts)
-    handles = [patches.add_layer(DataLoader, "__init__", watch.init),
-               patches.add_layer(DataLoader, "__iter__", watch.iter),
-               patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
-               patches.add_layer(torch.Tensor, "to", watch.copy),
-               patches.add_layer(torch.Tensor, "cuda", watch.copy)]
-    with layers(handles):
-        yield facts
+        from ..detect import patches
+
+        watch = _Watch(facts)
+        handles = [patches.add_layer(DataLoader, "__init__", watch.init),
+                   patches.add_layer(DataLoader, "__iter__", watch.iter),
+                   patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
+                   patches.add_layer(torch.Tensor, "to", watch.copy),
+                   patches.add_layer(torch.Tensor, "cuda", watch.copy)]
+        with layers(handles):
+            yield facts
 
 
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    """pin_memory=True on the loader(s) whose yielded tensors this line copies, non_blocking=True
-    on every copy of those tensors in the file (the same edits from each of its copy sites)."""
-    if site.op not in ("H2D copy", PAGEABLE):
-        return None
-    pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
-    seen = facts.at(COPY, site.file, site.line)
-    if seen is None or not any(v.get("built") for v in seen.values):
-        return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
-    try:
-        if seen.more:
-            raise _Refused("more distinct copies were seen at this line than are kept")
-        own = _copies(source, site.line, seen.values, pageable)
-        builds = {b for _, bs in own for b in bs}
-        copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
-        for (kind, file, line), other in facts.data.items():
-            if kind == COPY and file == site.file and line != site.line and not other.more:
-                with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
-                    theirs = _copies(source, line, other.values, pageable)
-                    if theirs and all(bs <= builds for _, bs in theirs):
-                        copies[line] = [c for c, _ in theirs]
-        pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
-    except _Refused as e:
-        return Refusal(NAME, site, str(e))
-    edits = [e for _, e in pins if e is not None]
-    if pageable:
-        if not edits:
-            return None  # pinned already: the copy's source is something else
-        return Proposal(NAME, site, tuple(sorted(edits)), _pinned_summary(pins, sorted(copies)))
-    edits += [source.set_keyword(c, "non_blocking", "True") for cs in copies.values() for c in cs]
-    return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        """pin_memory=True on the loader(s) whose yielded tensors this line copies,
+        non_blocking=True on every copy of those tensors in the file (the same edits from each
+        of its copy sites)."""
+        if site.op not in ("H2D copy", PAGEABLE):
+            return None
+        pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
+        seen = facts.at(COPY, site.file, site.line)
+        if seen is None or not any(v.get("built") for v in seen.values):
+            return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
+        try:
+            if seen.more:
+                raise _Refused("more distinct copies were seen at this line than are kept")
+            own = _copies(source, site.line, seen.values, pageable)
+            builds = {b for _, bs in own for b in bs}
+            copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
+            for (kind, file, line), other in facts.data.items():
+                if kind == COPY and file == site.file and line != site.line and not other.more:
+                    with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
+                        theirs = _copies(source, line, other.values, pageable)
+                        if theirs and all(bs <= builds for _, bs in theirs):
+                            copies[line] = [c for c, _ in theirs]
+            pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
+        except _Refused as e:
+            return Refusal(NAME, site, str(e))
+        edits = [e for _, e in pins if e is not None]
+        if pageable:
+            if not edits:
+                return None  # pinned already: the copy's source is something else
+            return Proposal(NAME, site, tuple(sorted(edits)),
+                            _pinned_summary(pins, sorted(copies)))
+        edits += [source.set_keyword(c, "non_blocking", "True")
+                  for cs in copies.values() for c in cs]
+        return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
 
 
 def _pinned_summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
@@ -294,3 +300,7 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
     torch = source.imported_as("torch")
     return source.set_keyword(call, "pin_memory",
                               f"{torch}.cuda.is_available()" if torch else "True")
+
+
+PIN_MEMORY = _PinMemory()
+REMEDIES = (PIN_MEMORY,)

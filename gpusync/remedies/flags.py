@@ -27,17 +27,14 @@ from ..report import Site
 from .helpers.observe import Facts, layers
 from .helpers.source import Source, callee_name
 from .helpers.syntax import keyword, literal
-from .remedy import Proposal, Refusal, library
+from .remedy import Proposal, Refusal, Remedy, library
 
 
 # -- clip_grad_norm_(error_if_nonfinite=True) -----------------------------------------------
-class _ClipGradNorm:
+class _ClipGradNorm(Remedy):
     NAME = "clip_grad_norm.error_if_nonfinite"
     # the functions taking it, and its position among their arguments
     CALLEES = {"clip_grad_norm_": 3, "clip_grad_norm": 3, "get_total_norm": 2}
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)  # the site and the source say all it needs
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not library(site)[0].endswith("torch/nn/utils/clip_grad.py"):
@@ -65,7 +62,7 @@ class _ClipGradNorm:
 
 
 # -- torch.distributions: validate_args=False -----------------------------------------------
-class _ValidateArgs:
+class _ValidateArgs(Remedy):
     NAME = "distributions.validate_args"
     SAMPLE = NAME + ":sample"  # where a distribution whose sample check synced was built
 
@@ -144,3 +141,4 @@ class _ValidateArgs:
 
 CLIP_GRAD_NORM = _ClipGradNorm()
 VALIDATE_ARGS = _ValidateArgs()
+REMEDIES = (CLIP_GRAD_NORM, VALIDATE_ARGS)

@@ -30,7 +30,6 @@ rest."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
 
 from ..detect.libraries import lightning, transformers
@@ -39,7 +38,7 @@ from ..report import Site
 from .helpers.observe import Facts
 from .helpers.source import Source, callee_name
 from .helpers.syntax import keyword, keyword_value, literal, root
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, Remedy
 
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
@@ -69,7 +68,7 @@ def already_given(name: str, site, source, call, field: str) -> Refusal | None:
                        f"{call.lineno} may pass {field} already")
     return None
 
-class _TrainingArgument:
+class _TrainingArgument(Remedy):
     """One TrainingArguments field set on the script's one `TrainingArguments(...)` call, for
     the sites of one Trainer step."""
 
@@ -78,9 +77,6 @@ class _TrainingArgument:
         # flag: how to set it from the command line; detail: the only site detail it fixes
         self.NAME, self.step, self.field, self.value = name, step, field, value
         self.flag, self.summary, self.detail = flag, summary, detail
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)  # the site's step and the source say all it needs
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not _made_by(site, self.step):
@@ -113,13 +109,10 @@ class _TrainingArgument:
             f"{self.summary}"))
 
 
-class _ProgBar:
+class _ProgBar(Remedy):
     NAME = "lightning.prog_bar"
     METHODS = ("log", "log_dict")
     HOOK = "training_step"
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not _made_by(site, lightning.PROGRESS_BAR_STEP):
@@ -156,12 +149,9 @@ class _ProgBar:
         return found
 
 
-class _MetricValidation:
+class _MetricValidation(Remedy):
     NAME = "torchmetrics.validate_args"
     METHODS = ("update", "forward")
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         lib = site.library
@@ -239,3 +229,4 @@ NON_BLOCKING = _TrainingArgument(
     "accelerate copies each pinned batch to the device with non_blocking=True: the host no "
     "longer waits for the copy; the same batches", detail=PINNED_SOURCE)
 PROG_BAR = _ProgBar()
+REMEDIES = (NAN_INF_FILTER, NON_BLOCKING, PROG_BAR, METRIC_VALIDATION)

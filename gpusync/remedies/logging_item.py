@@ -21,7 +21,7 @@ from .helpers import logging_sum, syntax
 from .helpers.logging_scope import Read, Refused, atom
 from .helpers.observe import Facts, Observed
 from .helpers.source import Edit, Loop, Source
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, Remedy
 
 NAME = "item.log_every"
 KIND = "item.read"  # {"dtype": "float32", "alias": bool} for each read at a user's line
@@ -29,70 +29,73 @@ _LOGGERS = {"print", "info", "debug", "warning", "log", "write", "add_scalar", "
             "set_postfix", "set_description"}
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    """Notes, for each read at a user's line, the tensor's dtype (how to sum it on the
-    device) and whether it may change in place under another name (a view, a parameter):
-    then it is cloned, not just detached, to be read later. Metadata only: no sync."""
-    import torch
+class _LogEvery(Remedy):
+    NAME = NAME
 
-    from ..detect import patches
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        """Notes, for each read at a user's line, the tensor's dtype (how to sum it on the
+        device) and whether it may change in place under another name (a view, a parameter):
+        then it is cloned, not just detached, to be read later. Metadata only: no sync."""
+        import torch
 
-    def layer(call, tensor, *args, **kwargs):
-        if isinstance(tensor, torch.Tensor):
-            alias = tensor._is_view() or isinstance(tensor, torch.nn.Parameter) or \
-                (tensor.is_leaf and tensor.requires_grad)
-            facts.note(KIND, {"dtype": str(tensor.dtype).removeprefix("torch."),
-                              "alias": bool(alias)})
-        return call(tensor, *args, **kwargs)
+        from ..detect import patches
 
-    handles = [patches.add_layer(torch.Tensor, name, layer)
-               for name in ("item", "__float__", "__int__")]
-    try:
-        yield facts
-    finally:
-        for handle in handles:
-            handle.remove()
+        def layer(call, tensor, *args, **kwargs):
+            if isinstance(tensor, torch.Tensor):
+                alias = tensor._is_view() or isinstance(tensor, torch.nn.Parameter) or \
+                    (tensor.is_leaf and tensor.requires_grad)
+                facts.note(KIND, {"dtype": str(tensor.dtype).removeprefix("torch."),
+                                  "alias": bool(alias)})
+            return call(tensor, *args, **kwargs)
+
+        handles = [patches.add_layer(torch.Tensor, name, layer)
+                   for name in ("item", "__float__", "__int__")]
+        try:
+            yield facts
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    if site.op not in scope.READS:
-        return None
-    form = {"item": ".item()", "float()": "float(x)", "int()": "int(x)"}[site.op]
-    if site.library:
-        return Refusal(NAME, site, f"the read is the library's ({site.library_line}), under this "
-                                   "line: not the script's own to move")
-    reads = scope.reads_at(source, site.line, site.op)
-    if not reads:
-        return Refusal(NAME, site, f"no {form} call on line {site.line}: the read is implicit "
-                                   "(a format or a math function converts the tensor)")
-    read = reads[0]
-    loop = source.loop(read.call)
-    if loop is None:
-        return Refusal(NAME, site, "not in a loop of its function: its caller decides how "
-                                   "often it runs, and what it does with the value")
-    block = scope.guard(source, read.call, loop)
-    if block is not None:
-        return Refusal(NAME, site, f"already read only when `{scope.first_line(source, block)}`"
-                                   " holds, the script's own interval")
-    seen = _seen(facts, site)
-    stmt = source.statement(read.call)
-    try:
-        if len(reads) > 1 and isinstance(stmt, (ast.Assign, ast.AugAssign)):
-            raise Refused(f"{len(reads)} {form} calls on line {site.line}: each would need "
-                          "its own edit")
-        if seen is None or not seen.values:
-            raise Refused("the run noted no read at this line")
-        if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
-            edits, summary = logging_sum.accumulate(source, read, stmt, loop, seen)
-        elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
-                isinstance(stmt.targets[0], ast.Name):
-            edits, summary = deferred(site, source, read, stmt, loop, seen)
-        else:
-            raise Refused(every_step(source, stmt))
-    except Refused as e:
-        return Refusal(NAME, site, str(e))
-    return Proposal(NAME, site, tuple(edits), summary, output_matters=True)
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if site.op not in scope.READS:
+            return None
+        form = {"item": ".item()", "float()": "float(x)", "int()": "int(x)"}[site.op]
+        if site.library:
+            return Refusal(NAME, site, f"the read is the library's ({site.library_line}), "
+                           "under this line: not the script's own to move")
+        reads = scope.reads_at(source, site.line, site.op)
+        if not reads:
+            return Refusal(NAME, site, f"no {form} call on line {site.line}: the read is implicit "
+                           "(a format or a math function converts the tensor)")
+        read = reads[0]
+        loop = source.loop(read.call)
+        if loop is None:
+            return Refusal(NAME, site, "not in a loop of its function: its caller decides how "
+                           "often it runs, and what it does with the value")
+        block = scope.guard(source, read.call, loop)
+        if block is not None:
+            return Refusal(NAME, site, f"already read only when `{scope.first_line(source, block)}`"
+                           " holds, the script's own interval")
+        seen = _seen(facts, site)
+        stmt = source.statement(read.call)
+        try:
+            if len(reads) > 1 and isinstance(stmt, (ast.Assign, ast.AugAssign)):
+                raise Refused(f"{len(reads)} {form} calls on line {site.line}: each would need "
+                              "its own edit")
+            if seen is None or not seen.values:
+                raise Refused("the run noted no read at this line")
+            if isinstance(stmt, ast.AugAssign) and isinstance(stmt.target, ast.Name):
+                edits, summary = logging_sum.accumulate(source, read, stmt, loop, seen)
+            elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+                    isinstance(stmt.targets[0], ast.Name):
+                edits, summary = deferred(site, source, read, stmt, loop, seen)
+            else:
+                raise Refused(every_step(source, stmt))
+        except Refused as e:
+            return Refusal(NAME, site, str(e))
+        return Proposal(NAME, site, tuple(edits), summary, output_matters=True)
 
 
 def _seen(facts: Facts, site: Site) -> Observed | None:
@@ -191,3 +194,7 @@ def _move(source: Source, stmt: ast.stmt, block: ast.If) -> list[Edit]:
     text = textwrap.dedent("".join(source.lines[stmt.lineno - 1:end]))
     cut = Edit(source.path, (stmt.lineno, 0), (end + 1, 0), "")
     return [cut, source.insert_before(block.body[0], text.rstrip("\n"))]
+
+
+LOG_EVERY = _LogEvery()
+REMEDIES = (LOG_EVERY,)

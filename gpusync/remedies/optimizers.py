@@ -23,7 +23,7 @@ from ..report import Site
 from .helpers.observe import Facts, layers
 from .helpers.source import Source
 from .helpers.syntax import keyword, literal
-from .remedy import Proposal, Refusal, library
+from .remedy import Proposal, Refusal, Remedy, library
 
 
 def _why_not(opt: Any) -> str | None:
@@ -45,7 +45,7 @@ def _why_not(opt: Any) -> str | None:
     return None
 
 
-class _Fused:
+class _Fused(Remedy):
     NAME = "optimizer.fused"
 
     @contextlib.contextmanager
@@ -112,3 +112,4 @@ class _Fused:
 
 
 FUSED = _Fused()
+REMEDIES = (FUSED,)

@@ -33,7 +33,7 @@ from .helpers import constants
 from .helpers.observe import Facts, Observed, layers
 from .helpers.source import Edit, Source
 from .helpers.syntax import keyword_value
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, Remedy
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class _Found:
     calls: int
 
 
-class SizeRemedy:
+class SizeRemedy(Remedy):
     """What the three have in common: the size noted per call with the names holding it, and
     the choice of a constant of the program to write."""
 
@@ -286,3 +286,4 @@ class _Nonzero(SizeRemedy):
 ONE_HOT = _OneHot()
 REPEAT_INTERLEAVE = _RepeatInterleave()
 NONZERO = _Nonzero()
+REMEDIES = (ONE_HOT, REPEAT_INTERLEAVE, NONZERO)

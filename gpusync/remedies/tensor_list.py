@@ -35,7 +35,7 @@ from .helpers import syntax
 from .helpers.callsite import caller
 from .helpers.observe import Facts
 from .helpers.source import Edit, Loop, Source
-from .remedy import Proposal, Refusal
+from .remedy import Proposal, Refusal, Remedy
 
 NAME = "tensor.hoist"
 HOIST, PINNED = "tensor.hoist", "tensor.pinned"
@@ -73,58 +73,61 @@ def _digest(data: Any) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    import torch
-    from torch.utils import _device
+class _Hoist(Remedy):
+    NAME, NAMES = NAME, NAMES
 
-    from ..detect import patches
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        import torch
+        from torch.utils import _device
 
-    def tensor(call, *args, **kwargs):
-        out = call(*args, **kwargs)
-        if kwargs.get("device") is None or not isinstance(out, torch.Tensor) or \
-                out.device.type != "cuda":
+        from ..detect import patches
+
+        def tensor(call, *args, **kwargs):
+            out = call(*args, **kwargs)
+            if kwargs.get("device") is None or not isinstance(out, torch.Tensor) or \
+                    out.device.type != "cuda":
+                return out
+            site = caller()
+            if site is not None and site.direct:
+                data = args[0] if args else kwargs.get("data")
+                facts.note(KIND, {"end": list(site.end) if site.end else None,
+                                  "data": _digest(data), "dtype": str(out.dtype),
+                                  "requires_grad": bool(out.requires_grad)}, where=site.where)
             return out
-        site = caller()
-        if site is not None and site.direct:
-            data = args[0] if args else kwargs.get("data")
-            facts.note(KIND, {"end": list(site.end) if site.end else None,
-                              "data": _digest(data), "dtype": str(out.dtype),
-                              "requires_grad": bool(out.requires_grad)}, where=site.where)
-        return out
 
-    # torch caches the constructors a `with torch.device(...)` applies to on first use: cache
-    # torch's own function, not this layer (the scan does the same before its layers)
-    _device._device_constructors()
-    handle = patches.add_layer(torch, "tensor", tensor)
-    try:
-        yield facts
-    finally:
-        handle.remove()
+        # torch caches the constructors a `with torch.device(...)` applies to on first use: cache
+        # torch's own function, not this layer (the scan does the same before its layers)
+        _device._device_constructors()
+        handle = patches.add_layer(torch, "tensor", tensor)
+        try:
+            yield facts
+        finally:
+            handle.remove()
 
 
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    if site.op != "H2D copy (torch.tensor)":
-        return None
-    seen = facts.at(KIND, site.file, site.line)
-    if seen is None:
-        return None  # not a torch.tensor(...) of this line (as_tensor, new_tensor)
-    by_end: dict[Any, list[dict]] = {}
-    for v in seen.values:
-        by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
-    plans = []
-    try:
-        for end, values in by_end.items():
-            call = source.call_ending(site.line, end, ("tensor",))
-            if call is None:
-                raise _Refused("the torch.tensor(...) call of the line cannot be told apart")
-            constant = len(values) == 1 and not seen.more and values[0]["data"] is not None
-            plans.append(_plan(source, call, values, constant, seen.calls))
-    except _Refused as e:
-        return Refusal(NAME, site, str(e))
-    kinds = sorted({kind for kind, _, _ in plans})
-    edits = tuple(sorted(e for _, es, _ in plans for e in es))
-    return Proposal("+".join(kinds), site, edits, "; ".join(s for _, _, s in plans))
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if site.op != "H2D copy (torch.tensor)":
+            return None
+        seen = facts.at(KIND, site.file, site.line)
+        if seen is None:
+            return None  # not a torch.tensor(...) of this line (as_tensor, new_tensor)
+        by_end: dict[Any, list[dict]] = {}
+        for v in seen.values:
+            by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
+        plans = []
+        try:
+            for end, values in by_end.items():
+                call = source.call_ending(site.line, end, ("tensor",))
+                if call is None:
+                    raise _Refused("the torch.tensor(...) call of the line cannot be told apart")
+                constant = len(values) == 1 and not seen.more and values[0]["data"] is not None
+                plans.append(_plan(source, call, values, constant, seen.calls))
+        except _Refused as e:
+            return Refusal(NAME, site, str(e))
+        kinds = sorted({kind for kind, _, _ in plans})
+        edits = tuple(sorted(e for _, es, _ in plans for e in es))
+        return Proposal("+".join(kinds), site, edits, "; ".join(s for _, _, s in plans))
 
 
 def _plan(source: Source, call: ast.Call, values: list[dict], constant: bool, calls: int
@@ -326,3 +329,7 @@ def _shifted(text: str, by: int) -> str:
         spaces = len(line) - len(line.lstrip(" "))
         out.append(" " * by + line if by >= 0 else line[min(-by, spaces):])
     return "\n".join(out)
+
+
+HOIST_TENSOR = _Hoist()
+REMEDIES = (HOIST_TENSOR,)

@@ -43,7 +43,7 @@ from .helpers.tuned_edits import (
     precompute_edit,
     syncfree_edits,
 )
-from .remedy import Proposal, Refusal, library
+from .remedy import Proposal, Refusal, Remedy, library
 
 NAME = "tuned.settings"
 PIPELINE_BUILT, TBE_BUILT, CONFIG_BUILT = "tuned.pipeline", "tuned.tbe", "tuned.config"
@@ -148,38 +148,41 @@ def patches():
     return module
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    from ..detect.virtual_libs import _AfterImport
+class _Settings(Remedy):
+    NAME = NAME
 
-    watch = _Watch(facts)
-    hooks = [_AfterImport(PIPELINE_MODULES[1], watch.pipelines),
-             _AfterImport(TBE_MODULE, watch.tbes), _AfterImport(CONFIG_MODULE, watch.config_class)]
-    try:
-        for hook in hooks:
-            hook.install()
-        yield facts
-    finally:
-        for hook in hooks:
-            hook.uninstall()
-        for handle in reversed(watch.handles):
-            handle.remove()
-        watch.configs.clear()
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        from ..detect.virtual_libs import _AfterImport
+
+        watch = _Watch(facts)
+        hooks = [_AfterImport(PIPELINE_MODULES[1], watch.pipelines),
+                 _AfterImport(TBE_MODULE, watch.tbes),
+                 _AfterImport(CONFIG_MODULE, watch.config_class)]
+        try:
+            for hook in hooks:
+                hook.install()
+            yield facts
+        finally:
+            for hook in hooks:
+                hook.uninstall()
+            for handle in reversed(watch.handles):
+                handle.remove()
+            watch.configs.clear()
 
 
-# -- proposals ------------------------------------------------------------------------------------
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    settings = getattr(facts, "settings", None) or {}
-    if not settings:
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        settings = getattr(facts, "settings", None) or {}
+        if not settings:
+            return None
+        try:
+            if _writeback_site(site):
+                return _writeback(site, source, facts, settings)
+            if site.phase in STAGES:
+                return _pipeline(site, source, facts, settings)
+        except Unsafe as e:
+            return Refusal(NAME, site, str(e))
         return None
-    try:
-        if _writeback_site(site):
-            return _writeback(site, source, facts, settings)
-        if site.phase in STAGES:
-            return _pipeline(site, source, facts, settings)
-    except Unsafe as e:
-        return Refusal(NAME, site, str(e))
-    return None
 
 
 def _writeback_site(site: Site) -> bool:
@@ -284,3 +287,7 @@ def _span(tree: ast.Module, line: int) -> tuple[int, int]:
              if isinstance(n, ast.stmt) and not hasattr(n, "body")
              and n.lineno <= line <= (n.end_lineno or n.lineno)]
     return min(found, key=lambda s: s[1] - s[0], default=(line, line))
+
+
+SETTINGS = _Settings()
+REMEDIES = (SETTINGS,)
