@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import weakref
-from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..report import Site
 from .helpers import syntax
 from .helpers.callsite import caller
-from .helpers.observe import Facts, layers
+from .helpers.dataloaders import Listener, Loader, listening, passes_non_blocking
+from .helpers.observe import Facts
 from .helpers.source import Edit, Source
 from .remedy import Proposal, Refusal, Remedy
 
@@ -47,84 +46,49 @@ class _Refused(Exception):
     """Why no edit is safe (propose turns it into a Refusal)."""
 
 
-class _Watch:
-    """Loaders, their iterators and the tensors they yielded, each by id and kept weakly, with
-    the build (file, line, end line, end column) of the loader they come from."""
+class _Watch(Listener):
+    """Notes, at the user's lines, the DataLoaders built (BUILD), their batches (BATCH) and
+    the copies to the device (COPY), each with the build (file, line, end line, end column)
+    of the loader whose tensors it holds or copies as yielded."""
 
     def __init__(self, facts: Facts):
         self.facts = facts
-        self.builds: dict[int, tuple[weakref.ref, list]] = {}
 
-    def _keep(self, obj: Any, build: list) -> None:
-        key = id(obj)
-        try:
-            self.builds[key] = (weakref.ref(obj, lambda _r: self.builds.pop(key, None)), build)
-        except TypeError:  # not weakly referable: not followed
-            pass
-
-    def build_of(self, obj: Any) -> list | None:
-        kept = self.builds.get(id(obj))
-        return kept[1] if kept is not None and kept[0]() is obj else None
-
-    def init(self, call, loader, *args, **kwargs):
-        out = call(loader, *args, **kwargs)
-        site = caller()
+    def built(self, loader, seen: Loader) -> None:
+        site = seen.site
         if site is not None:
-            end = list(site.end) if site.end else [None, None]
-            self.facts.note(BUILD, {"end": end, "pin_memory": bool(loader.pin_memory),
-                                    "direct": site.direct}, where=site.where)
-            self._keep(loader, [site.file, site.line, *end])
-        return out
+            self.facts.note(BUILD, {"end": list(site.end) if site.end else [None, None],
+                                    "pin_memory": seen.pin_memory, "direct": site.direct},
+                            where=site.where)
 
-    def iter(self, call, loader, *args, **kwargs):
-        it = call(loader, *args, **kwargs)
-        build = self.build_of(loader)
-        if build is not None:
-            self._keep(it, build)
-        return it
+    def follows(self, seen: Loader) -> bool:
+        return seen.site is not None
 
-    def next(self, call, it, *args, **kwargs):
-        data = call(it, *args, **kwargs)
-        build = self.build_of(it)
-        if build is not None:
-            odd = self._mark(data, build)
-            self.facts.note(BATCH, {"end": build[2:], "odd": odd}, where=(build[0], build[1]))
-        return data
+    def batch(self, seen: Loader, odd: list[str]) -> None:
+        build = _build(seen)
+        self.facts.note(BATCH, {"end": build[2:], "odd": odd}, where=(build[0], build[1]))
 
-    def _mark(self, data: Any, build: list) -> list[str]:
-        """Tag the batch's tensors with `build`; the type names of what pin_memory would not
-        pin (anything but tensors in tuples, lists, dicts and plain values)."""
+    def copied(self, tensor, out, seen: Loader | None, args: tuple, kwargs: dict) -> None:
+        """A copy to the device noted at the user's call, with the build of the loader that
+        yielded the tensor as is (None: not a yielded tensor)."""
         import torch
 
-        odd, stack = set(), [data]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, torch.Tensor):
-                self._keep(item, build)
-            elif isinstance(item, (list, tuple)):
-                stack.extend(item)
-            elif isinstance(item, Mapping):
-                stack.extend(item.values())
-            elif not isinstance(item, _PLAIN):
-                odd.add(type(item).__name__)
-        return sorted(odd)
-
-    def copy(self, call, tensor, *args, **kwargs):
-        """Tensor.to / Tensor.cuda: a copy to the device noted at the user's call, with the
-        build of the loader that yielded the tensor as is (None: not a yielded tensor)."""
-        import torch
-
-        out = call(tensor, *args, **kwargs)
         if out is tensor or not isinstance(out, torch.Tensor) or out.device.type != "cuda" \
                 or tensor.device.type == "cuda":
-            return out
+            return
         site = caller()
         if site is not None:
-            given = "non_blocking" in kwargs or any(isinstance(a, bool) for a in args)
             self.facts.note(COPY, {"end": list(site.end) if site.end else None,
-                                   "built": self.build_of(tensor), "non_blocking": given,
+                                   "built": _build(seen) if seen and seen.site else None,
+                                   "non_blocking": passes_non_blocking(args, kwargs),
                                    "direct": site.direct}, where=site.where)
-        return out
+
+
+def _build(seen: Loader) -> list:
+    """[file, line, end line, end column] of the call that built the loader."""
+    site = seen.site
+    assert site is not None
+    return [site.file, site.line, *(list(site.end) if site.end else [None, None])]
 
 
 class _PinMemory(Remedy):
@@ -132,19 +96,7 @@ class _PinMemory(Remedy):
 
     @contextlib.contextmanager
     def observe(self, facts: Facts) -> Iterator[Facts]:
-        import torch
-        from torch.utils.data import DataLoader
-        from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-        from ..detect import patches
-
-        watch = _Watch(facts)
-        handles = [patches.add_layer(DataLoader, "__init__", watch.init),
-                   patches.add_layer(DataLoader, "__iter__", watch.iter),
-                   patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
-                   patches.add_layer(torch.Tensor, "to", watch.copy),
-                   patches.add_layer(torch.Tensor, "cuda", watch.copy)]
-        with layers(handles):
+        with listening(_Watch(facts)):
             yield facts
 
 
