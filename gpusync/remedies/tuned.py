@@ -33,6 +33,7 @@ from ..detect.libraries.torchrec import PIPELINE_MODULES, PIPELINES
 from ..report import Site
 from .helpers.observe import Facts, user_line
 from .helpers.source import Edit, Source, apply
+from .helpers.syntax import statement_at
 from .helpers.tuned_edits import (
     PIPELINE,
     PRECOMPUTE,
@@ -273,7 +274,7 @@ def _render(source: Source, edits: list[Edit]) -> str:
     for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
         if tag not in ("replace", "insert"):
             continue
-        spans = sorted({_span(tree, line) for line in range(j1 + 1, j2 + 1)})
+        spans = sorted({_lines(statement_at(tree, line), line) for line in range(j1 + 1, j2 + 1)})
         for start, end in spans:
             code = " ".join(line.strip() for line in after[start - 1:end])
             where = f"line {start - (j1 - i1)}" if tag == "replace" else f"after line {i1}"
@@ -281,12 +282,9 @@ def _render(source: Source, edits: list[Edit]) -> str:
     return "; ".join(dict.fromkeys(out))
 
 
-def _span(tree: ast.Module, line: int) -> tuple[int, int]:
-    """(first, last) line of the innermost simple statement holding `line`."""
-    found = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
-             if isinstance(n, ast.stmt) and not hasattr(n, "body")
-             and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    return min(found, key=lambda s: s[1] - s[0], default=(line, line))
+def _lines(stmt: ast.stmt | None, line: int) -> tuple[int, int]:
+    """(first, last) line of `stmt`, (line, line) without one."""
+    return (stmt.lineno, stmt.end_lineno or stmt.lineno) if stmt is not None else (line, line)
 
 
 SETTINGS = _Settings()

@@ -250,3 +250,11 @@ def test_user_call_none_without_a_user_frame():
     thread.start()
     thread.join()
     assert _PROBE["seen"][-1] is None
+
+
+def test_statement_at_is_the_innermost_simple_statement():
+    tree = ast.parse("for b in r:\n    x = f(a,\n          b)\n    y = 2\n")
+    found = syntax.statement_at(tree, 3)
+    assert isinstance(found, ast.Assign) and (found.lineno, found.end_lineno) == (2, 3)
+    assert syntax.statement_at(tree, 4).targets[0].id == "y"
+    assert syntax.statement_at(tree, 1) is None  # the for's own line: no simple statement

@@ -146,6 +146,14 @@ def literal(node: ast.AST | None) -> Any:
     return NOT_LITERAL
 
 
+def statement_at(tree: ast.AST, line: int) -> ast.stmt | None:
+    """The innermost simple statement (one without a body of its own) whose lines hold
+    `line`."""
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.stmt) and not hasattr(n, "body")
+             and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return min(found, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+
+
 def in_comprehension(source: Source, node: ast.AST, stop: ast.AST | None) -> bool:
     """`node` is inside a comprehension below `stop` (it runs once per element)."""
     for parent in source.ancestors(node):
