@@ -258,3 +258,19 @@ def test_statement_at_is_the_innermost_simple_statement():
     assert isinstance(found, ast.Assign) and (found.lineno, found.end_lineno) == (2, 3)
     assert syntax.statement_at(tree, 4).targets[0].id == "y"
     assert syntax.statement_at(tree, 1) is None  # the for's own line: no simple statement
+
+
+def test_own_nodes_leave_out_what_nested_scopes_hold_but_their_decorators():
+    tree = ast.parse(textwrap.dedent("""
+        a = 1
+        @wrap(b)
+        def f(c):
+            d = 2
+        g = lambda e: e
+        class K:
+            h = 3
+    """))
+    names = {n.id for n in syntax.own_nodes(tree) if isinstance(n, ast.Name)}
+    assert names == {"a", "wrap", "b", "g"}
+    kinds = {type(n).__name__ for n in syntax.own_nodes(tree)}
+    assert {"FunctionDef", "Lambda", "ClassDef"} <= kinds

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any, Mapping
 
 from . import syntax
-from .source import FUNCTIONS, SCOPES, Source
+from .source import FUNCTIONS, Source
 
 _INIT_METHODS = ("__init__", "__post_init__")
 RANK_LOCAL, RANK_ATTRIBUTE, RANK_MODULE = 0, 1, 2
@@ -146,18 +146,6 @@ class ConstantName:
     nearby: bool = False  # read in the loop (else the function) around the call
 
 
-def _own_nodes(scope: ast.AST):
-    """The nodes of `scope`'s own body: not those of functions, classes or lambdas in it."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        yield node
-        if not isinstance(node, SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            todo.extend(node.decorator_list)
-
-
 def _binds(scope: ast.AST, name: str) -> tuple[bool, list[ast.AST]]:
     """(a parameter of `scope` is `name`, the nodes of its body that bind `name`)."""
     param = False
@@ -166,7 +154,7 @@ def _binds(scope: ast.AST, name: str) -> tuple[bool, list[ast.AST]]:
         param = name in {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs,
                                          *filter(None, [a.vararg, a.kwarg])]}
     stores: list[ast.AST] = []
-    for node in _own_nodes(scope):
+    for node in syntax.own_nodes(scope):
         if isinstance(node, ast.Name) and node.id == name and \
                 isinstance(node.ctx, (ast.Store, ast.Del)):
             stores.append(node)

@@ -112,21 +112,17 @@ class Uses:
 def uses(source: Source, scope: ast.AST, name: str) -> Uses:
     """Every use of `name` in `scope` (not in the functions it defines: those are `other`,
     and at module level so is any function that names it, since it may read the global)."""
-    found, todo = Uses(), list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
+    found = Uses()
+    for node in syntax.own_nodes(scope):
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             if name in node.names:
                 found.other.append(node)
-            continue
-        if isinstance(node, SCOPES):
+        elif isinstance(node, SCOPES):
             if _reads_outer(node, name):
                 found.other.append(node)
-            continue
-        if isinstance(node, ast.Name) and node.id == name:
+        elif isinstance(node, ast.Name) and node.id == name:
             kind = {ast.Load: found.loads, ast.Store: found.stores}.get(type(node.ctx))
             (kind if kind is not None else found.other).append(node)
-        todo.extend(ast.iter_child_nodes(node))
     for kind in (found.loads, found.stores):
         kind.sort(key=lambda n: (n.lineno, n.col_offset))
     return found

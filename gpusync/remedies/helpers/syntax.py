@@ -10,9 +10,9 @@ from __future__ import annotations
 import ast
 import io
 import tokenize
-from typing import Any
+from typing import Any, Iterator
 
-from .source import Source
+from .source import SCOPES, Source
 
 COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
 # methods that change their object (list, dict, set): their receiver counts as assigned
@@ -32,6 +32,19 @@ def root(node: ast.AST) -> str | None:
             node = node.func.value
         else:
             return None
+
+
+def own_nodes(scope: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of `scope`'s own body: the functions, classes and lambdas in it, but none of
+    their nodes except their decorators (run in `scope`)."""
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            todo.extend(node.decorator_list)
 
 
 def reads(node: ast.AST, skip: ast.AST | None = None, attributes: bool = False) -> set[str]:
