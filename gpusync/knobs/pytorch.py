@@ -11,11 +11,12 @@
   shape. It acts on a GPU only: on a CPU its candidate is measured for parity and syncs.
 
 Applied without editing the script, by layers on the constructors and methods concerned
-(detect/patches.py), removed on exit. A copy is made non_blocking only for a tensor the
-DataLoader yielded pinned and the script copies as it got it, without non_blocking of its
-own: torch's pinned-memory allocator keeps that memory until the copy is done, so what the
-device receives is the same; only a script that writes into the host batch after copying it
-could see a difference (it would race on a GPU).
+(detect/patches.py), removed on exit; the DataLoaders and their batches' copies through the
+watcher fix's dataloader remedy listens to as well (remedies/helpers/dataloaders.py). A copy
+is made non_blocking only for a tensor the DataLoader yielded pinned and the script copies
+as it got it, without non_blocking of its own: torch's pinned-memory allocator keeps that
+memory until the copy is done, so what the device receives is the same; only a script that
+writes into the host batch after copying it could see a difference (it would race on a GPU).
 """
 from __future__ import annotations
 
