@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from dataclasses import dataclass
 from types import CodeType, FrameType
 
 import torch
@@ -66,6 +67,41 @@ def is_internal(filename: str) -> bool:
     """True for torch's frames and the machinery's (gpusync, its tools, the standard library):
     code in which no hook of the user's or of another library runs."""
     return _kind(filename) == _MACHINERY or filename.startswith(_TORCH_DIR)
+
+
+@dataclass(frozen=True)
+class UserCall:
+    """The user's innermost frame on a stack, and what stood between it and where the stack
+    was looked at."""
+
+    frame: FrameType
+    through_torch: bool  # torch's frames, its thin wrappers (F.one_hot, Tensor.__format__) too
+    through_library: bool  # a library's own frames (torch's or a package's), not those wrappers
+
+    @property
+    def direct(self) -> bool:
+        """The user's line made the call itself: no torch or other library between."""
+        return not (self.through_torch or self.through_library)
+
+    @property
+    def where(self) -> tuple[str, int]:
+        return self.frame.f_code.co_filename, self.frame.f_lineno
+
+
+def user_call(skip: int = 1) -> UserCall | None:
+    """The user's innermost frame, looking outwards from `skip` frames above the caller (as
+    sys._getframe(skip) there); None when no frame is the user's."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    torch_between = library_between = False
+    while frame is not None:
+        file = frame.f_code.co_filename
+        kind = _kind(file)
+        if kind == _USER:
+            return UserCall(frame, torch_between, library_between)
+        torch_between = torch_between or file.startswith(_TORCH_DIR)
+        library_between = library_between or kind == _LIBRARY
+        frame = frame.f_back
+    return None
 
 
 def raw_stack(skip: int = 1, limit: int = 200) -> list[tuple[str, int, str]]:

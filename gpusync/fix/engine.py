@@ -9,7 +9,7 @@ from .. import remedies as remedies_pkg
 from ..errors import GpusyncError
 from ..progress import Progress
 from ..remedies import Proposal, Refusal
-from ..remedies.source import EditError, Source, apply, check
+from ..remedies.helpers.source import EditError, Source, apply, check
 from . import compare, sites
 from .result import Check, Dropped, FixResult, Verified
 from .runner import Plan, Run, Runner

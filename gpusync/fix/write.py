@@ -8,7 +8,7 @@ import shutil
 
 from ..errors import BadInput
 from ..fileio import replace_bytes
-from ..remedies.source import Source
+from ..remedies.helpers.source import Source
 from .result import FixResult
 
 

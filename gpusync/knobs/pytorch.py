@@ -11,20 +11,22 @@
   shape. It acts on a GPU only: on a CPU its candidate is measured for parity and syncs.
 
 Applied without editing the script, by layers on the constructors and methods concerned
-(detect/patches.py), removed on exit. A copy is made non_blocking only for a tensor the
-DataLoader yielded pinned and the script copies as it got it, without non_blocking of its
-own: torch's pinned-memory allocator keeps that memory until the copy is done, so what the
-device receives is the same; only a script that writes into the host batch after copying it
-could see a difference (it would race on a GPU).
+(detect/patches.py), removed on exit; the DataLoaders and their batches' copies through the
+watcher fix's dataloader remedy listens to as well (remedies/helpers/dataloaders.py). A copy
+is made non_blocking only for a tensor the DataLoader yielded pinned and the script copies
+as it got it, without non_blocking of its own: torch's pinned-memory allocator keeps that
+memory until the copy is done, so what the device receives is the same; only a script that
+writes into the host batch after copying it could see a difference (it would race on a GPU).
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import weakref
 from typing import Any, Iterator
 
 from ..detect.libraries.pytorch import FUSED_OPTIMIZERS
+from ..remedies.helpers.callsite import CallSite
+from ..remedies.helpers.dataloaders import Listener, Loader, listening, passes_non_blocking
 from .knob import Builds, Knob, Settings
 
 PIN = "torch.dataloader.pin_memory"
@@ -103,11 +105,17 @@ def _site() -> str | None:
     """file:line of the user's innermost frame (where the script built or called)."""
     from ..detect import frames
 
-    for file, line, _ in frames.raw_stack(2):
-        if frames.is_users(file):
-            relative = os.path.relpath(file)
-            return f"{file if relative.startswith('..') else relative}:{line}"
-    return None
+    found = frames.user_call(2)
+    return None if found is None else _shown(found.where)
+
+
+def _shown(where: CallSite | tuple[str, int] | None) -> str | None:
+    """file:line, relative to here when below it."""
+    if where is None:
+        return None
+    file, line = where if isinstance(where, tuple) else where.where
+    relative = os.path.relpath(file)
+    return f"{file if relative.startswith('..') else relative}:{line}"
 
 
 def _add_site(builds: Builds, key: str, entry: dict) -> None:
@@ -117,50 +125,36 @@ def _add_site(builds: Builds, key: str, entry: dict) -> None:
         kept.append(entry)
 
 
-class _Batches:
-    """The tensors DataLoaders yielded (by id, kept weakly): their copies are the batch
-    copies. `pin`: make those copies non_blocking when the tensor is pinned."""
+class _Loaders(Listener):
+    """The DataLoaders the script builds and the copies of the tensors their batches yielded
+    (the batch copies). `pin`: every loader pins, and those copies are made non_blocking
+    when the tensor is pinned."""
 
     def __init__(self, builds: Builds, pin: bool):
         self.builds, self.pin = builds, pin
-        self.tensors: dict[int, weakref.ref] = {}
         self.seen = 0
 
-    def mark(self, data) -> None:
-        import torch
+    def built(self, loader, seen: Loader) -> None:
+        _add_site(self.builds, "dataloaders", {"pin_memory": seen.pin_memory,
+                                               "site": _shown(seen.site)})
+        if self.pin:  # False: the script's own setting (a baseline that pins some loaders)
+            loader.pin_memory = True  # read by each iterator the loader makes
 
-        if not self.pin and self.seen >= _BATCHES_WATCHED:
-            return  # the copy sites are known by now: keep the script's own speed
+    def follows(self, seen: Loader) -> bool:
+        # after a few batches the copy sites are known: keep the script's own speed
+        return self.pin or self.seen < _BATCHES_WATCHED
+
+    def batch(self, seen: Loader, odd: list[str]) -> None:
         self.seen += 1
-        stack = [data]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, torch.Tensor):
-                self.tensors[id(item)] = weakref.ref(item, self._forget(id(item)))
-            elif isinstance(item, (list, tuple)):
-                stack.extend(item)
-            elif isinstance(item, dict):
-                stack.extend(item.values())
 
-    def _forget(self, key: int):
-        def forget(_ref) -> None:
-            self.tensors.pop(key, None)
-
-        return forget
-
-    def copy(self, call, tensor, *args, **kwargs):
-        """Tensor.to / Tensor.cuda of a batch tensor as yielded: recorded where the script
-        copies it blocking, made non_blocking when pinned."""
-        if not self.tensors:
-            return call(tensor, *args, **kwargs)
-        ref = self.tensors.get(id(tensor))
-        given = "non_blocking" in kwargs or any(isinstance(a, bool) for a in args)
-        yielded = ref is not None and ref() is tensor  # not a new tensor at a reused id
-        if yielded and not given:
+    def copy(self, tensor, seen: Loader | None, args: tuple, kwargs: dict) -> dict:
+        """A batch tensor copied as yielded: recorded where the script copies it blocking,
+        made non_blocking when pinned."""
+        if seen is not None and not passes_non_blocking(args, kwargs):
             _add_site(self.builds, "batch_copies", {"site": _site()})
             if self.pin and tensor.is_pinned():
-                kwargs = {**kwargs, "non_blocking": True}
-        return call(tensor, *args, **kwargs)
+                return {**kwargs, "non_blocking": True}
+        return kwargs
 
 
 @contextlib.contextmanager
@@ -169,41 +163,15 @@ def install(settings: Settings, builds: Builds) -> Iterator[None]:
 
     handles: list = []
     try:
-        handles += _install_dataloader(settings.get(PIN), builds, patches)
-        handles += _install_optimizers(settings.get(FUSED), builds, patches)
-        handles += _install_zero_grad(settings.get(SET_TO_NONE), builds, patches)
-        with _benchmark(settings.get(BENCHMARK), builds, patches) as more:
-            handles += more
-            yield
+        with listening(_Loaders(builds, bool(settings.get(PIN)))):
+            handles += _install_optimizers(settings.get(FUSED), builds, patches)
+            handles += _install_zero_grad(settings.get(SET_TO_NONE), builds, patches)
+            with _benchmark(settings.get(BENCHMARK), builds, patches) as more:
+                handles += more
+                yield
     finally:
         for handle in reversed(handles):
             handle.remove()
-
-
-def _install_dataloader(pin, builds: Builds, patches) -> list:
-    import torch
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    batches = _Batches(builds, bool(pin))
-
-    def init(call, loader, *args, **kwargs):
-        out = call(loader, *args, **kwargs)
-        _add_site(builds, "dataloaders", {"pin_memory": bool(loader.pin_memory),
-                                          "site": _site()})
-        if pin:  # False: the script's own setting (a baseline that pins some loaders)
-            loader.pin_memory = True  # read by each iterator the loader makes
-        return out
-
-    def next_batch(call, iterator, *args, **kwargs):
-        data = call(iterator, *args, **kwargs)
-        batches.mark(data)
-        return data
-
-    return [patches.add_layer(DataLoader, "__init__", init),
-            patches.add_layer(_BaseDataLoaderIter, "__next__", next_batch),
-            patches.add_layer(torch.Tensor, "to", batches.copy),
-            patches.add_layer(torch.Tensor, "cuda", batches.copy)]
 
 
 def _install_optimizers(fused, builds: Builds, patches) -> list:

@@ -1,6 +1,7 @@
-"""What `gpusync fix` can change: one module per remedy (remedy.py says what a remedy is), the
-run's facts they read (observe.py), and the user's source they edit (source.py). Below runs/:
-the scan's process installs the remedies' observers; gpusync/fix/ proposes and verifies."""
+"""What `gpusync fix` can change: one module per remedy (remedy.py says what a remedy is); what
+they share (the run's facts they read, the user's source they edit, questions about its syntax)
+is in helpers/. Below runs/: the scan's process installs the remedies' observers;
+gpusync/fix/ proposes and verifies."""
 from __future__ import annotations
 
 import contextlib
@@ -17,28 +18,16 @@ from . import (
     tensor_list,
     tuned,
 )
-from .observe import Facts
+from .helpers.observe import Facts
 from .remedy import Proposal, Refusal, Remedy
 
-REMEDIES: tuple[Remedy, ...] = (
-    dataloader,
-    tensor_list,
-    sizes.ONE_HOT,
-    sizes.REPEAT_INTERLEAVE,
-    sizes.NONZERO,
-    flags.CLIP_GRAD_NORM,
-    flags.VALIDATE_ARGS,
-    optimizers.FUSED,
-    causal.IS_CAUSAL,
-    framework_args.NAN_INF_FILTER,
-    framework_args.NON_BLOCKING,
-    framework_args.PROG_BAR,
-    framework_args.METRIC_VALIDATION,
-    logging_item,
-    tuned,
-)  # each remedy, in the order their proposals are tried
+# the remedy modules, each listing its remedies in REMEDIES: their proposals are tried in this
+# order, a module's in its own
+MODULES = (dataloader, tensor_list, sizes, flags, optimizers, causal, framework_args,
+           logging_item, tuned)
+REMEDIES: tuple[Remedy, ...] = tuple(r for module in MODULES for r in module.REMEDIES)
 
-__all__ = ["REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "observing"]
+__all__ = ["MODULES", "REMEDIES", "Facts", "Proposal", "Refusal", "Remedy", "observing"]
 
 
 @contextlib.contextmanager

@@ -22,11 +22,11 @@ import weakref
 from typing import Any, Iterator
 
 from ..report import Site
-from . import callsite, scope
-from .flags import keyword, library, literal
-from .observe import Facts, innermost_user_frame, layers
-from .remedy import Proposal, Refusal
-from .source import Source
+from .helpers import callsite
+from .helpers.observe import Facts, layers
+from .helpers.source import Source
+from .helpers.syntax import keyword, literal
+from .remedy import Proposal, Refusal, Remedy, library
 
 _TRANSFORMER = "torch/nn/modules/transformer.py"
 _MASKS = ("mask", "src_mask", "tgt_mask")
@@ -81,10 +81,10 @@ def _the_call(source: Source, line: int, spans: set[tuple]) -> ast.Call | None:
                   and c.lineno <= line <= (c.end_lineno or c.lineno)
                   and any(k.arg in _MASKS for k in c.keywords)]
         return masked[0] if len(masked) == 1 else None
-    return scope.call_at(source, list(spans.pop())) if len(spans) == 1 else None
+    return source.call_at(list(spans.pop())) if len(spans) == 1 else None
 
 
-class _IsCausal:
+class _IsCausal(Remedy):
     NAME = "transformer.is_causal"
 
     @contextlib.contextmanager
@@ -125,9 +125,12 @@ class _IsCausal:
             yield facts
 
     def _note(self, facts: Facts, masks: _Masks, mask: Any, size: Any) -> None:
-        user = innermost_user_frame()
-        if user is None:
+        from ..detect import frames
+
+        found = frames.user_call()
+        if found is None:
             return
+        user = found.frame
         shape = tuple(mask.shape)
         causal = mask in masks and len(shape) == 2 and shape[0] == shape[1] and \
             (size is None or size == shape[0])
@@ -170,3 +173,4 @@ class _IsCausal:
 
 
 IS_CAUSAL = _IsCausal()
+REMEDIES = (IS_CAUSAL,)

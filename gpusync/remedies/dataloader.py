@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import weakref
-from collections.abc import Mapping
 from typing import Any, Iterator
 
 from ..report import Site
-from . import loop_scope as scope
-from .callsite import call_ending, caller
-from .observe import Facts, layers
-from .remedy import Proposal, Refusal
-from .source import Edit, Source
+from .helpers import syntax
+from .helpers.callsite import caller
+from .helpers.dataloaders import Listener, Loader, listening, passes_non_blocking
+from .helpers.observe import Facts
+from .helpers.source import Edit, Source
+from .remedy import Proposal, Refusal, Remedy
 
 NAME = "dataloader.pin_memory"
 PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True
@@ -47,135 +46,94 @@ class _Refused(Exception):
     """Why no edit is safe (propose turns it into a Refusal)."""
 
 
-class _Watch:
-    """Loaders, their iterators and the tensors they yielded, each by id and kept weakly, with
-    the build (file, line, end line, end column) of the loader they come from."""
+class _Watch(Listener):
+    """Notes, at the user's lines, the DataLoaders built (BUILD), their batches (BATCH) and
+    the copies to the device (COPY), each with the build (file, line, end line, end column)
+    of the loader whose tensors it holds or copies as yielded."""
 
     def __init__(self, facts: Facts):
         self.facts = facts
-        self.builds: dict[int, tuple[weakref.ref, list]] = {}
 
-    def _keep(self, obj: Any, build: list) -> None:
-        key = id(obj)
-        try:
-            self.builds[key] = (weakref.ref(obj, lambda _r: self.builds.pop(key, None)), build)
-        except TypeError:  # not weakly referable: not followed
-            pass
-
-    def build_of(self, obj: Any) -> list | None:
-        kept = self.builds.get(id(obj))
-        return kept[1] if kept is not None and kept[0]() is obj else None
-
-    def init(self, call, loader, *args, **kwargs):
-        out = call(loader, *args, **kwargs)
-        site = caller()
+    def built(self, loader, seen: Loader) -> None:
+        site = seen.site
         if site is not None:
-            end = list(site.end) if site.end else [None, None]
-            self.facts.note(BUILD, {"end": end, "pin_memory": bool(loader.pin_memory),
-                                    "direct": site.direct}, where=site.where)
-            self._keep(loader, [site.file, site.line, *end])
-        return out
+            self.facts.note(BUILD, {"end": list(site.end) if site.end else [None, None],
+                                    "pin_memory": seen.pin_memory, "direct": site.direct},
+                            where=site.where)
 
-    def iter(self, call, loader, *args, **kwargs):
-        it = call(loader, *args, **kwargs)
-        build = self.build_of(loader)
-        if build is not None:
-            self._keep(it, build)
-        return it
+    def follows(self, seen: Loader) -> bool:
+        return seen.site is not None
 
-    def next(self, call, it, *args, **kwargs):
-        data = call(it, *args, **kwargs)
-        build = self.build_of(it)
-        if build is not None:
-            odd = self._mark(data, build)
-            self.facts.note(BATCH, {"end": build[2:], "odd": odd}, where=(build[0], build[1]))
-        return data
+    def batch(self, seen: Loader, odd: list[str]) -> None:
+        build = _build(seen)
+        self.facts.note(BATCH, {"end": build[2:], "odd": odd}, where=(build[0], build[1]))
 
-    def _mark(self, data: Any, build: list) -> list[str]:
-        """Tag the batch's tensors with `build`; the type names of what pin_memory would not
-        pin (anything but tensors in tuples, lists, dicts and plain values)."""
+    def copied(self, tensor, out, seen: Loader | None, args: tuple, kwargs: dict) -> None:
+        """A copy to the device noted at the user's call, with the build of the loader that
+        yielded the tensor as is (None: not a yielded tensor)."""
         import torch
 
-        odd, stack = set(), [data]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, torch.Tensor):
-                self._keep(item, build)
-            elif isinstance(item, (list, tuple)):
-                stack.extend(item)
-            elif isinstance(item, Mapping):
-                stack.extend(item.values())
-            elif not isinstance(item, _PLAIN):
-                odd.add(type(item).__name__)
-        return sorted(odd)
-
-    def copy(self, call, tensor, *args, **kwargs):
-        """Tensor.to / Tensor.cuda: a copy to the device noted at the user's call, with the
-        build of the loader that yielded the tensor as is (None: not a yielded tensor)."""
-        import torch
-
-        out = call(tensor, *args, **kwargs)
         if out is tensor or not isinstance(out, torch.Tensor) or out.device.type != "cuda" \
                 or tensor.device.type == "cuda":
-            return out
+            return
         site = caller()
         if site is not None:
-            given = "non_blocking" in kwargs or any(isinstance(a, bool) for a in args)
             self.facts.note(COPY, {"end": list(site.end) if site.end else None,
-                                   "built": self.build_of(tensor), "non_blocking": given,
+                                   "built": _build(seen) if seen and seen.site else None,
+                                   "non_blocking": passes_non_blocking(args, kwargs),
                                    "direct": site.direct}, where=site.where)
-        return out
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    import torch
-    from torch.utils.data import DataLoader
-    from torch.utils.data.dataloader import _BaseDataLoaderIter
-
-    from ..detect import patches
-
-    watch = _Watch(facts)
-    handles = [patches.add_layer(DataLoader, "__init__", watch.init),
-               patches.add_layer(DataLoader, "__iter__", watch.iter),
-               patches.add_layer(_BaseDataLoaderIter, "__next__", watch.next),
-               patches.add_layer(torch.Tensor, "to", watch.copy),
-               patches.add_layer(torch.Tensor, "cuda", watch.copy)]
-    with layers(handles):
-        yield facts
+def _build(seen: Loader) -> list:
+    """[file, line, end line, end column] of the call that built the loader."""
+    site = seen.site
+    assert site is not None
+    return [site.file, site.line, *(list(site.end) if site.end else [None, None])]
 
 
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    """pin_memory=True on the loader(s) whose yielded tensors this line copies, non_blocking=True
-    on every copy of those tensors in the file (the same edits from each of its copy sites)."""
-    if site.op not in ("H2D copy", PAGEABLE):
-        return None
-    pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
-    seen = facts.at(COPY, site.file, site.line)
-    if seen is None or not any(v.get("built") for v in seen.values):
-        return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
-    try:
-        if seen.more:
-            raise _Refused("more distinct copies were seen at this line than are kept")
-        own = _copies(source, site.line, seen.values, pageable)
-        builds = {b for _, bs in own for b in bs}
-        copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
-        for (kind, file, line), other in facts.data.items():
-            if kind == COPY and file == site.file and line != site.line and not other.more:
-                with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
-                    theirs = _copies(source, line, other.values, pageable)
-                    if theirs and all(bs <= builds for _, bs in theirs):
-                        copies[line] = [c for c, _ in theirs]
-        pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
-    except _Refused as e:
-        return Refusal(NAME, site, str(e))
-    edits = [e for _, e in pins if e is not None]
-    if pageable:
-        if not edits:
-            return None  # pinned already: the copy's source is something else
-        return Proposal(NAME, site, tuple(sorted(edits)), _pinned_summary(pins, sorted(copies)))
-    edits += [source.set_keyword(c, "non_blocking", "True") for cs in copies.values() for c in cs]
-    return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
+class _PinMemory(Remedy):
+    NAME = NAME
+
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        with listening(_Watch(facts)):
+            yield facts
+
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        """pin_memory=True on the loader(s) whose yielded tensors this line copies,
+        non_blocking=True on every copy of those tensors in the file (the same edits from each
+        of its copy sites)."""
+        if site.op not in ("H2D copy", PAGEABLE):
+            return None
+        pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
+        seen = facts.at(COPY, site.file, site.line)
+        if seen is None or not any(v.get("built") for v in seen.values):
+            return None  # no tensor a DataLoader yielded is copied here: not this remedy's kind
+        try:
+            if seen.more:
+                raise _Refused("more distinct copies were seen at this line than are kept")
+            own = _copies(source, site.line, seen.values, pageable)
+            builds = {b for _, bs in own for b in bs}
+            copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
+            for (kind, file, line), other in facts.data.items():
+                if kind == COPY and file == site.file and line != site.line and not other.more:
+                    with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
+                        theirs = _copies(source, line, other.values, pageable)
+                        if theirs and all(bs <= builds for _, bs in theirs):
+                            copies[line] = [c for c, _ in theirs]
+            pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
+        except _Refused as e:
+            return Refusal(NAME, site, str(e))
+        edits = [e for _, e in pins if e is not None]
+        if pageable:
+            if not edits:
+                return None  # pinned already: the copy's source is something else
+            return Proposal(NAME, site, tuple(sorted(edits)),
+                            _pinned_summary(pins, sorted(copies)))
+        edits += [source.set_keyword(c, "non_blocking", "True")
+                  for cs in copies.values() for c in cs]
+        return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
 
 
 def _pinned_summary(pins: list[tuple[tuple, Edit | None]], lines: list[int]) -> str:
@@ -214,7 +172,7 @@ def _copies(source: Source, line: int, values: list[dict], pageable: bool = Fals
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
     out = []
     for end, group in by_end.items():
-        call = call_ending(source.tree, line, end, ("to", "cuda"))
+        call = source.call_ending(line, end, ("to", "cuda"))
         what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
         if not any(v.get("built") for v in group):
             raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
@@ -244,21 +202,16 @@ def _not_written_after(source: Source, call: ast.Call) -> None:
     """A non_blocking copy reads the host tensor after the call returns: the script must not
     write into it (by the name it copied) after the copy, unless that name now holds the copy."""
     assert isinstance(call.func, ast.Attribute)
-    receiver = call.func.value
-    while isinstance(receiver, (ast.Attribute, ast.Subscript)):
-        receiver = receiver.value
-    if not isinstance(receiver, ast.Name):
+    name = syntax.root(call.func.value)
+    if name is None:
         return
     stmt = source.statement(call)
-    if receiver.id in scope.assigned(stmt):  # x = x.to(d): x is the device copy from here on
+    if name in syntax.assigned(stmt):  # x = x.to(d): x is the device copy from here on
         return
-    block: ast.AST = scope.loop_of(source, stmt) or next(
-        (a for a in source.ancestors(stmt) if isinstance(a, (ast.FunctionDef,
-                                                              ast.AsyncFunctionDef))),
-        source.tree)
-    line = scope.changed_in_place(block, receiver.id, after=stmt.end_lineno or stmt.lineno)
+    block: ast.AST = source.loop(stmt, every_iteration=True) or source.function(stmt)
+    line = syntax.changed_in_place(block, name, after=stmt.end_lineno or stmt.lineno)
     if line is not None:
-        raise _Refused(f"{receiver.id} is changed in place at line {line}, after it is copied at "
+        raise _Refused(f"{name} is changed in place at line {line}, after it is copied at "
                        f"line {call.lineno}: a non_blocking copy could read the change")
 
 
@@ -280,8 +233,8 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
                        "tuples, lists and dicts")
     if all(v["pin_memory"] for v in infos):
         return None
-    call = call_ending(source.tree, line, tuple(end) if end[0] is not None else None,
-                       ("DataLoader",))
+    call = source.call_ending(line, tuple(end) if end[0] is not None else None,
+                              ("DataLoader",))
     if call is None:
         raise _Refused(f"the DataLoader of line {line} is not built by a DataLoader(...) call "
                        "there")
@@ -299,3 +252,7 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
     torch = source.imported_as("torch")
     return source.set_keyword(call, "pin_memory",
                               f"{torch}.cuda.is_available()" if torch else "True")
+
+
+PIN_MEMORY = _PinMemory()
+REMEDIES = (PIN_MEMORY,)

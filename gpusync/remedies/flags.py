@@ -18,51 +18,23 @@ the host only because of how it was called (detect/libraries/pytorch.py, docs/ru
 Each edits only a call the run saw make the sync at that line, with a literal it can read."""
 from __future__ import annotations
 
-import ast
 import contextlib
-import os
 import weakref
-from typing import Any, Iterator
+from typing import Iterator
 
+from ..fileio import same_file
 from ..report import Site
-from .observe import Facts, layers
-from .remedy import Proposal, Refusal
-from .source import Source, callee_name
-
-
-def library(site: Site) -> tuple[str, str]:
-    """(file, function) of the library line that synced under the user's, ("", "") if none."""
-    lib = site.library
-    return (lib.file.replace("\\", "/"), lib.function) if lib is not None else ("", "")
-
-
-def same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-def literal(node: ast.AST | None) -> Any:
-    """The value of a literal True/False/None, else a marker that it is not one."""
-    if isinstance(node, ast.Constant) and node.value in (True, False, None) and \
-            type(node.value) in (bool, type(None)):
-        return node.value
-    return NOT_LITERAL
-
-
-NOT_LITERAL = object()
-
-
-def keyword(call: ast.Call, name: str) -> ast.keyword | None:
-    return next((k for k in call.keywords if k.arg == name), None)
+from .helpers.observe import Facts, layers
+from .helpers.source import Source, callee_name
+from .helpers.syntax import keyword, literal
+from .remedy import Proposal, Refusal, Remedy, library
 
 
 # -- clip_grad_norm_(error_if_nonfinite=True) -----------------------------------------------
-class _ClipGradNorm:
+class _ClipGradNorm(Remedy):
     NAME = "clip_grad_norm.error_if_nonfinite"
     # the functions taking it, and its position among their arguments
     CALLEES = {"clip_grad_norm_": 3, "clip_grad_norm": 3, "get_total_norm": 2}
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)  # the site and the source say all it needs
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not library(site)[0].endswith("torch/nn/utils/clip_grad.py"):
@@ -90,7 +62,7 @@ class _ClipGradNorm:
 
 
 # -- torch.distributions: validate_args=False -----------------------------------------------
-class _ValidateArgs:
+class _ValidateArgs(Remedy):
     NAME = "distributions.validate_args"
     SAMPLE = NAME + ":sample"  # where a distribution whose sample check synced was built
 
@@ -99,7 +71,7 @@ class _ValidateArgs:
         from torch.distributions import Distribution
 
         from ..detect import patches
-        from .observe import user_line
+        from .helpers.observe import user_line
 
         built: dict[int, tuple[weakref.ref, list]] = {}  # id -> (the distribution, where)
 
@@ -169,3 +141,4 @@ class _ValidateArgs:
 
 CLIP_GRAD_NORM = _ClipGradNorm()
 VALIDATE_ARGS = _ValidateArgs()
+REMEDIES = (CLIP_GRAD_NORM, VALIDATE_ARGS)

@@ -30,16 +30,15 @@ rest."""
 from __future__ import annotations
 
 import ast
-import contextlib
 import os
 
 from ..detect.libraries import lightning, transformers
 from ..detect.rules import PINNED_SOURCE
 from ..report import Site
-from .flags import keyword, literal
-from .observe import Facts
-from .remedy import Proposal, Refusal
-from .source import Source, callee_name
+from .helpers.observe import Facts
+from .helpers.source import Source, callee_name
+from .helpers.syntax import keyword, keyword_value, literal, root
+from .remedy import Proposal, Refusal, Remedy
 
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
@@ -69,7 +68,7 @@ def already_given(name: str, site, source, call, field: str) -> Refusal | None:
                        f"{call.lineno} may pass {field} already")
     return None
 
-class _TrainingArgument:
+class _TrainingArgument(Remedy):
     """One TrainingArguments field set on the script's one `TrainingArguments(...)` call, for
     the sites of one Trainer step."""
 
@@ -78,9 +77,6 @@ class _TrainingArgument:
         # flag: how to set it from the command line; detail: the only site detail it fixes
         self.NAME, self.step, self.field, self.value = name, step, field, value
         self.flag, self.summary, self.detail = flag, summary, detail
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)  # the site's step and the source say all it needs
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not _made_by(site, self.step):
@@ -113,19 +109,17 @@ class _TrainingArgument:
             f"{self.summary}"))
 
 
-class _ProgBar:
+class _ProgBar(Remedy):
     NAME = "lightning.prog_bar"
     METHODS = ("log", "log_dict")
     HOOK = "training_step"
 
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)
-
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         if not _made_by(site, lightning.PROGRESS_BAR_STEP):
             return None
-        calls = [c for c in self._logs(source) if literal(_value(c, "prog_bar")) is True
-                 and literal(_value(c, "on_step")) is not False]
+        calls = [c for c in self._logs(source)
+                 if literal(keyword_value(c, "prog_bar")) is True
+                 and literal(keyword_value(c, "on_step")) is not False]
         if not calls:
             return Refusal(self.NAME, site, "no self.log(..., prog_bar=True) in a "
                            f"{self.HOOK} of {os.path.relpath(site.file)}: set prog_bar=False "
@@ -155,12 +149,9 @@ class _ProgBar:
         return found
 
 
-class _MetricValidation:
+class _MetricValidation(Remedy):
     NAME = "torchmetrics.validate_args"
     METHODS = ("update", "forward")
-
-    def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext(facts)
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         lib = site.library
@@ -196,7 +187,7 @@ class _MetricValidation:
         bound = _imported_from(source, "torchmetrics")
         built = [(n, _constructor(n.value)) for n in ast.walk(source.tree)
                  if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)]
-        return [call for n, call in built if _root(call.func) in bound
+        return [call for n, call in built if root(call.func) in bound
                 and any(source.segment(t) == name for t in n.targets)]
 
 
@@ -220,21 +211,9 @@ def _imported_from(source: Source, package: str) -> set[str]:
     return names
 
 
-def _root(node: ast.AST) -> str | None:
-    """`torchmetrics` for `torchmetrics.classification.Accuracy`, `Accuracy` for itself."""
-    while isinstance(node, ast.Attribute):
-        node = node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
 def _names(source: Source, calls: list[ast.Call]) -> list[str]:
     """What each call logs, as the source spells it ('"train_loss"', "{...}")."""
     return [source.segment(c.args[0]) if c.args else "?" for c in calls]
-
-
-def _value(call: ast.Call, name: str) -> ast.AST | None:
-    kw = keyword(call, name)
-    return kw.value if kw is not None else None
 
 
 METRIC_VALIDATION = _MetricValidation()
@@ -250,3 +229,4 @@ NON_BLOCKING = _TrainingArgument(
     "accelerate copies each pinned batch to the device with non_blocking=True: the host no "
     "longer waits for the copy; the same batches", detail=PINNED_SOURCE)
 PROG_BAR = _ProgBar()
+REMEDIES = (NAN_INF_FILTER, NON_BLOCKING, PROG_BAR, METRIC_VALIDATION)

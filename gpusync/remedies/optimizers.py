@@ -18,11 +18,12 @@ import contextlib
 import weakref
 from typing import Any, Iterator
 
+from ..fileio import same_file
 from ..report import Site
-from .flags import keyword, library, literal, same_file
-from .observe import Facts, layers
-from .remedy import Proposal, Refusal
-from .source import Source
+from .helpers.observe import Facts, layers
+from .helpers.source import Source
+from .helpers.syntax import keyword, literal
+from .remedy import Proposal, Refusal, Remedy, library
 
 
 def _why_not(opt: Any) -> str | None:
@@ -44,7 +45,7 @@ def _why_not(opt: Any) -> str | None:
     return None
 
 
-class _Fused:
+class _Fused(Remedy):
     NAME = "optimizer.fused"
 
     @contextlib.contextmanager
@@ -53,7 +54,7 @@ class _Fused:
         from torch.amp.grad_scaler import GradScaler
 
         from ..detect import patches
-        from .observe import user_line
+        from .helpers.observe import user_line
 
         built: dict[int, tuple[weakref.ref, list]] = {}  # id -> (the optimizer, its line)
 
@@ -111,3 +112,4 @@ class _Fused:
 
 
 FUSED = _Fused()
+REMEDIES = (FUSED,)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from ..report import Site
-from .observe import Facts
-from .source import Edit, Source
+from .helpers.observe import Facts
+from .helpers.source import Edit, Source
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,12 @@ class Proposal:
     rounds: bool = False
 
 
+def library(site: Site) -> tuple[str, str]:
+    """(file, function) of the library line that synced under the user's, ("", "") if none."""
+    lib = site.library
+    return (lib.file.replace("\\", "/"), lib.function) if lib is not None else ("", "")
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why `remedy` offers nothing for `site` (listed in the report, never silent)."""
@@ -51,18 +56,23 @@ class Refusal:
     reason: str
 
 
-class Remedy(Protocol):
-    """A module of gpusync/remedies/ (one per kind of fix)."""
+class Remedy:
+    """One kind of fix. Every remedy is an instance of a subclass of this, listed in its
+    module's REMEDIES (in the order their proposals are tried); remedies/__init__.py lists
+    the modules, and a test checks that each module of remedies/ is among them."""
 
-    NAME: str  # "one_hot.num_classes": in the diff's header, the JSON, --only/--skip
+    NAME: str = ""  # "one_hot.num_classes": in the diff's header, the JSON, --only/--skip
+    # NAMES, where a remedy's proposals carry other names than NAME (tensor_list's two):
+    # all of them (fix/engine.py names)
 
     def observe(self, facts: Facts) -> contextlib.AbstractContextManager:
         """Layers (detect/patches.py add_layer) that note in `facts`, while the script runs,
         what this remedy needs to know at the user's lines (facts.note); removed on exit.
-        Observing must not change what the code computes, nor sync."""
-        ...
+        Observing must not change what the code computes, nor sync. By default none: the
+        site and the source say all the remedy needs."""
+        return contextlib.nullcontext(facts)
 
     def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
         """The edit for `site` in `source` (the file the site is in), a Refusal saying why
         none is safe, or None when the site is not this remedy's kind."""
-        ...
+        raise NotImplementedError

@@ -19,8 +19,8 @@
 
 Each is offered only when the size observed (from the output's shape: no sync, no device
 value read) was one N in every call and a name of the program that is a constant at the call
-held N in every call too (scope.py says what counts and which name is preferred); a literal
-is never written. Otherwise: a Refusal saying why."""
+held N in every call too (helpers/constants.py says what counts and which name is
+preferred); a literal is never written. Otherwise: a Refusal saying why."""
 from __future__ import annotations
 
 import ast
@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from ..report import Site
-from . import scope
-from .observe import Facts, Observed, layers
-from .remedy import Proposal, Refusal
-from .source import Edit, Source
+from .helpers import constants
+from .helpers.observe import Facts, Observed, layers
+from .helpers.source import Edit, Source
+from .helpers.syntax import keyword_value
+from .remedy import Proposal, Refusal, Remedy
 
 
 @dataclass(frozen=True)
@@ -44,20 +45,20 @@ class _Found:
     calls: int
 
 
-class SizeRemedy:
+class SizeRemedy(Remedy):
     """What the three have in common: the size noted per call with the names holding it, and
     the choice of a constant of the program to write."""
 
     NAME = ""
     OP = ""  # the scan's op label for the site
     CALLEES: tuple[str, ...] = ()
-    HINT: str | None = None  # what the size's name says it is (scope.choose)
+    HINT: str | None = None  # what the size's name says it is (constants.choose)
     WHAT = "size"  # in reasons: "the class count"
 
     # -- observing ----------------------------------------------------------------------------
     @contextlib.contextmanager
     def observe(self, facts: Facts) -> Iterator[Facts]:
-        names = scope.Names()
+        names = constants.Names()
         handles = self._install(lambda n: self._note(facts, names, n))
         with layers(handles):
             yield facts
@@ -65,10 +66,15 @@ class SizeRemedy:
     def _install(self, note: Callable[[int], None]) -> list[Any]:
         raise NotImplementedError
 
-    def _note(self, facts: Facts, names: scope.Names, n: int) -> None:
-        frame = scope.user_frame()
-        if frame is None:
+    def _note(self, facts: Facts, names: constants.Names, n: int) -> None:
+        from ..detect import frames
+
+        # the op's caller: the user's line, with only gpusync's or torch's thin wrappers
+        # (F.one_hot) between; torch's own code calling the op is not the user's call
+        found = frames.user_call()
+        if found is None or found.through_library:
             return
+        frame = found.frame
         facts.note(self.NAME, n, where=(frame.f_code.co_filename, frame.f_lineno))
         names.note(facts, self.NAME + ":names", frame, n)
 
@@ -115,7 +121,7 @@ class SizeRemedy:
         names = _held_in_every_call(facts.at(self.NAME + ":names", site.file, site.line))
         if names is None:
             return "the names holding it were not all kept: not known which held it throughout"
-        best, why = scope.choose(source, editable[0], names, self.HINT)
+        best, why = constants.choose(source, editable[0], names, self.HINT)
         if best is None:
             return f"{self.WHAT} {seen.value}: {why}"
         return _Found(editable[0], best.expr, best.kind, seen.value, seen.calls)
@@ -129,10 +135,6 @@ def _held_in_every_call(seen: Observed | None) -> list[str] | None:
     for value in seen.values[1:]:
         left &= set(value)
     return sorted(left)
-
-
-def _keyword(call: ast.Call, name: str) -> ast.expr | None:
-    return next((k.value for k in call.keywords if k.arg == name), None)
 
 
 def _literal(node: ast.expr | None, value: Any) -> bool:
@@ -182,7 +184,7 @@ class _OneHot(SizeRemedy):
     def editable(self, call):
         if len(call.args) > 1:
             return _literal(call.args[1], -1)
-        value = _keyword(call, "num_classes")
+        value = keyword_value(call, "num_classes")
         return value is None or _literal(value, -1)
 
     def edits(self, source, found):
@@ -219,7 +221,7 @@ class _RepeatInterleave(SizeRemedy):
                 patches.add_layer(torch.Tensor, "repeat_interleave", noting(True))]
 
     def editable(self, call):
-        return _keyword(call, "output_size") is None
+        return keyword_value(call, "output_size") is None
 
     def edits(self, source, found):
         return [source.set_keyword(found.call, "output_size", found.expr)]
@@ -259,8 +261,8 @@ class _Nonzero(SizeRemedy):
                 patches.add_layer(torch.Tensor, "nonzero", layer)]
 
     def editable(self, call):
-        as_tuple = _keyword(call, "as_tuple")
-        return (isinstance(call.func, ast.Attribute) and _keyword(call, "out") is None
+        as_tuple = keyword_value(call, "as_tuple")
+        return (isinstance(call.func, ast.Attribute) and keyword_value(call, "out") is None
                 and (as_tuple is None or _literal(as_tuple, False))
                 and not any(isinstance(a, ast.Starred) for a in call.args)
                 and not any(k.arg is None for k in call.keywords))
@@ -284,3 +286,4 @@ class _Nonzero(SizeRemedy):
 ONE_HOT = _OneHot()
 REPEAT_INTERLEAVE = _RepeatInterleave()
 NONZERO = _Nonzero()
+REMEDIES = (ONE_HOT, REPEAT_INTERLEAVE, NONZERO)

@@ -31,11 +31,11 @@ import hashlib
 from typing import Any, Iterator
 
 from ..report import Site
-from . import loop_scope as scope
-from .callsite import call_ending, caller
-from .observe import Facts
-from .remedy import Proposal, Refusal
-from .source import Edit, Source
+from .helpers import syntax
+from .helpers.callsite import caller
+from .helpers.observe import Facts
+from .helpers.source import Edit, Loop, Source
+from .remedy import Proposal, Refusal, Remedy
 
 NAME = "tensor.hoist"
 HOIST, PINNED = "tensor.hoist", "tensor.pinned"
@@ -73,58 +73,61 @@ def _digest(data: Any) -> str | None:
     return None
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    import torch
-    from torch.utils import _device
+class _Hoist(Remedy):
+    NAME, NAMES = NAME, NAMES
 
-    from ..detect import patches
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        import torch
+        from torch.utils import _device
 
-    def tensor(call, *args, **kwargs):
-        out = call(*args, **kwargs)
-        if kwargs.get("device") is None or not isinstance(out, torch.Tensor) or \
-                out.device.type != "cuda":
+        from ..detect import patches
+
+        def tensor(call, *args, **kwargs):
+            out = call(*args, **kwargs)
+            if kwargs.get("device") is None or not isinstance(out, torch.Tensor) or \
+                    out.device.type != "cuda":
+                return out
+            site = caller()
+            if site is not None and site.direct:
+                data = args[0] if args else kwargs.get("data")
+                facts.note(KIND, {"end": list(site.end) if site.end else None,
+                                  "data": _digest(data), "dtype": str(out.dtype),
+                                  "requires_grad": bool(out.requires_grad)}, where=site.where)
             return out
-        site = caller()
-        if site is not None and site.direct:
-            data = args[0] if args else kwargs.get("data")
-            facts.note(KIND, {"end": list(site.end) if site.end else None,
-                              "data": _digest(data), "dtype": str(out.dtype),
-                              "requires_grad": bool(out.requires_grad)}, where=site.where)
-        return out
 
-    # torch caches the constructors a `with torch.device(...)` applies to on first use: cache
-    # torch's own function, not this layer (the scan does the same before its layers)
-    _device._device_constructors()
-    handle = patches.add_layer(torch, "tensor", tensor)
-    try:
-        yield facts
-    finally:
-        handle.remove()
+        # torch caches the constructors a `with torch.device(...)` applies to on first use: cache
+        # torch's own function, not this layer (the scan does the same before its layers)
+        _device._device_constructors()
+        handle = patches.add_layer(torch, "tensor", tensor)
+        try:
+            yield facts
+        finally:
+            handle.remove()
 
 
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    if site.op != "H2D copy (torch.tensor)":
-        return None
-    seen = facts.at(KIND, site.file, site.line)
-    if seen is None:
-        return None  # not a torch.tensor(...) of this line (as_tensor, new_tensor)
-    by_end: dict[Any, list[dict]] = {}
-    for v in seen.values:
-        by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
-    plans = []
-    try:
-        for end, values in by_end.items():
-            call = call_ending(source.tree, site.line, end, ("tensor",))
-            if call is None:
-                raise _Refused("the torch.tensor(...) call of the line cannot be told apart")
-            constant = len(values) == 1 and not seen.more and values[0]["data"] is not None
-            plans.append(_plan(source, call, values, constant, seen.calls))
-    except _Refused as e:
-        return Refusal(NAME, site, str(e))
-    kinds = sorted({kind for kind, _, _ in plans})
-    edits = tuple(sorted(e for _, es, _ in plans for e in es))
-    return Proposal("+".join(kinds), site, edits, "; ".join(s for _, _, s in plans))
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if site.op != "H2D copy (torch.tensor)":
+            return None
+        seen = facts.at(KIND, site.file, site.line)
+        if seen is None:
+            return None  # not a torch.tensor(...) of this line (as_tensor, new_tensor)
+        by_end: dict[Any, list[dict]] = {}
+        for v in seen.values:
+            by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
+        plans = []
+        try:
+            for end, values in by_end.items():
+                call = source.call_ending(site.line, end, ("tensor",))
+                if call is None:
+                    raise _Refused("the torch.tensor(...) call of the line cannot be told apart")
+                constant = len(values) == 1 and not seen.more and values[0]["data"] is not None
+                plans.append(_plan(source, call, values, constant, seen.calls))
+        except _Refused as e:
+            return Refusal(NAME, site, str(e))
+        kinds = sorted({kind for kind, _, _ in plans})
+        edits = tuple(sorted(e for _, es, _ in plans for e in es))
+        return Proposal("+".join(kinds), site, edits, "; ".join(s for _, _, s in plans))
 
 
 def _plan(source: Source, call: ast.Call, values: list[dict], constant: bool, calls: int
@@ -182,11 +185,11 @@ def _torch_name(source: Source, call: ast.Call) -> str:
 def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
     """Why the same data seen in every call does not make the tensor a constant of its loop
     (None: it is one)."""
-    loop = scope.loop_of(source, call)
+    loop = source.loop(call, every_iteration=True)
     if loop is None:
         return ("the same data in every call, but it is not in a loop of its own function "
                 "(the function is called every step): built pinned instead of hoisted")
-    if scope.in_comprehension(source, call, loop):
+    if syntax.in_comprehension(source, call, loop):
         return "the same data in every call, but one tensor per element of a comprehension"
     for inner in ast.walk(call):
         if isinstance(inner, ast.Call) and inner is not call and not _pure(inner):
@@ -199,24 +202,24 @@ def _why_not_hoisted(source: Source, call: ast.Call) -> str | None:
     return _varies_in(source, call, loop)
 
 
-def _varies_in(source: Source, call: ast.Call, loop: ast.For | ast.While) -> str | None:
+def _varies_in(source: Source, call: ast.Call, loop: Loop) -> str | None:
     """Why the call's value could change from one iteration of `loop` to the next, or be
     another outside it."""
     within = _within(source, call, loop)
     if within is not None:
         return (f"the same data in every call so far, but it is built inside `with {within}:`,"
                 " which may choose the device it is built on")
-    clash = sorted(scope.loads(call) & scope.assigned(loop))
+    clash = sorted(syntax.reads(call) & syntax.assigned(loop))
     if clash:
         return (f"the same data in every call so far, but it reads {', '.join(clash)}, which "
                 f"the loop at line {loop.lineno} assigns")
-    handed = scope.handed_on(loop, scope.loads(call.args[0]) - _MODULES)
+    handed = syntax.handed_on(loop, syntax.reads(call.args[0]) - _MODULES)
     if handed:
         held, by = next(iter(sorted(handed.items())))
         return (f"the same data in every call so far, but it reads {held}, which the loop "
                 f"hands to {source.segment(by.func)}(...) at line {by.lineno}")
     name = _target(source, call)
-    line = scope.changed_in_place(loop, name) if name else None
+    line = syntax.changed_in_place(loop, name) if name else None
     if line is not None:
         return (f"the same data in every call, but {name} is changed in place at line {line}: "
                 "built once, the change would carry into the next step")
@@ -238,15 +241,15 @@ def _within(source: Source, call: ast.Call, loop: ast.AST) -> str | None:
     return None
 
 
-def _outermost(source: Source, call: ast.Call, name: str | None) -> ast.For | ast.While:
+def _outermost(source: Source, call: ast.Call, name: str | None) -> Loop:
     """The loop to build the tensor before: its innermost loop, or the loops around that one
     as long as the value is a constant of them too (and they read `name` nowhere else)."""
-    loop = scope.loop_of(source, call)
+    loop = source.loop(call, every_iteration=True)
     assert loop is not None
     while True:
-        outer = scope.loop_of(source, loop)
+        outer = source.loop(loop, every_iteration=True)
         if outer is None or _varies_in(source, call, outer) is not None or (
-                name is not None and name in scope.loads(outer, skip=loop)):
+                name is not None and name in syntax.reads(outer, skip=loop)):
             return loop
         loop = outer
 
@@ -270,13 +273,13 @@ def _target(source: Source, call: ast.Call) -> str | None:
 
 def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, list[Edit],
                                                                            str]:
-    inner = scope.loop_of(source, call)
+    inner = source.loop(call, every_iteration=True)
     assert inner is not None
     shown = f" ({data})" if len(data) <= 40 else ""
     why = (f"the same data{shown} in all {calls} calls, from names the loop does not assign")
     name = _target(source, call)
     loop = _outermost(source, call, name)
-    at = scope.insertion_line(source, loop)
+    at = syntax.insertion_line(source, loop)
     indent = source.indent(loop.lineno)
     nl = "\r\n" if source.lines and source.lines[0].endswith("\r\n") else "\n"  # the file's
     if name is not None and _movable(source, source.statement(call), inner, name):
@@ -287,7 +290,7 @@ def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, 
         return HOIST, [source.insert((at, 0), indent + text.rstrip("\r\n") + nl),
                        Edit(source.path, (stmt.lineno, 0), (last + 1, 0), "")], \
             f"{name} = torch.tensor(...) moved before the loop at line {loop.lineno}: {why}"
-    new = scope.fresh_name(source, f"{name}_const" if name else "const_tensor")
+    new = syntax.fresh_name(source, f"{name}_const" if name else "const_tensor")
     value = _shifted(source.segment(call), len(indent) + len(new) + 3 - source.start(call)[1])
     return HOIST, [source.insert((at, 0), f"{indent}{new} = {value}{nl}"),
                    source.replace(call, new)], \
@@ -295,7 +298,7 @@ def _hoist(source: Source, call: ast.Call, data: str, calls: int) -> tuple[str, 
         f"{loop.lineno}, as {new}: {why}"
 
 
-def _movable(source: Source, stmt: ast.stmt, loop: ast.For | ast.While, name: str) -> bool:
+def _movable(source: Source, stmt: ast.stmt, loop: Loop, name: str) -> bool:
     """The assignment can leave the loop as it is: a statement of the loop's own body on lines
     of its own, not its only one, the loop's only binding of `name`, which nothing in the loop
     reads before it, and the only binding of `name` in its scope (no other value of `name` is
@@ -308,18 +311,13 @@ def _movable(source: Source, stmt: ast.stmt, loop: ast.For | ast.While, name: st
     after = source.lines[end - 1][source.end(stmt)[1]:].strip()
     if before.strip() or (after and not after.startswith("#")):
         return False
-    binds = [n for n in ast.walk(loop) if isinstance(n, ast.Name) and n.id == name
-             and not isinstance(n.ctx, ast.Load)]
-    if len(binds) != 1:
+    if len(syntax.bindings(loop, {name})) != 1:
         return False
     earlier = list(body[:body.index(stmt)]) + (
         [loop.test] if isinstance(loop, ast.While) else [])
-    if any(name in scope.loads(s) for s in earlier):
+    if any(name in syntax.reads(s) for s in earlier):
         return False
-    home = next((a for a in source.ancestors(loop)
-                 if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef))), source.tree)
-    return sum(1 for n in ast.walk(home) if isinstance(n, ast.Name) and n.id == name
-               and not isinstance(n.ctx, ast.Load)) == 1
+    return len(syntax.bindings(source.function(loop), {name})) == 1
 
 
 def _shifted(text: str, by: int) -> str:
@@ -331,3 +329,7 @@ def _shifted(text: str, by: int) -> str:
         spaces = len(line) - len(line.lstrip(" "))
         out.append(" " * by + line if by >= 0 else line[min(-by, spaces):])
     return "\n".join(out)
+
+
+HOIST_TENSOR = _Hoist()
+REMEDIES = (HOIST_TENSOR,)

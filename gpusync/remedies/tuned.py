@@ -1,6 +1,6 @@
 """tuned.settings: the torchrec / fbgemm settings `gpusync tune -o` chose (`gpusync fix --tuned
 FILE`: facts.settings), written into the script where it builds what they set
-(tuned_edits.py has the edits).
+(helpers/tuned_edits.py has the edits).
 
 Which sites a setting removes (checked by scanning gpusync/examples/torchrec_train.py with each
 setting applied, torchrec 1.9.2 / fbgemm-gpu 1.8.0):
@@ -31,10 +31,10 @@ from ..detect.events import BATCH_COPY, EMB_LOOKUP, INPUT_DIST
 from ..detect.libraries.fbgemm import TBE_MODULE
 from ..detect.libraries.torchrec import PIPELINE_MODULES, PIPELINES
 from ..report import Site
-from .observe import Facts, user_line
-from .remedy import Proposal, Refusal
-from .source import Edit, Source, apply
-from .tuned_edits import (
+from .helpers.observe import Facts, user_line
+from .helpers.source import Edit, Source, apply
+from .helpers.syntax import statement_at
+from .helpers.tuned_edits import (
     PIPELINE,
     PRECOMPUTE,
     WRITEBACK,
@@ -44,6 +44,7 @@ from .tuned_edits import (
     precompute_edit,
     syncfree_edits,
 )
+from .remedy import Proposal, Refusal, Remedy, library
 
 NAME = "tuned.settings"
 PIPELINE_BUILT, TBE_BUILT, CONFIG_BUILT = "tuned.pipeline", "tuned.tbe", "tuned.config"
@@ -148,49 +149,47 @@ def patches():
     return module
 
 
-@contextlib.contextmanager
-def observe(facts: Facts) -> Iterator[Facts]:
-    from ..detect.virtual_libs import _AfterImport
+class _Settings(Remedy):
+    NAME = NAME
 
-    watch = _Watch(facts)
-    hooks = [_AfterImport(PIPELINE_MODULES[1], watch.pipelines),
-             _AfterImport(TBE_MODULE, watch.tbes), _AfterImport(CONFIG_MODULE, watch.config_class)]
-    try:
-        for hook in hooks:
-            hook.install()
-        yield facts
-    finally:
-        for hook in hooks:
-            hook.uninstall()
-        for handle in reversed(watch.handles):
-            handle.remove()
-        watch.configs.clear()
+    @contextlib.contextmanager
+    def observe(self, facts: Facts) -> Iterator[Facts]:
+        from ..detect.virtual_libs import _AfterImport
+
+        watch = _Watch(facts)
+        hooks = [_AfterImport(PIPELINE_MODULES[1], watch.pipelines),
+                 _AfterImport(TBE_MODULE, watch.tbes),
+                 _AfterImport(CONFIG_MODULE, watch.config_class)]
+        try:
+            for hook in hooks:
+                hook.install()
+            yield facts
+        finally:
+            for hook in hooks:
+                hook.uninstall()
+            for handle in reversed(watch.handles):
+                handle.remove()
+            watch.configs.clear()
 
 
-# -- proposals ------------------------------------------------------------------------------------
-def propose(site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
-    settings = getattr(facts, "settings", None) or {}
-    if not settings:
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        settings = getattr(facts, "settings", None) or {}
+        if not settings:
+            return None
+        try:
+            if _writeback_site(site):
+                return _writeback(site, source, facts, settings)
+            if site.phase in STAGES:
+                return _pipeline(site, source, facts, settings)
+        except Unsafe as e:
+            return Refusal(NAME, site, str(e))
         return None
-    try:
-        if _writeback_site(site):
-            return _writeback(site, source, facts, settings)
-        if site.phase in STAGES:
-            return _pipeline(site, source, facts, settings)
-    except Unsafe as e:
-        return Refusal(NAME, site, str(e))
-    return None
-
-
-def _library(site: Site) -> tuple[str, str]:
-    lib = site.library
-    return (lib.file, lib.function) if lib is not None else ("", "")
 
 
 def _writeback_site(site: Site) -> bool:
     """fbgemm's writeback dedup (utils/writeback_util.py), in its backward hook or, with
     precompute_writeback, in the TBE's forward."""
-    file, function = _library(site)
+    file, function = library(site)
     return "fbgemm_gpu" in file and ("writeback" in file or "writeback" in function)
 
 
@@ -275,7 +274,7 @@ def _render(source: Source, edits: list[Edit]) -> str:
     for tag, i1, _i2, j1, j2 in matcher.get_opcodes():
         if tag not in ("replace", "insert"):
             continue
-        spans = sorted({_span(tree, line) for line in range(j1 + 1, j2 + 1)})
+        spans = sorted({_lines(statement_at(tree, line), line) for line in range(j1 + 1, j2 + 1)})
         for start, end in spans:
             code = " ".join(line.strip() for line in after[start - 1:end])
             where = f"line {start - (j1 - i1)}" if tag == "replace" else f"after line {i1}"
@@ -283,9 +282,10 @@ def _render(source: Source, edits: list[Edit]) -> str:
     return "; ".join(dict.fromkeys(out))
 
 
-def _span(tree: ast.Module, line: int) -> tuple[int, int]:
-    """(first, last) line of the innermost simple statement holding `line`."""
-    found = [(n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
-             if isinstance(n, ast.stmt) and not hasattr(n, "body")
-             and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    return min(found, key=lambda s: s[1] - s[0], default=(line, line))
+def _lines(stmt: ast.stmt | None, line: int) -> tuple[int, int]:
+    """(first, last) line of `stmt`, (line, line) without one."""
+    return (stmt.lineno, stmt.end_lineno or stmt.lineno) if stmt is not None else (line, line)
+
+
+SETTINGS = _Settings()
+REMEDIES = (SETTINGS,)

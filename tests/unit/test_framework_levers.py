@@ -21,7 +21,7 @@ from gpusync.remedies.framework_args import (
     NON_BLOCKING,
     PROG_BAR,
 )
-from gpusync.remedies.source import Source, apply
+from gpusync.remedies.helpers.source import Source, apply
 from gpusync.report import CodeLine, Site
 from tests.conftest import check_contract, run_main
 from tests.unit import fake_frameworks as fake

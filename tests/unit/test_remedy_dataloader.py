@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpusync.remedies import Facts, Proposal, Refusal, dataloader
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 
@@ -61,7 +61,7 @@ BOTH = {5: [("x.to(device)", True, False, True), ("y.to(device)", True, False, T
 def test_the_loader_pins_and_every_copy_of_its_batches_is_non_blocking():
     source = Source(PATH, TRAIN)
     facts = facts_for(TRAIN, BOTH)
-    first = dataloader.propose(site(5), source, facts)
+    first = dataloader.PIN_MEMORY.propose(site(5), source, facts)
     assert isinstance(first, Proposal) and first.remedy == "dataloader.pin_memory"
     out = apply(TRAIN, list(first.edits))
     check(PATH, out)
@@ -71,13 +71,13 @@ def test_the_loader_pins_and_every_copy_of_its_batches_is_non_blocking():
         "y.to(device, non_blocking=True)").replace("x.cuda()", "x.cuda(non_blocking=True)")
     assert "pin_memory=torch.cuda.is_available() on the DataLoader at line 3" in first.summary
     assert "at lines 5, 8" in first.summary
-    other = dataloader.propose(site(8), source, facts)  # the same edits: one proposal
+    other = dataloader.PIN_MEMORY.propose(site(8), source, facts)  # the same edits: one proposal
     assert isinstance(other, Proposal) and other.edits == first.edits
 
 
 def test_a_loader_that_pins_already_gets_only_non_blocking_copies():
     facts = facts_for(TRAIN, BOTH, pinned=True)
-    proposal = dataloader.propose(site(8), Source(PATH, TRAIN), facts)
+    proposal = dataloader.PIN_MEMORY.propose(site(8), Source(PATH, TRAIN), facts)
     out = apply(TRAIN, list(proposal.edits))
     assert "pin_memory" not in out and out.count("non_blocking=True") == 3
     assert "pins its batches already" in proposal.summary
@@ -86,9 +86,9 @@ def test_a_loader_that_pins_already_gets_only_non_blocking_copies():
 def test_copies_of_no_yielded_tensor_and_other_ops_are_not_its_kind():
     source = Source(PATH, TRAIN)
     facts = facts_for(TRAIN, {5: [("x.to(device)", False, False, True)]})
-    assert dataloader.propose(site(5), source, facts) is None
-    assert dataloader.propose(site(8), source, facts) is None  # nothing observed there
-    assert dataloader.propose(site(5, "item"), source, facts_for(TRAIN, BOTH)) is None
+    assert dataloader.PIN_MEMORY.propose(site(5), source, facts) is None
+    assert dataloader.PIN_MEMORY.propose(site(8), source, facts) is None  # nothing observed there
+    assert dataloader.PIN_MEMORY.propose(site(5, "item"), source, facts_for(TRAIN, BOTH)) is None
 
 
 @pytest.mark.parametrize("text, copies, build, odd, reason", [
@@ -122,14 +122,14 @@ def test_copies_of_no_yielded_tensor_and_other_ops_are_not_its_kind():
 ])
 def test_refusals_say_why(text, copies, build, odd, reason):
     line = next(iter(copies))
-    answer = dataloader.propose(site(line), Source(PATH, text),
+    answer = dataloader.PIN_MEMORY.propose(site(line), Source(PATH, text),
                                 facts_for(text, copies, build, odd=odd))
     assert isinstance(answer, Refusal) and reason in answer.reason, answer
 
 
 def test_a_loader_built_in_another_file_is_refused():
     facts = facts_for(TRAIN, BOTH, path="/w/data.py")
-    answer = dataloader.propose(site(5), Source(PATH, TRAIN), facts)
+    answer = dataloader.PIN_MEMORY.propose(site(5), Source(PATH, TRAIN), facts)
     assert isinstance(answer, Refusal)
     assert answer.reason == "the DataLoader is built in another file (/w/data.py:3)"
 
@@ -180,9 +180,9 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
 
     sites = list(result.report.sites)
     copy = next(s for s in sites if s.line == 12)
-    proposal = dataloader.propose(copy, Source.read(path), facts)
+    proposal = dataloader.PIN_MEMORY.propose(copy, Source.read(path), facts)
     assert isinstance(proposal, Proposal)
-    assert dataloader.propose(next(s for s in sites if s.line == 11), Source.read(path),
+    assert dataloader.PIN_MEMORY.propose(next(s for s in sites if s.line == 11), Source.read(path),
                               facts) is None
     patched = apply(SCRIPT, list(proposal.edits))
     assert "shuffle=True, pin_memory=torch.cuda.is_available())" in patched
@@ -205,9 +205,9 @@ def test_without_code_positions_a_line_of_one_copy_is_still_edited():
         return facts
 
     text = TRAIN.replace("x, y = x.to(device), y.to(device)", "x = x.to(device)")
-    proposal = dataloader.propose(site(5), Source(PATH, text), positionless(text))
+    proposal = dataloader.PIN_MEMORY.propose(site(5), Source(PATH, text), positionless(text))
     assert "x = x.to(device, non_blocking=True)" in apply(text, list(proposal.edits))
-    answer = dataloader.propose(site(5), Source(PATH, TRAIN), positionless(TRAIN))
+    answer = dataloader.PIN_MEMORY.propose(site(5), Source(PATH, TRAIN), positionless(TRAIN))
     assert isinstance(answer, Refusal) and "that can be told apart on the line" in answer.reason
 
 
@@ -219,7 +219,7 @@ TRAIN_NB = TRAIN.replace("x.to(device), y.to(device)", "x.to(device, non_blockin
 
 def test_copies_that_pass_non_blocking_from_a_loader_that_does_not_pin_get_the_pinning():
     """The most common loader mistake: non_blocking=True from pageable memory still waits."""
-    proposal = dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+    proposal = dataloader.PIN_MEMORY.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
                                   facts_for(TRAIN_NB, NON_BLOCKING))
     assert isinstance(proposal, Proposal)
     out = apply(TRAIN_NB, list(proposal.edits))
@@ -227,12 +227,12 @@ def test_copies_that_pass_non_blocking_from_a_loader_that_does_not_pin_get_the_p
                                    "is_available())")  # the copies are left as they are
     assert "pass non_blocking=True already" in proposal.summary
     # a loader that pins already: the pageable source is something else, not this remedy's
-    assert dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+    assert dataloader.PIN_MEMORY.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
                               facts_for(TRAIN_NB, NON_BLOCKING, pinned=True)) is None
     # a line whose copies do not all pass non_blocking: refused, with why
     mixed = {5: [("x.to(device, non_blocking=True)", True, True, True),
                  ("y.to(device, non_blocking=True)", True, False, True)]}
-    answer = dataloader.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
+    answer = dataloader.PIN_MEMORY.propose(site(5, dataloader.PAGEABLE), Source(PATH, TRAIN_NB),
                                 facts_for(TRAIN_NB, mixed))
     assert isinstance(answer, Refusal) and "does not pass non_blocking=True" in answer.reason
 

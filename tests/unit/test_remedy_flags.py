@@ -8,8 +8,8 @@ import torch
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
 from gpusync.remedies.causal import IS_CAUSAL
 from gpusync.remedies.flags import CLIP_GRAD_NORM, VALIDATE_ARGS
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.remedies.optimizers import FUSED
-from gpusync.remedies.source import Source, apply, check
 from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import recorded_run
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpusync.remedies import Facts, Proposal, Refusal, logging_item
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import CodeLine, Site
 from tests.unit.remedy_runs import recorded_run
 
@@ -16,7 +16,7 @@ def propose(src: str, line: int, op: str = "item", dtype: str = "float32",
     src = textwrap.dedent(src)
     facts = Facts()
     facts.note(logging_item.KIND, {"dtype": dtype, "alias": alias}, where=("t.py", line))
-    return logging_item.propose(Site(op=op, file="t.py", line=line, per_step=1.0, count=4,
+    return logging_item.LOG_EVERY.propose(Site(op=op, file="t.py", line=line, per_step=1.0, count=4,
                                      phase="other"), Source("t.py", src),
                                 facts)
 
@@ -277,8 +277,8 @@ def test_a_read_a_library_makes_under_the_scripts_line_is_not_the_scripts_to_mov
                                  function="step"))
     facts = Facts()
     facts.note(logging_item.KIND, {"dtype": "float32", "alias": False}, where=("t.py", 2))
-    refusal = logging_item.propose(site, Source("t.py", "for i in r:\n    scaler.step(opt)\n"),
-                                   facts)
+    refusal = logging_item.LOG_EVERY.propose(
+        site, Source("t.py", "for i in r:\n    scaler.step(opt)\n"), facts)
     assert isinstance(refusal, Refusal)
     assert refusal.reason.startswith(
         "the read is the library's (torch/amp/grad_scaler.py:460 step)")
@@ -341,7 +341,7 @@ def test_the_patched_script_reads_only_at_logging_steps_and_prints_the_same(tmp_
     assert {(s.op, s.line) for s in sites if s.per_step == 1} == {
         ("item", 20), ("item", 21), ("item", 22), ("float()", 23)}
     source = Source.read(path)
-    proposals = [logging_item.propose(s, source, facts) for s in sites]
+    proposals = [logging_item.LOG_EVERY.propose(s, source, facts) for s in sites]
     edits = [e for p in proposals if isinstance(p, Proposal) for e in p.edits]
     assert len([p for p in proposals if isinstance(p, Proposal)]) == 4
     text = apply(SCRIPT, edits)
@@ -372,7 +372,7 @@ def test_observe_notes_the_dtype_and_whether_the_tensor_may_change_in_place_then
     original = (torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__)
     facts, x = Facts(), torch.arange(4.)
     here = sys._getframe().f_code.co_filename
-    with logging_item.observe(facts):
+    with logging_item.LOG_EVERY.observe(facts):
         line = sys._getframe().f_lineno
         x.sum().item()
         float(x[0])

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.remedies.sizes import NONZERO, ONE_HOT, REPEAT_INTERLEAVE
-from gpusync.remedies.source import Source, apply, check
 from gpusync.report import Site
 from tests.unit.remedy_runs import recorded_run
 
@@ -298,9 +298,9 @@ def bump():
     ("undefined", None),
 ])
 def test_what_counts_as_a_constant_at_the_call(expr, kind):
-    from gpusync.remedies import scope
+    from gpusync.remedies.helpers import constants
 
     source = Source("t.py", SCOPES)
     call = source.calls_at(19, "f")[0]
-    found = scope.constant(source, call, expr)
+    found = constants.constant(source, call, expr)
     assert (found.kind if found else None) == kind

@@ -1,8 +1,8 @@
 """gpusync fix's source edits: spliced at exact spans, everything else byte for byte the user's."""
 import pytest
 
-from gpusync.remedies.observe import Facts
-from gpusync.remedies.source import EditError, Source, apply, check
+from gpusync.remedies.helpers.observe import Facts
+from gpusync.remedies.helpers.source import EditError, Source, apply, check
 
 SRC = '''import torch.nn.functional as F
 for i in range(3):

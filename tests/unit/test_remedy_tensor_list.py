@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 from gpusync import remedies
 from gpusync.remedies import Facts, Proposal, Refusal, dataloader, tensor_list
-from gpusync.remedies.source import Source, apply, check
+from gpusync.remedies.helpers.source import Source, apply, check
 from gpusync.report import Site
 from tests.unit.remedy_runs import candidate_run
 
@@ -37,7 +37,8 @@ def facts_for(text: str, line: int, call: str | tuple[int, str], data: list,
 def propose(text: str, line: int, call: str, data: list, **more):
     site = Site(op="H2D copy (torch.tensor)", file=PATH, line=line, per_step=1.0, count=4,
                 phase="other")
-    return tensor_list.propose(site, Source(PATH, text), facts_for(text, line, call, data, **more))
+    return tensor_list.HOIST_TENSOR.propose(site, Source(PATH, text),
+                                            facts_for(text, line, call, data, **more))
 
 
 def patched(text: str, line: int, call: str, data: list) -> tuple[str, Proposal]:
@@ -165,11 +166,11 @@ def test_other_sites_and_unobserved_lines_are_not_its_kind():
     text = f"for s in r:\n    w = {W}\n"
     facts = facts_for(text, 2, W, ["[1.0, 2.0]"])
     source = Source(PATH, text)
-    assert tensor_list.propose(Site(op="H2D copy", file=PATH, line=2, per_step=1.0, count=3,
-                                    phase="other"), source, facts) is None
-    assert tensor_list.propose(Site(op="H2D copy (torch.tensor)", file=PATH, line=1,
-                                    per_step=1.0, count=3, phase="other"),
-                               source, facts) is None
+    assert tensor_list.HOIST_TENSOR.propose(Site(op="H2D copy", file=PATH, line=2, per_step=1.0,
+                                                 count=3, phase="other"), source, facts) is None
+    assert tensor_list.HOIST_TENSOR.propose(Site(op="H2D copy (torch.tensor)", file=PATH, line=1,
+                                                 per_step=1.0, count=3, phase="other"),
+                                            source, facts) is None
 
 
 def test_the_observers_leave_nothing_behind():
@@ -236,7 +237,7 @@ def test_observed_and_proved_on_a_training_script(tmp_path):
     source = Source.read(path)
     proposals = []
     for site in result.report.sites:
-        for remedy in (dataloader, tensor_list):
+        for remedy in (dataloader.PIN_MEMORY, tensor_list.HOIST_TENSOR):
             answer = remedy.propose(site, source, facts) if site.per_step else None
             assert not isinstance(answer, Refusal), answer
             if answer is not None:

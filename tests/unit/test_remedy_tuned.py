@@ -7,8 +7,8 @@ import torch
 
 from gpusync.examples import torchrec_train
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal, tuned
-from gpusync.remedies.source import Source, apply, check
-from gpusync.remedies.tuned_edits import (
+from gpusync.remedies.helpers.source import Source, apply, check
+from gpusync.remedies.helpers.tuned_edits import (
     Unsafe,
     chosen_pipeline,
     pipeline_edits,
@@ -186,24 +186,27 @@ def stage_site(phase="input_dist"):
 def test_syncfree_is_one_proposal_for_every_writeback_site():
     facts = facts_for({"gpusync.writeback": "syncfree", "torchrec.pipeline": "sparse_dist"})
     source = Source(PATH, TRAIN)
-    unique, index = (tuned.propose(hook_site(op), source, facts) for op in ("unique", "index()"))
+    unique, index = (tuned.SETTINGS.propose(hook_site(op), source, facts)
+                     for op in ("unique", "index()"))
     assert isinstance(unique, Proposal) and isinstance(index, Proposal)
     assert unique.edits == index.edits  # the engine merges them into one patch
     assert "use_syncfree_writeback(model)" in apply(TRAIN, list(unique.edits))
     assert "imports gpusync" in unique.summary and "gpusync run" in unique.summary
-    assert tuned.propose(stage_site(), source, facts) is None  # sparse_dist: the script's own
+    # sparse_dist: the script's own
+    assert tuned.SETTINGS.propose(stage_site(), source, facts) is None
 
 
 def test_no_settings_or_other_sites_are_not_its_kind():
     source = Source(PATH, TRAIN)
-    assert tuned.propose(hook_site(), source, facts_for({})) is None
+    assert tuned.SETTINGS.propose(hook_site(), source, facts_for({})) is None
     other = Site(op="item", file=PATH, line=12, per_step=1.0, count=8, phase="forward")
-    assert tuned.propose(other, source, facts_for({"gpusync.writeback": "syncfree"})) is None
+    assert tuned.SETTINGS.propose(other, source,
+                                  facts_for({"gpusync.writeback": "syncfree"})) is None
 
 
 def test_a_pipeline_class_is_swapped_and_verified_by_parity_not_by_a_site_gone():
     facts = facts_for({"torchrec.pipeline": "fused", "torchrec.emb_lookup_stream": "new"})
-    answer = tuned.propose(stage_site("batch_copy"), Source(PATH, TRAIN), facts)
+    answer = tuned.SETTINGS.propose(stage_site("batch_copy"), Source(PATH, TRAIN), facts)
     assert isinstance(answer, Proposal) and answer.keeps_syncs
     assert "the pipeline's batch_copy syncs stay, overlapped" in answer.summary
     text = apply(TRAIN, list(answer.edits))
@@ -211,7 +214,7 @@ def test_a_pipeline_class_is_swapped_and_verified_by_parity_not_by_a_site_gone()
         in text
     assert ('pipeline = TrainPipelineFusedSparseDist(model, optimizer, device, '
             'emb_lookup_stream="new")  # the loop\'s pipeline\n') in text
-    semi = tuned.propose(stage_site(), Source(PATH, TRAIN),
+    semi = tuned.SETTINGS.propose(stage_site(), Source(PATH, TRAIN),
                          facts_for({"torchrec.pipeline": "semi_sync"}))
     assert isinstance(semi, Proposal) and "losses can differ from the original's" \
         in semi.summary
@@ -219,14 +222,14 @@ def test_a_pipeline_class_is_swapped_and_verified_by_parity_not_by_a_site_gone()
 
 def test_precompute_writeback_is_set_where_the_script_builds_its_config():
     facts = facts_for({"fbgemm.precompute_writeback": True})
-    answer = tuned.propose(hook_site(), Source(PATH, TRAIN), facts)
+    answer = tuned.SETTINGS.propose(hook_site(), Source(PATH, TRAIN), facts)
     assert isinstance(answer, Proposal) and answer.keeps_syncs
     assert "into the TBE's forward, where it syncs as often" in answer.summary
     assert ("    writeback = UserEnabledConfigDefinition(use_writeback_bwd_prehook=True,\n"
             "                                            writeback_first_feature_only=True, "
             "precompute_writeback=True)\n") in apply(TRAIN, list(answer.edits))
     # the script's own value already
-    assert tuned.propose(hook_site(), Source(PATH, TRAIN),
+    assert tuned.SETTINGS.propose(hook_site(), Source(PATH, TRAIN),
                          facts_for({"fbgemm.precompute_writeback": True},
                                    precompute=True)) is None
 
@@ -234,17 +237,18 @@ def test_precompute_writeback_is_set_where_the_script_builds_its_config():
 def test_what_is_built_in_another_file_or_not_seen_is_refused():
     facts = facts_for({"gpusync.writeback": "syncfree"})
     elsewhere = Source("/w/other.py", TRAIN)
-    answer = tuned.propose(Site(op="unique", file="/w/other.py", line=12, per_step=1.0, count=8,
-                                phase="hook", library=hook_site().library), elsewhere, facts)
+    answer = tuned.SETTINGS.propose(Site(op="unique", file="/w/other.py", line=12, per_step=1.0,
+                                         count=8, phase="hook", library=hook_site().library),
+                                    elsewhere, facts)
     assert isinstance(answer, Refusal) and "built in /w/train.py" in answer.reason
     empty = Facts()
     empty.settings = {"torchrec.pipeline": "fused"}
-    answer = tuned.propose(stage_site(), Source(PATH, TRAIN), empty)
+    answer = tuned.SETTINGS.propose(stage_site(), Source(PATH, TRAIN), empty)
     assert isinstance(answer, Refusal) and "no torchrec train pipeline" in answer.reason
 
 
 def test_it_is_a_remedy():
-    assert tuned in REMEDIES and tuned.NAME == "tuned.settings"
+    assert tuned.SETTINGS in REMEDIES and tuned.SETTINGS.NAME == "tuned.settings"
 
 
 # -- observed and proved on torchrec_train.py ---------------------------------------------------
@@ -272,7 +276,7 @@ def test_observed_and_proved_on_the_torchrec_example(tmp_path):
     facts.settings = {"torchrec.pipeline": "sparse_dist", "gpusync.writeback": "syncfree"}
     sites = [s for s in before.report.sites
              if s.per_step > 0 and not s.setup]
-    answers = [tuned.propose(s, Source.read(path), facts) for s in sites]
+    answers = [tuned.SETTINGS.propose(s, Source.read(path), facts) for s in sites]
     proposals = [a for a in answers if isinstance(a, Proposal)]
     targets = {(p.site.op, p.site.line) for p in proposals}
     assert targets == {("unique", line_of(text, "pipeline.progress(data)")),
@@ -316,12 +320,12 @@ def test_observed_on_a_tbe_the_script_builds_itself(tmp_path):
                      (tuned.CONFIG_BUILT, line_of(text, "extra_optimizer_config=User"))}
     facts.settings = {"fbgemm.precompute_writeback": True}
     hook = next(s for s in result.report.sites if s.op == "unique")
-    answer = tuned.propose(hook, Source.read(path), facts)
+    answer = tuned.SETTINGS.propose(hook, Source.read(path), facts)
     assert isinstance(answer, Proposal)
     assert "writeback_first_feature_only=True, precompute_writeback=True)" in apply(
         text, list(answer.edits))
     facts.settings = {"gpusync.writeback": "syncfree"}
-    answer = tuned.propose(hook, Source.read(path), facts)
+    answer = tuned.SETTINGS.propose(hook, Source.read(path), facts)
     assert isinstance(answer, Proposal)
     assert "                                                           writeback_first_feature_" \
         "only=True))\n    use_syncfree_writeback(tables)\n" in apply(text, list(answer.edits))

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from .source import Source, callee_name
+from . import syntax
+from .source import SCOPES, Loop, Source, callee_name
 
 # The scan's op for each read, and the callee that makes it.
 READS = {"item": "item", "float()": "float", "int()": "int"}
@@ -15,7 +16,6 @@ _HARMLESS = {"no_grad", "inference_mode", "enable_grad", "set_grad_enabled", "au
              "record_function", "nullcontext"}
 _PURE_CALLS = {"len", "abs", "round", "min", "max", "float", "int"}
 _SHOWN = 60  # characters of a line quoted in a reason
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 class Refused(Exception):
@@ -63,7 +63,7 @@ def guard(source: Source, node: ast.AST, stop: ast.AST) -> ast.If | None:
     return None
 
 
-def path_to(source: Source, stmt: ast.stmt, loop: ast.For | ast.While) -> list[ast.stmt] | None:
+def path_to(source: Source, stmt: ast.stmt, loop: Loop) -> list[ast.stmt] | None:
     """[stmt, its `with` statements...] up to one in loop.body: the statements whose later
     siblings run after `stmt` in every iteration that runs it; None when something else
     (an `if`, a `try`) stands between, so that `stmt` may not run every iteration."""
@@ -80,7 +80,7 @@ def path_to(source: Source, stmt: ast.stmt, loop: ast.For | ast.While) -> list[a
     return path
 
 
-def after(source: Source, path: list[ast.stmt], loop: ast.For | ast.While) -> list[ast.stmt]:
+def after(source: Source, path: list[ast.stmt], loop: Loop) -> list[ast.stmt]:
     """The statements that follow path[0] in its iteration, innermost list first."""
     out: list[ast.stmt] = []
     for stmt in path:
@@ -109,31 +109,20 @@ class Uses:
     other: list[ast.AST] = field(default_factory=list)  # del, global, nested functions
 
 
-def scope_of(source: Source, node: ast.AST) -> ast.AST:
-    for parent in source.ancestors(node):
-        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            return parent
-    return source.tree
-
-
 def uses(source: Source, scope: ast.AST, name: str) -> Uses:
     """Every use of `name` in `scope` (not in the functions it defines: those are `other`,
     and at module level so is any function that names it, since it may read the global)."""
-    found, todo = Uses(), list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
+    found = Uses()
+    for node in syntax.own_nodes(scope):
         if isinstance(node, (ast.Global, ast.Nonlocal)):
             if name in node.names:
                 found.other.append(node)
-            continue
-        if isinstance(node, _SCOPES):
+        elif isinstance(node, SCOPES):
             if _reads_outer(node, name):
                 found.other.append(node)
-            continue
-        if isinstance(node, ast.Name) and node.id == name:
+        elif isinstance(node, ast.Name) and node.id == name:
             kind = {ast.Load: found.loads, ast.Store: found.stores}.get(type(node.ctx))
             (kind if kind is not None else found.other).append(node)
-        todo.extend(ast.iter_child_nodes(node))
     for kind in (found.loads, found.stores):
         kind.sort(key=lambda n: (n.lineno, n.col_offset))
     return found
@@ -151,45 +140,18 @@ def _reads_outer(scope: ast.AST, name: str) -> bool:
     return bool(names) and (declared or not bound)
 
 
-def root(expr: ast.AST) -> str | None:
-    """`loss` for `loss`, `loss.data`, `loss[0]`, `loss.view(-1)`."""
-    while True:
-        if isinstance(expr, ast.Name):
-            return expr.id
-        if isinstance(expr, (ast.Attribute, ast.Subscript)):
-            expr = expr.value
-        elif isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute):
-            expr = expr.func.value
-        else:
-            return None
-
-
 def changed(stmts: list[ast.stmt], names: set[str], rebinding: bool = True) -> ast.AST | None:
     """The first node in `stmts` that may change the tensor one of `names` holds in place
     (`x += ...`, `x[...] = ...`, `x.add_(...)`, `out=x`) or, with `rebinding`, rebinds
     the name (`x = ...`, `for x in`, `del x`)."""
     for stmt in stmts:
         for node in ast.walk(stmt):
-            if _in_place(node, names):
+            if syntax.changes_in_place(node, names):
                 return node
             if rebinding and isinstance(node, ast.Name) and node.id in names and \
                     not isinstance(node.ctx, ast.Load):
                 return node
     return None
-
-
-def _in_place(node: ast.AST, names: set[str]) -> bool:
-    if isinstance(node, ast.AugAssign):
-        return root(node.target) in names
-    if isinstance(node, (ast.Subscript, ast.Attribute)):
-        return not isinstance(node.ctx, ast.Load) and root(node) in names
-    if isinstance(node, ast.Call):
-        func = node.func
-        if isinstance(func, ast.Attribute) and func.attr.endswith("_") and \
-                not func.attr.startswith("_") and root(func.value) in names:
-            return True
-        return any(kw.arg == "out" and root(kw.value) in names for kw in node.keywords)
-    return False
 
 
 def pure(expr: ast.AST, read: ast.Call) -> bool:
@@ -205,10 +167,6 @@ def pure(expr: ast.AST, read: ast.Call) -> bool:
                                    ast.unaryop, ast.expr_context)):
             return False
     return True
-
-
-def names_in(expr: ast.AST) -> set[str]:
-    return {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
 
 
 def owns_lines(source: Source, stmt: ast.stmt) -> bool:
@@ -240,7 +198,7 @@ def atom(source: Source, node: ast.expr) -> str:
     return text if isinstance(node, simple) else f"({text})"
 
 
-def literal(node: ast.AST | None) -> int | float | None:
+def number(node: ast.AST | None) -> int | float | None:
     """The int or float of `0`, `0.`, `0.0`; None for anything else (True included)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and \
             not isinstance(node.value, bool):

@@ -3,11 +3,7 @@ end of the call expression its current instruction is in (code positions, Python
 that a remedy tells `x.to(d), y.to(d)` of one line apart and edits the very call observed."""
 from __future__ import annotations
 
-import ast
-import functools
 import itertools
-import os
-import sys
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
@@ -32,25 +28,14 @@ class CallSite:
 
 def caller(skip: int = 2) -> CallSite | None:
     """The user's innermost frame above the layer that calls this (`skip` frames up)."""
-    from ..detect import frames
+    from ...detect import frames
 
-    frame = sys._getframe(skip)
-    direct = True
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if frames.is_users(file):
-            return CallSite(file, frame.f_lineno, _end(frame.f_code, frame.f_lasti), direct)
-        if file.startswith(_torch_dir()) or not frames.is_internal(file):
-            direct = False  # torch or a package between (model.to(d), opt.step()): theirs
-        frame = frame.f_back  # type: ignore[assignment]
-    return None
-
-
-@functools.cache
-def _torch_dir() -> str:
-    import torch
-
-    return os.path.dirname(torch.__file__) + os.sep
+    found = frames.user_call(skip)
+    if found is None:
+        return None
+    frame = found.frame
+    return CallSite(frame.f_code.co_filename, frame.f_lineno,
+                    _end(frame.f_code, frame.f_lasti), found.direct)
 
 
 def _position(code: CodeType, lasti: int) -> tuple | None:
@@ -83,17 +68,3 @@ def span(frame: FrameType) -> list[int] | None:
         return None
     line, end, col, end_col = found
     return [line, col, end, end_col]
-
-
-def call_ending(tree: ast.AST, line: int, end: End | None, names: tuple[str, ...]
-                ) -> ast.Call | None:
-    """The call named one of `names` that ends at `end`; without positions, the only such call
-    whose span covers `line` (None when there are several: they cannot be told apart)."""
-    from .source import callee_name
-
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and callee_name(n) in names]
-    if end is not None:
-        found = [c for c in calls if (c.end_lineno, c.end_col_offset) == tuple(end)]
-    else:
-        found = [c for c in calls if c.lineno <= line <= (c.end_lineno or c.lineno)]
-    return found[0] if len(found) == 1 else None

@@ -16,8 +16,9 @@ from __future__ import annotations
 import ast
 from typing import Any
 
-from ..detect.libraries.torchrec import FUSED_DEFAULTS, PIPELINE_MODULES, PIPELINES
+from ...detect.libraries.torchrec import FUSED_DEFAULTS, PIPELINE_MODULES, PIPELINES
 from .source import Edit, Source
+from .syntax import statement_at
 
 PIPELINE = "torchrec.pipeline"  # gpusync/knobs/torchrec.py's names (a layer above: not imported)
 STREAM = "torchrec.emb_lookup_stream"
@@ -191,7 +192,7 @@ def precompute_edit(source: Source, line: int, value: bool) -> Edit:
 def syncfree_edits(source: Source, line: int) -> list[Edit]:
     """`use_syncfree_writeback(X)` after the statement at `line` that assigns X, and its
     import after the module's last top-level import."""
-    stmt = _statement_at(source, line)
+    stmt = statement_at(source.tree, line)
     targets = getattr(stmt, "targets", None) or [getattr(stmt, "target", None)]
     if not isinstance(stmt, (ast.Assign, ast.AnnAssign)) or len(targets) != 1 \
             or not _plain_target(targets[0]):
@@ -239,10 +240,3 @@ def _plain_target(node: ast.expr | None) -> bool:
     while isinstance(node, ast.Attribute):
         node = node.value
     return isinstance(node, ast.Name)
-
-
-def _statement_at(source: Source, line: int) -> ast.stmt | None:
-    """The innermost simple statement whose span holds `line`."""
-    found = [n for n in ast.walk(source.tree) if isinstance(n, ast.stmt)
-             and not hasattr(n, "body") and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    return min(found, key=lambda n: (n.end_lineno or 0) - n.lineno, default=None)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import ast
 
 from . import logging_scope as scope
-from .logging_scope import Read, Refused, atom, literal
+from .logging_scope import Read, Refused, atom, number
 from .observe import Observed
-from .source import Edit, Source
+from .source import Edit, Loop, Source
 
 _FLOATS = {"float16": ".detach().double()", "bfloat16": ".detach().double()",
            "float32": ".detach().double()", "float64": ".detach()"}
@@ -26,14 +26,14 @@ _INTS = {"int64": "", "int32": ".long()", "int16": ".long()", "int8": ".long()",
 _EXACT = (ast.Add, ast.Sub, ast.Mult)
 
 
-def accumulate(source: Source, read: Read, stmt: ast.AugAssign, loop: ast.For | ast.While,
+def accumulate(source: Source, read: Read, stmt: ast.AugAssign, loop: Loop,
                seen: Observed) -> tuple[list[Edit], str]:
     """The edits and their summary, or Refused."""
     acc = stmt.target.id  # type: ignore[union-attr]
     _check(source, read, stmt, loop, seen)
     dtype = seen.values[0]["dtype"]
     is_float = dtype in _FLOATS
-    used = scope.uses(source, scope.scope_of(source, loop), acc)
+    used = scope.uses(source, source.function(loop), acc)
     following = scope.after(source, scope.path_to(source, stmt, loop) or [stmt], loop)
     found = _starts(source, used, stmt, loop, following, is_float)
     edits = [source.replace(read.call, atom(source, read.receiver) + (_FLOATS | _INTS)[dtype])]
@@ -54,7 +54,7 @@ def accumulate(source: Source, read: Read, stmt: ast.AugAssign, loop: ast.For | 
         f"{dtype} reads) and read only " + (" and ".join(where) or "nowhere"))
 
 
-def _check(source: Source, read: Read, stmt: ast.AugAssign, loop: ast.For | ast.While,
+def _check(source: Source, read: Read, stmt: ast.AugAssign, loop: Loop,
            seen: Observed) -> None:
     acc = stmt.target.id  # type: ignore[union-attr]
     dtypes = {v.get("dtype") for v in seen.values if isinstance(v, dict)}
@@ -92,7 +92,7 @@ class _Starts:
 
 
 def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
-            loop: ast.For | ast.While, following: list[ast.stmt],
+            loop: Loop, following: list[ast.stmt],
             is_float: bool) -> _Starts:
     acc = stmt.target.id  # type: ignore[union-attr]
     if used.other:
@@ -126,7 +126,7 @@ def _starts(source: Source, used: scope.Uses, stmt: ast.AugAssign,
     return found
 
 
-def _read(source: Source, load: ast.Name, loop: ast.For | ast.While,
+def _read(source: Source, load: ast.Name, loop: Loop,
           following: list[ast.stmt], found: _Starts, convert: str) -> Edit:
     """`total` read: `total.item()` where it is surely the device's sum, else `float(total)`."""
     acc = load.id
@@ -162,10 +162,10 @@ def _assigned(holder: ast.stmt, store: ast.Name) -> int | float | None:
         return None
     target, value = holder.targets[0], holder.value
     if target is store:
-        return literal(value)
+        return number(value)
     if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and \
             len(target.elts) == len(value.elts) and store in target.elts:
-        return literal(value.elts[target.elts.index(store)])
+        return number(value.elts[target.elts.index(store)])
     return None
 
 

@@ -26,43 +26,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, Mapping
 
-from .source import Source
+from . import syntax
+from .source import FUNCTIONS, Source
 
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 _INIT_METHODS = ("__init__", "__post_init__")
 RANK_LOCAL, RANK_ATTRIBUTE, RANK_MODULE = 0, 1, 2
 
 
 # -- at run time ----------------------------------------------------------------------------
-def user_frame(skip: int = 2) -> FrameType | None:
-    """The frame that called the op: the first frame above ours that is not gpusync's or
-    torch's plumbing (patches' wrappers, F.* wrappers); None when it is a library's, not the
-    user's (torch's own code calling the op is not the user's call)."""
-    from ..detect import frames
-
-    frame: FrameType | None = sys._getframe(skip)
-    while frame is not None:
-        file = frame.f_code.co_filename
-        if frames.is_users(file):
-            return frame
-        if not frames.is_machinery(file):  # a library's frame: not the user's call
-            return None
-        frame = frame.f_back
-    return None
-
-
-def call_at(source: Source, span: list[int]) -> ast.Call | None:
-    """The call of `source` whose span is `span` (callsite.span's)."""
-    line, col, end, end_col = span
-    for node in ast.walk(source.tree):
-        if isinstance(node, ast.Call) and (node.lineno, node.col_offset, node.end_lineno,
-                                           node.end_col_offset) == (line, col, end, end_col):
-            return node
-    return None
-
-
 def _is_int(value: Any) -> bool:
     return type(value) is int  # not bool, not an IntEnum, not a numpy or symbolic int
 
@@ -80,7 +51,7 @@ def _class_file(cls: type) -> str:
 def _holds(value: Any) -> Mapping[str, Any] | None:
     """The attributes one level into `value` (its instance dict; a user module's or class's
     namespace), read without running any of its code (no properties, no __getattr__)."""
-    from ..detect import frames
+    from ...detect import frames
 
     if isinstance(value, (types.ModuleType, type)):
         file = _class_file(value) if isinstance(value, type) else getattr(value, "__file__", "")
@@ -164,7 +135,10 @@ class Names:
 
 # -- in the source --------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Candidate:
+class ConstantName:
+    """A name of the program ("name" or "base.attr") that is a constant at a call, ranked for
+    choosing which one to write there."""
+
     expr: str
     rank: int
     kind: str  # for the summary: "the argument", "the module constant", ...
@@ -172,34 +146,15 @@ class Candidate:
     nearby: bool = False  # read in the loop (else the function) around the call
 
 
-def _scope_of(source: Source, node: ast.AST) -> list[ast.AST]:
-    """The function scopes around `node`, innermost first, then the module (class bodies are
-    not scopes their methods' names resolve in)."""
-    out: list[ast.AST] = [a for a in source.ancestors(node) if isinstance(a, _FUNCTIONS)]
-    return [*out, source.tree]
-
-
-def _own_nodes(scope: ast.AST):
-    """The nodes of `scope`'s own body: not those of functions, classes or lambdas in it."""
-    todo = list(ast.iter_child_nodes(scope))
-    while todo:
-        node = todo.pop()
-        yield node
-        if not isinstance(node, _SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            todo.extend(node.decorator_list)
-
-
 def _binds(scope: ast.AST, name: str) -> tuple[bool, list[ast.AST]]:
     """(a parameter of `scope` is `name`, the nodes of its body that bind `name`)."""
     param = False
-    if isinstance(scope, _FUNCTIONS):
+    if isinstance(scope, FUNCTIONS):
         a = scope.args
         param = name in {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs,
                                          *filter(None, [a.vararg, a.kwarg])]}
     stores: list[ast.AST] = []
-    for node in _own_nodes(scope):
+    for node in syntax.own_nodes(scope):
         if isinstance(node, ast.Name) and node.id == name and \
                 isinstance(node.ctx, (ast.Store, ast.Del)):
             stores.append(node)
@@ -228,17 +183,12 @@ def _bound_once(source: Source, scope: ast.AST, store: ast.AST) -> bool:
     elif not isinstance(stmt, (ast.Import, ast.ImportFrom, ast.ClassDef, ast.FunctionDef,
                                ast.AsyncFunctionDef)):
         return False
-    for parent in source.ancestors(stmt):
-        if parent is scope:
-            return True
-        if isinstance(parent, _LOOPS):
-            return False
-    return True
+    return source.loop(stmt) is None  # `scope`'s own: no function between it and `scope`
 
 
 def _name_rank(source: Source, call: ast.AST, name: str) -> tuple[int, str] | None:
     """(rank, kind) of the plain name `name` at `call` when it is a constant there."""
-    scopes = _scope_of(source, call)
+    scopes = source.functions(call)
     for i, scope in enumerate(scopes):
         if scope is not source.tree and _declared_global(source, name):
             continue  # `global name` somewhere: only its module binding can be it
@@ -268,15 +218,15 @@ def _attribute_constant(source: Source, attr: str) -> bool:
         stmt = source.statement(node)
         if not isinstance(stmt, (ast.Assign, ast.AnnAssign)):
             return False
-        functions = [a for a in source.ancestors(stmt) if isinstance(a, _FUNCTIONS)]
-        if functions and functions[0].name not in _INIT_METHODS:
+        function = source.function(stmt)
+        if function is not source.tree and function.name not in _INIT_METHODS:  # type: ignore
             return False
-        if not functions and source.loop(stmt) is not None:
+        if function is source.tree and source.loop(stmt) is not None:
             return False
     return True
 
 
-def constant(source: Source, call: ast.AST, expr: str) -> Candidate | None:
+def constant(source: Source, call: ast.AST, expr: str) -> ConstantName | None:
     """`expr` ("name" or "base.attr") ranked, when it is a constant of the program at `call`
     (module doc), else None."""
     base, _, attr = expr.partition(".")
@@ -287,26 +237,17 @@ def constant(source: Source, call: ast.AST, expr: str) -> Candidate | None:
         return None
     if attr:
         found = (RANK_LOCAL if base == "self" else RANK_ATTRIBUTE, "the attribute")
-    return Candidate(expr, *found)
+    return ConstantName(expr, *found)
 
 
 def _read_near(source: Source, call: ast.AST) -> set[str]:
     """The names and `base.attr`s read in the loop around `call` (else its function, else
     the module)."""
-    region: ast.AST = source.loop(call) or next(
-        (a for a in source.ancestors(call) if isinstance(a, _FUNCTIONS)), source.tree)
-    out = set()
-    for node in ast.walk(region):
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
-            out.add(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                isinstance(node.ctx, ast.Load):
-            out.add(f"{node.value.id}.{node.attr}")
-    return out
+    return syntax.reads(source.loop(call) or source.function(call), attributes=True)
 
 
 def choose(source: Source, call: ast.AST, names: list[str], hint: str | None = None
-           ) -> tuple[Candidate | None, str]:
+           ) -> tuple[ConstantName | None, str]:
     """The name to write at `call` among `names` (those that held N in every call), the
     first of: a name matching `hint` (a regex on what the size is, e.g. classes); one already
     read in the loop (else the function) around the call; by rank: a local, an argument or

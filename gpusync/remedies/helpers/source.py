@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 Pos = tuple[int, int]  # (line from 1, column in characters from 0)
+Loop = ast.For | ast.AsyncFor | ast.While
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)  # names of their own
 
 
 @dataclass(frozen=True, order=True)
@@ -96,15 +100,28 @@ class Source:
             node = parent
         return node
 
-    def loop(self, node: ast.AST) -> ast.For | ast.While | None:
-        """The innermost for/while loop whose body holds `node`, within its function."""
+    def loop(self, node: ast.AST, every_iteration: bool = False) -> Loop | None:
+        """The innermost loop around `node` within its function (a lambda, a class body); with
+        `every_iteration`, the innermost that runs `node` on every iteration: its body (or a
+        while's test) holds it, while a for's iterable and an else run once per loop."""
+        child = node
         for parent in self.ancestors(node):
-            if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
-                                   ast.ClassDef)):
+            if isinstance(parent, SCOPES):
                 return None
-            if isinstance(parent, (ast.For, ast.While)):
+            if isinstance(parent, LOOPS) and (not every_iteration or any(
+                    child is s for s in parent.body) or child is getattr(parent, "test", None)):
                 return parent
+            child = parent
         return None
+
+    def function(self, node: ast.AST) -> ast.AST:
+        """The innermost function around `node`, else the module."""
+        return next((a for a in self.ancestors(node) if isinstance(a, FUNCTIONS)), self.tree)
+
+    def functions(self, node: ast.AST) -> list[ast.AST]:
+        """The functions around `node`, innermost first, then the module (class bodies are not
+        scopes their methods' names resolve in)."""
+        return [*(a for a in self.ancestors(node) if isinstance(a, FUNCTIONS)), self.tree]
 
     def imported_as(self, module: str) -> str | None:
         """The name `import module` (or `import module as name`) binds in this file, if any."""
@@ -122,6 +139,27 @@ class Source:
                  and n.lineno <= line <= (n.end_lineno or n.lineno)
                  and callee_name(n) in names]
         return sorted(found, key=lambda n: (n.end_lineno or 0) - n.lineno)
+
+    def call_at(self, span: list[int]) -> ast.Call | None:
+        """The call whose span is `span`: [line, col, end line, end col] (callsite.span's)."""
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Call) and [node.lineno, node.col_offset, node.end_lineno,
+                                               node.end_col_offset] == list(span):
+                return node
+        return None
+
+    def call_ending(self, line: int, end: tuple[int, int] | None, names: tuple[str, ...]
+                    ) -> ast.Call | None:
+        """The call named one of `names` that ends at `end` (callsite.CallSite's); without
+        positions, the only such call whose span covers `line` (None when there are several:
+        they cannot be told apart)."""
+        calls = [n for n in ast.walk(self.tree) if isinstance(n, ast.Call)
+                 and callee_name(n) in names]
+        if end is not None:
+            found = [c for c in calls if (c.end_lineno, c.end_col_offset) == tuple(end)]
+        else:
+            found = [c for c in calls if c.lineno <= line <= (c.end_lineno or c.lineno)]
+        return found[0] if len(found) == 1 else None
 
     # -- edits --------------------------------------------------------------------------------
     def replace(self, node: ast.AST, text: str) -> Edit:

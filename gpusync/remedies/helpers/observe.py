@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any, Iterator
 
 _VALUES_KEPT = 16  # distinct values kept per (kind, line): enough to say "constant" or not
@@ -64,21 +62,13 @@ class Facts:
                                                                  r["more"]) for r in rows})
 
 
-def innermost_user_frame(skip: int = 2) -> FrameType | None:
-    """The user's innermost frame on the stack (`skip` frames up from here), library frames
-    above it or not: where the scan places a site, also one that a library's code makes."""
-    from ..detect import frames
-
-    frame: FrameType | None = sys._getframe(skip)
-    while frame is not None and not frames.is_users(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame
-
-
 def user_line(skip: int = 2) -> tuple[str, int] | None:
-    """(file, line) of the user's innermost frame, as the scan places its sites."""
-    frame = innermost_user_frame(skip)  # `skip` counts from there as from here
-    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    """(file, line) of the user's innermost frame (`skip` frames up from here), library frames
+    above it or not: where the scan places its sites, also one that a library's code makes."""
+    from ...detect import frames
+
+    found = frames.user_call(skip)
+    return None if found is None else found.where
 
 
 def jsonable(value: Any) -> Any:
