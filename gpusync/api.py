@@ -34,7 +34,7 @@ def format_sites(report, limit: int = 20) -> str:
         where = f"{s.where} ({s.function})" if s.function else s.where
         phase = f"{s.phase}:{s.hook}" if s.hook else s.phase
         mod = f" in {s.module}" if s.module else ""
-        lines.append(f"  {s.op} x{s.count} [{phase}{mod}] at {where}\n      fix: {s.fix}")
+        lines.append(f"  {s.op} x{s.count} [{phase}{mod}] at {where}\n      fix: {s.advice}")
     if len(report.sites) > limit:
         lines.append(f"  ... and {len(report.sites) - limit} more sites")
     return "\n".join(lines)

@@ -79,7 +79,7 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
             "file": stable_file(s.file), "function": s.function,
             "lines": sorted({site.line for site, _ in sites}), "per_step": per_step,
-            "margin": 0.0, "fix": s.fix}
+            "margin": 0.0, "fix": s.advice}
     data = {
         "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
         "mode": report.mode, "device": report.device, "torch": torch.__version__,

@@ -30,7 +30,7 @@ class Problem:
     file: str = ""
     line: int = 0
     key: str = ""
-    fix: str = ""
+    advice: str = ""
 
     @property
     def improvement(self) -> bool:
@@ -76,7 +76,7 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
     now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
     for key, (_, sites) in keyed.items():
         for s, per_step in sites:
-            now_lines[key][s.line] = (stable_file(s.file), per_step, s.fix)
+            now_lines[key][s.line] = (stable_file(s.file), per_step, s.advice)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):
@@ -84,18 +84,18 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
         entry = base.get(key)
         was = entry["per_step"] if entry else 0.0
         margin = entry.get("margin", 0.0) if entry else 0.0
-        file, line, fix = _where(now_lines.get(key, {}), entry)
+        file, line, advice = _where(now_lines.get(key, {}), entry)
         if entry is None:
             if now > 0:
                 problems.append(Problem("new site", f"new sync site: {key} ({now:g}/step)",
-                                        file, line, key, fix))
+                                        file, line, key, advice))
         elif now > was + margin + 1e-9:
             problems.append(Problem("more syncs", f"more syncs: {key}: {was:g} -> {now:g}/step",
-                                    file, line, key, fix))
+                                    file, line, key, advice))
         elif now < was - 1e-9:
             kind = "site gone" if now == 0 else "fewer syncs"
             problems.append(Problem(kind, f"fewer syncs (update the baseline): {key}: "
-                                          f"{was:g} -> {now:g}/step", file, line, key, fix))
+                                          f"{was:g} -> {now:g}/step", file, line, key, advice))
     return problems
 
 
@@ -106,8 +106,8 @@ def _where(lines: dict[int, tuple[str, float, str]], entry: dict | None) -> tupl
         known = set(entry.get("lines") or []) if entry else set()
         new = sorted(n for n in lines if n not in known)
         line = new[0] if new else max(lines, key=lambda n: (lines[n][1], -n))
-        file, _, fix = lines[line]
-        return file, line, fix
+        file, _, advice = lines[line]
+        return file, line, advice
     if entry:
         return entry.get("file", ""), (entry.get("lines") or [0])[0], entry.get("fix", "")
     return "", 0, ""

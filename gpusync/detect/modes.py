@@ -46,7 +46,8 @@ class Judge(Protocol):
 
     def run(self, recorded: bool, func, args, kwargs) -> Any: ...
 
-    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool: ...
+    def record(self, label: str, predicted: str = "", detail: str = "",
+               advice: str = "") -> bool: ...
 
     def record_times(self, label: str, times: int, detail: str = "") -> bool: ...
 
@@ -212,7 +213,7 @@ class Virtual(Real):
 
 COPY_BACK = ("in backward of the copy on this forward line: its gradient is copied back "
              "with a blocking copy (ToCopyBackward0)")
-COPY_BACK_FIX = ("keep both sides of the graph on one device: whatever uses the gradient on "
+COPY_BACK_ADVICE = ("keep both sides of the graph on one device: whatever uses the gradient on "
                  "the other side (a host table's optimizer step) waits for it to come back")
 
 
@@ -236,7 +237,7 @@ def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
         for g in grad_inputs:
             if isinstance(g, Tensor) and det.host.on_device(g) != src_on_device:
                 for _ in range(bus_copies(g)):
-                    det.record(label, detail=COPY_BACK, fix=COPY_BACK_FIX)
+                    det.record(label, detail=COPY_BACK, advice=COPY_BACK_ADVICE)
                 g = copy_of(g)
                 (det.host.mark_device if src_on_device else det.host.mark_host)(g)
             moved.append(g)

@@ -272,7 +272,7 @@ class OpDetector:
         if threading.get_ident() == self._owner:
             self.record(label)
 
-    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool:
+    def record(self, label: str, predicted: str = "", detail: str = "", advice: str = "") -> bool:
         if self.rec.suppressed():
             return False
         if self.virtual and threading.get_ident() != self._owner:
@@ -281,7 +281,7 @@ class OpDetector:
             return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None
         self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted, detail=detail,
-                        fix=fix)
+                        advice=advice)
         return True
 
     def judge(self, rule, args, kwargs, overload: str) -> bool:

@@ -16,7 +16,7 @@ from .common import (
     AFTER_TITLE,
     HEADERS,
     SETUP_TITLE,
-    fix_line,
+    advice_line,
     note_lines,
     parts,
     rows,
@@ -219,7 +219,7 @@ def site_table(report, sites: list) -> str:
             cells[1] = f'<td>{esc(row[1])}<span class="badge">predicted</span></td>'
         out += [f'<tr class="site{mark}">' + "".join(cells) + "</tr>",
                 f'<tr class="fix{mark}"><td></td><td colspan="{len(heads) - 1}">fix: '
-                f"{esc(fix_line(site))}</td></tr>"]
+                f"{esc(advice_line(site))}</td></tr>"]
     return "\n".join(out + ["</tbody></table>"])
 
 

@@ -143,7 +143,7 @@ def test_a_scanned_script_named_with_a_pipe_keeps_the_markdown_table(tmp_path):
 
 def test_markdown_cells_show_file_names_literally():
     event = SyncEvent(op="item", frames=(Frame("/x/__init__.py", 3, "step"),), phase="other",
-                      step=0, stall_ms=None, fix="fix it")
+                      step=0, stall_ms=None, advice="fix it")
     report = build_report([event], steps=1, warmup=0, mode="simulate", target="t.py")
     site = dataclasses.replace(report.sites[0], module="a|b", per_rank={"0": 1.0, "1": 2.0})
     text = render(dataclasses.replace(report, sites=[site], ranks=2), "markdown")

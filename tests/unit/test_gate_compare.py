@@ -13,9 +13,9 @@ def render(verdict: Verdict, fmt: str) -> str:
 KEY = "item | other | - | train.py | <module>"
 
 
-def site(line, per_step, fix="keep the value on the device", setup=False):
+def site(line, per_step, advice="keep the value on the device", setup=False):
     return Site(op="item", phase="other", module=None, file="train.py", function="<module>",
-                line=line, per_step=per_step, fix=fix, setup=setup, hook=None)
+                line=line, per_step=per_step, advice=advice, setup=setup, hook=None)
 
 
 def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
@@ -38,7 +38,7 @@ def test_a_margin_tolerates_more_syncs_never_fewer():
 
 def test_more_syncs_point_at_the_line_the_baseline_did_not_have():
     [problem] = compare_counts(base(lines=(8,)), report(site(8, 1.0), site(12, 1.0, "now fix")))
-    assert (problem.kind, problem.file, problem.line, problem.fix) == (
+    assert (problem.kind, problem.file, problem.line, problem.advice) == (
         "more syncs", "train.py", 12, "now fix")
     line = render(Verdict("regression", [problem]), "github").splitlines()[0]
     assert line.startswith("::error file=train.py,line=12,title=gpusync%3A more syncs::")
@@ -47,7 +47,7 @@ def test_more_syncs_point_at_the_line_the_baseline_did_not_have():
 
 def test_a_site_gone_is_annotated_at_the_baselines_line_with_its_fix():
     [problem] = compare_counts(base(lines=(8, 9)), report())
-    assert (problem.kind, problem.file, problem.line, problem.fix) == (
+    assert (problem.kind, problem.file, problem.line, problem.advice) == (
         "site gone", "train.py", 8, "baseline fix")
     line = render(Verdict("regression", [problem]), "github").splitlines()[0]
     assert line == ("::warning file=train.py,line=8,title=gpusync%3A site gone::fewer syncs "

@@ -89,7 +89,7 @@ def report(tmp_path_factory):
 def test_scan_page_shows_sites_fixes_setup_and_plots(report):
     page = render_scan(report)
     text = check_page(page).joined
-    from gpusync.reporters.common import fix_line, numbered, short_path, summary
+    from gpusync.reporters.common import advice_line, numbered, short_path, summary
 
     assert summary(report) in text
     steady = [(i, s) for i, s in numbered(report) if not s.setup]
@@ -98,9 +98,9 @@ def test_scan_page_shows_sites_fixes_setup_and_plots(report):
     for i, s in steady:  # the site bars are labelled "#n op file:line"
         assert f"#{i} {s.op} {short_path(s.file)}:{s.line}" in text
     for _, s in steady + setup:
-        assert fix_line(s) in text
+        assert advice_line(s) in text
     assert text.index("Sites, per step") < text.index("Setup: ") < text.index(
-        fix_line(setup[0][1]))
+        advice_line(setup[0][1]))
     assert "syncs/step" in text and page.count("<svg") == 2  # phases, sites
     for phase in report.syncs_by_phase:
         assert phase in text
@@ -117,7 +117,7 @@ def test_predicted_sites_are_marked(report):
 
 
 def test_user_strings_are_escaped(report):
-    site = dataclasses.replace(report.sites[0], op=EVIL, fix=EVIL, module=EVIL)
+    site = dataclasses.replace(report.sites[0], op=EVIL, advice=EVIL, module=EVIL)
     evil = dataclasses.replace(report, target=EVIL, notes=[EVIL], error=EVIL,
                                sites=[site, *report.sites[1:]])
     page = render_scan(evil)

@@ -10,7 +10,7 @@ from gpusync.reporters import render
 
 def ev(op, step, line=10, phase="other", stall=None):
     return SyncEvent(op=op, frames=(Frame("/x/train.py", line, "step"),), phase=phase,
-                     step=step, stall_ms=stall, fix="fix it")
+                     step=step, stall_ms=stall, advice="fix it")
 
 
 def test_per_step_counts_skip_warmup_and_tail():
@@ -78,7 +78,7 @@ def test_one_site_key_for_events_ranks_baselines_fix_and_the_cost_model():
     assert spawned.key != first.key
     assert spawned.key == dataclasses.replace(spawned, process=Process(8, "SpawnProcess-1")).key
     assert spawned.key.stable("0").endswith(" | rank 0 | spawned SpawnProcess-1")
-    moved = dataclasses.replace(first, phase="forward", fix="another")
+    moved = dataclasses.replace(first, phase="forward", advice="another")
     assert moved.key != first.key and moved.key.place == first.key.place
 
 

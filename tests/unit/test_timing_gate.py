@@ -62,7 +62,7 @@ def test_github_annotations_escape_what_workflow_commands_require():
 
     verdict = Verdict(status="regression", problems=[Problem(
         "new site", "new sync site: 100% of steps\nsecond line", "dir,a/b:c.py", 7,
-        fix="keep it on the device")])
+        advice="keep it on the device")])
     line = render_as("gate", verdict, "github").splitlines()[0]
     assert line == ("::error file=dir%2Ca/b%3Ac.py,line=7,title=gpusync%3A new site::"
                     "new sync site: 100%25 of steps%0Asecond line%0Afix: keep it on the device")
