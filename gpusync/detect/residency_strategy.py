@@ -1,14 +1,15 @@
-"""The three ways a scan knows where tensors live, one strategy each, chosen once by the session
-(detect/session.py) instead of flags asked on every op:
+"""The residency strategies: the three ways a scan knows where tensors live, chosen once by the
+session (detect/session.py) instead of flags asked on every op. Not the CLI's --mode: its
+"simulate" gives VirtualResidency on the virtual device and SimulatedResidency without it.
 
-- Real: a GPU run; residency is `t.is_cuda`, a copy is judged as CUDA makes it, stalls are
+- RealResidency: a GPU run; residency is `t.is_cuda`, a copy is judged as CUDA makes it, stalls are
   timed (detect/cuda.py StallTimer).
-- Simulated: a CPU run judged as if its tensors lived on the device (a host table, see
+- SimulatedResidency: a CPU run judged as if its tensors lived on the device (a host table, see
   residency.py). `.to(device)` cannot tell "to the device" from "to the host" (both say cpu),
   so the call decides: `.cpu()` and a literal "cpu" on the calling line mean host, any other
   target (a `device` variable, `x.device`) means the device.
-- Virtual: the code runs on a virtual CUDA device (detect/virtual_cuda.py) and takes the path
-  a GPU run takes; residency is what the code asked for.
+- VirtualResidency: the code runs on a virtual CUDA device (detect/virtual_cuda.py) and takes
+  the path a GPU run takes; residency is what the code asked for.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ _CPU = torch.device("cpu")
 
 
 class Judge(Protocol):
-    """What a mode asks of the op detector (detect/ops.py OpDetector)."""
+    """What a residency strategy asks of the op detector (detect/ops.py OpDetector)."""
 
     host: Table
     placed: bool
@@ -57,7 +58,7 @@ class Judge(Protocol):
     def copies_host_data(self, args, kwargs, data_at: int | None) -> bool: ...
 
 
-class Real:
+class RealResidency:
     """On a GPU: where a tensor lives is a fact, each copy is judged as CUDA makes it."""
 
     real, virtual = True, False
@@ -95,11 +96,11 @@ class Real:
         return device.type == "cuda"
 
     def install(self, det) -> list[Callable[[], None]]:
-        """The mode's own layers and parts; what it returns undoes each."""
+        """The strategy's own layers and parts; what it returns undoes each."""
         return []
 
 
-class Simulated(Real):
+class SimulatedResidency(RealResidency):
     """A CPU run judged as if its tensors lived on the device: the call site names the host."""
 
     real, virtual = False, False
@@ -142,7 +143,7 @@ class Simulated(Real):
         return undo
 
 
-class Virtual(Real):
+class VirtualResidency(RealResidency):
     """The code runs on the virtual CUDA device: residency is what it asked for."""
 
     real, virtual = False, True
@@ -246,9 +247,9 @@ def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
     node.register_hook(hook)
 
 
-Mode = Real | Simulated | Virtual
+ResidencyStrategy = RealResidency | SimulatedResidency | VirtualResidency
 
 
-def mode_of(real: bool, virtual: bool) -> Mode:
-    return Real() if real else Virtual() if virtual else Simulated()
+def strategy_for(real: bool, virtual: bool) -> ResidencyStrategy:
+    return RealResidency() if real else VirtualResidency() if virtual else SimulatedResidency()
 
