@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from .bench.harness import Stepper, TechniqueResult, Variant, run_technique, workload_step
 from .errors import BadInput, GpusyncError, UserCodeError
-from .profiles import Candidate, Profile
+from .profiles import Profile, ProfileCandidate
 from .stats import Samples, mann_whitney_greater
 from .targets import (
     FactoryTarget,
@@ -87,8 +87,8 @@ class Decision:
         return {name: v.text for name, v in self.outcomes.items()}
 
 
-def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_approximate: bool,
-           tolerance: float, p_max: float, min_gain: float,
+def decide(result: TechniqueResult, candidates: dict[str, ProfileCandidate],
+           allow_approximate: bool, tolerance: float, p_max: float, min_gain: float,
            again_ms: list[float] | None = None) -> Decision:
     """Pure: the measured result in, the choice and a verdict per candidate out. `again_ms`:
     the reference timed again after the candidates; a candidate must beat that run too, so a
@@ -126,7 +126,7 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
                     allowance, qualified)
 
 
-def _judge(m, reference, candidate: Candidate, allowance: float, allow_approximate: bool,
+def _judge(m, reference, candidate: ProfileCandidate, allowance: float, allow_approximate: bool,
            p_max: float, min_gain: float, again_ms: list[float] | None) -> CandidateVerdict:
     """One candidate against the reference: parity first, then a clear speed-up."""
     if m.max_diff is None or m.max_diff > allowance:
@@ -181,7 +181,7 @@ def _user_error(candidate: str, what: str, e: BaseException) -> UserCodeError:
 def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> list[Variant]:
     factory = load_factory(target.spec)
 
-    def make(candidate: Candidate):
+    def make(candidate: ProfileCandidate):
         def build():
             try:
                 workload = call_factory(factory, {**target.args, **candidate.args}, device)

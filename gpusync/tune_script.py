@@ -30,10 +30,10 @@ SEED = 0  # every run of every candidate starts from it (runs/candidate_child.se
 
 
 @dataclass
-class Run:
+class CandidateRun:
     """One candidate's outcome."""
 
-    candidate: knobs.Candidate
+    candidate: knobs.KnobCandidate
     status: str = "not_run"  # run | failed | not_applicable | not_run (then chosen/rejected)
     reason: str = ""
     samples_ms: list[float] = field(default_factory=list)
@@ -55,7 +55,7 @@ class ScriptTune:
     command: str
     device: str
     builds: dict
-    runs: list[Run]
+    runs: list[CandidateRun]
     block: int = 1
     baseline_again_ms: list[float] = field(default_factory=list)
     # the baseline's losses against its own second run (None: not measured): 0.0 when the
@@ -67,7 +67,7 @@ class ScriptTune:
 
 
 @dataclass
-class Plan:
+class TunePlan:
     """What every candidate runs: `repeats` samples of `block` steps after `warmup` steps
     (a scanned run: `scan_steps` steps after the warm-up)."""
 
@@ -98,7 +98,7 @@ class Plan:
         return os.path.join(self.folder, f"{len(os.listdir(self.folder))}-record.pt")
 
 
-def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
+def tune_script(plan: TunePlan, rule: dict, progress: Progress | None = None, lead=None
                 ) -> ScriptTune:
     """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain. Under torchrun,
     `lead` (runs.Lockstep) runs each candidate on every rank."""
@@ -117,7 +117,7 @@ CPU_DECIDES = ("no GPU: this run decides parity and syncs per step (exact on the
                "once, untimed")
 
 
-def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
+def _tune(plan: TunePlan, rule: dict, progress: Progress, lead) -> ScriptTune:
     tune = _discover(plan, progress, lead)
     if len(tune.runs) == 1:  # nothing to compare: no need to time the script
         tune.notes.append("nothing to tune: the script builds nothing gpusync has knobs for (a "
@@ -152,7 +152,7 @@ def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     tune.result, tune.decision = _decide(tune, noise, rule)
     extra = knobs.combined(_group_winners(tune, plan.extra), tune.builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
-        run = Run(extra)
+        run = CandidateRun(extra)
         tune.runs.append(run)
         _measure(run, 1, 1, plan, progress, lead)
         _judge_parity(tune, plan, again)
@@ -162,7 +162,7 @@ def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     return tune
 
 
-def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
+def _notes(tune: ScriptTune, noise: float | None, plan: TunePlan) -> None:
     from .knobs.torchrec import PIPELINE
 
     _note_noise(tune, noise)
@@ -187,7 +187,7 @@ class _Again:
     """The baseline's scanned run made again, once: whether the script repeats its own
     results under the same seeds (baseline_noise, and fix's rule for a difference)."""
 
-    def __init__(self, tune: ScriptTune, plan: Plan, progress: Progress, lead):
+    def __init__(self, tune: ScriptTune, plan: TunePlan, progress: Progress, lead):
         self.tune, self.plan, self.progress, self.lead = tune, plan, progress, lead
         self.record: dict | None = None
         self.ran = False
@@ -209,7 +209,7 @@ class _Again:
         return agree.loss_diff(base["losses"], self.record["losses"])
 
 
-def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
+def _judge_parity(tune: ScriptTune, plan: TunePlan, again: _Again) -> None:
     """Each run candidate against the baseline: gpusync fix's check (runs/agree.py); a
     script that does not repeat itself is judged on its losses within 4x its own noise."""
     from .knobs.pytorch import FUSED
@@ -262,7 +262,7 @@ def _note_noise(tune: ScriptTune, noise: float | None) -> None:
             f"--tolerance and {NOISE_HEADROOM:g}x that difference, not only identical results")
 
 
-def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
+def _discover(plan: TunePlan, progress: Progress, lead) -> ScriptTune:
     """The baseline's scanned run: what the script builds decides the candidates."""
     cuda = plan.mode == "cuda"
     command = "gpusync tune " + shlex.join([plan.target, *(["--", *plan.script_args]
@@ -277,14 +277,14 @@ def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
                             + (f"\n{base_scan.output}" if base_scan.output else ""))
     cands = knobs.candidates(base_scan.builds, cuda, plan.extra)
     tune = ScriptTune(plan.target, command, "cuda" if cuda else "cpu", base_scan.builds,
-                      [Run(c) for c in cands], block=plan.block)
+                      [CandidateRun(c) for c in cands], block=plan.block)
     tune.runs[0].report = base_scan.report
     tune.runs[0].record = agree.load(path) if os.path.exists(path) else None
     return tune
 
 
-def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: Progress,
-                      lead) -> Plan:
+def _measure_baseline(tune: ScriptTune, todo: list[CandidateRun], plan: TunePlan,
+                      progress: Progress, lead) -> TunePlan:
     """Time the baseline (always runnable); a script that runs fewer steps than the plan
     needs is timed again with smaller samples (the plan then used for every candidate)."""
     _measure(todo[0], 1, len(todo), plan, progress, lead)
@@ -299,7 +299,7 @@ def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: P
     return plan
 
 
-def _time_again(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> None:
+def _time_again(tune: ScriptTune, plan: TunePlan, progress: Progress, lead) -> None:
     """The baseline timed again after the candidates: a machine whose speed drifted cannot
     make a win."""
     if tune.runs[0].status != "run":
@@ -310,14 +310,14 @@ def _time_again(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> None:
         tune.baseline_again_ms = list(again.samples_ms)
 
 
-def _fit(plan: Plan, steps_run: int) -> Plan | None:
+def _fit(plan: TunePlan, steps_run: int) -> TunePlan | None:
     """The plan with the largest block that fits `repeats` samples into a script that runs
     `steps_run` whole steps; None when not even one-step samples fit, or nothing changes."""
     block = (steps_run - plan.warmup) // plan.repeats
     return None if block < 1 or block >= plan.block else dataclasses.replace(plan, block=block)
 
 
-def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None,
+def _measure(run: CandidateRun, k: int, n: int, plan: TunePlan, progress: Progress, lead=None,
              timed: bool = True) -> None:
     """Timed without detection (when this device can time it), then scanned, recording
     what parity compares."""
@@ -354,12 +354,12 @@ def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None
             f"whole steps and needs {plan.steps_needed} (--warmup + --repeats x --steps)")
 
 
-def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
+def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.KnobCandidate]:
     """Per knob group, the fastest candidate that kept parity and clearly beat the baseline."""
     if tune.decision is None or tune.result is None:
         return []
     p50 = {m.name: m.p50_ms for m in tune.result.variants}
-    best: dict[str, knobs.Candidate] = {}
+    best: dict[str, knobs.KnobCandidate] = {}
     for run in tune.runs:
         c = run.candidate
         if c.name not in tune.decision.qualified:
@@ -403,7 +403,7 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     return result, decision
 
 
-def _untimed_verdict(run: Run, allow_approximate: bool):
+def _untimed_verdict(run: CandidateRun, allow_approximate: bool):
     from .tune import CandidateVerdict, Status
 
     if run.parity_kept:
@@ -416,8 +416,8 @@ def _untimed_verdict(run: Run, allow_approximate: bool):
     return None
 
 
-def _timed_decision(tune: ScriptTune, timed: list[Run], noise: float | None, rule: dict):
-    from .profiles import Candidate
+def _timed_decision(tune: ScriptTune, timed: list[CandidateRun], noise: float | None, rule: dict):
+    from .profiles import ProfileCandidate
     from .tune import decide
 
     unchanged = timed[0]
@@ -431,7 +431,7 @@ def _timed_decision(tune: ScriptTune, timed: list[Run], noise: float | None, rul
     result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
                              steps=tune.block, repeats=len(unchanged.samples_ms),
                              reference_noise=noise)
-    cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
+    cands = {r.candidate.name: ProfileCandidate(r.candidate.name, {}, r.candidate.approximate)
              for r in timed}
     return result, decide(result, cands, **{**rule, "tolerance": 0.0},
                           again_ms=tune.baseline_again_ms or None)

@@ -60,7 +60,7 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
     The patch's paths are relative to the current directory (`git apply` takes it).
     """
     from .. import outputs
-    from ..fix import Plan, fix_script
+    from ..fix import FixPlan, fix_script
     from ..targets import ScriptTarget, parse_target
 
     if torchrun.env is not None:
@@ -80,7 +80,7 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
 
         settings = load_tuned(tuned)
     with tempfile.TemporaryDirectory(prefix="gpusync-fix-") as folder:
-        plan = Plan(target, tuple(script_args), _mode(mode), steps, warmup,
+        plan = FixPlan(target, tuple(script_args), _mode(mode), steps, warmup,
                     seed, rtol, atol, timeout, folder, settings)
         result = fix_script(plan, tuple(only))
     result.command = _command(click.get_current_context(), target, script_args)

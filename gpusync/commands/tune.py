@@ -68,9 +68,9 @@ def tune_command(target, script_args, device, steps, repeats, fmt, warmup, allow
 
     specs = [*(profile.knobs if profile is not None else []), *knob_specs]
     extra = tuple(user.parse(spec, tuple(script_args)) for spec in specs)
-    plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
-                            block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
-                            extra=extra)
+    plan = tune_script.TunePlan(target, tuple(script_args),
+                                "cuda" if device == "cuda" else "simulate", block=steps,
+                                repeats=repeats, warmup=warmup, timeout=timeout, extra=extra)
     # a rank waits for the others' candidate runs as long as one may take, and a minute
     with torchrun.lead(timeout + 60) as lead:
         tuned = tune_script.tune_script(plan, rule, lead=lead)

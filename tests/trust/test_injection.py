@@ -27,8 +27,9 @@ HOSTILE = ["$(touch PWNED) a b", "`touch PWNED`", "x; touch PWNED", "it's \"quot
 def tuned(base: dict, chosen: dict) -> tune_script.ScriptTune:
     """A tune whose decision chose `chosen` over the script's own `base` settings."""
     changed = {k: v for k, v in chosen.items() if base.get(k) != v}
-    runs = [tune_script.Run(knobs.Candidate("baseline", base), status="run"),
-            tune_script.Run(knobs.Candidate("the chosen one", chosen, changed), status="run")]
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate("baseline", base), status="run"),
+            tune_script.CandidateRun(knobs.KnobCandidate("the chosen one", chosen, changed),
+                                     status="run")]
     return tune_script.ScriptTune("x.py", "gpusync tune x.py", "cpu", {}, runs,
                                   decision=Decision("the chosen one"))
 

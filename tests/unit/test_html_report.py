@@ -221,12 +221,13 @@ def test_tune_page_highlights_the_chosen_candidate():
 
 
 def test_tune_profile_document_is_drawn_from_its_samples(bench_result):
-    from gpusync.profiles import Candidate, Profile
+    from gpusync.profiles import Profile, ProfileCandidate
     from gpusync.reporters import render_as
     from gpusync.tune import CandidateVerdict, Decision, ProfileTune, Status
 
     profile = Profile("demo", "demo.py:make", candidates=[
-        Candidate("naive", {}), Candidate("fast", {"pipeline": "fast"}), Candidate(EVIL, {})])
+        ProfileCandidate("naive", {}), ProfileCandidate("fast", {"pipeline": "fast"}),
+        ProfileCandidate(EVIL, {})])
     decision = Decision("fast", {
         "naive": CandidateVerdict(Status.REFERENCE),
         "fast": CandidateVerdict(Status.CHOSEN, "median 10% faster"),

@@ -83,7 +83,7 @@ def test_a_script_tunes_statuses_come_from_the_typed_verdicts():
     from gpusync.tune import CandidateVerdict, Decision, Status
 
     names = ["baseline", "fast", "differs", "approximate", "slow"]
-    runs = [tune_script.Run(knobs.Candidate(name, {"env:X": name}), status="run")
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate(name, {"env:X": name}), status="run")
             for name in names]
     decision = Decision("fast", {
         "baseline": CandidateVerdict(Status.REFERENCE),
