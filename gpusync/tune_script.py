@@ -373,14 +373,14 @@ def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.KnobCandidate]:
 def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     """Parity is _judge_parity's; speed is tune.decide's, among the timed candidates (a CPU
     times none whose gain is a GPU's: those keep their parity verdict, never chosen)."""
-    from .tune import CandidateVerdict, Decision, Status
+    from .tune import CandidateStatus, CandidateVerdict, Decision
 
     ran = [r for r in tune.runs if r.status == "run"]
     if not ran or ran[0] is not tune.runs[0]:
         return None, None
     unchanged = ran[0]  # the script as it is
     result, decision = None, Decision(unchanged.candidate.name, {
-        unchanged.candidate.name: CandidateVerdict(Status.CHOSEN, "baseline (no candidate "
+        unchanged.candidate.name: CandidateVerdict(CandidateStatus.CHOSEN, "baseline (no candidate "
                                                    "this device can time)")})
     if unchanged.samples_ms:
         result, decision = _timed_decision(tune, [r for r in ran if r.samples_ms], noise, rule)
@@ -397,21 +397,22 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
         if NO_LOSSES not in tune.notes:
             tune.notes.append(NO_LOSSES)
         for name, verdict in decision.outcomes.items():
-            if verdict.status is Status.DIFFERS:
+            if verdict.status is CandidateStatus.DIFFERS:
                 decision.outcomes[name] = CandidateVerdict(
-                    Status.REJECTED, "no losses to compare with the baseline's")
+                    CandidateStatus.REJECTED, "no losses to compare with the baseline's")
     return result, decision
 
 
 def _untimed_verdict(run: CandidateRun, allow_approximate: bool):
-    from .tune import CandidateVerdict, Status
+    from .tune import CandidateStatus, CandidateVerdict
 
     if run.parity_kept:
         return None
     if not run.candidate.approximate:
-        return CandidateVerdict(Status.DIFFERS, f"results differ from the baseline ({run.parity})")
+        return CandidateVerdict(CandidateStatus.DIFFERS,
+                                f"results differ from the baseline ({run.parity})")
     if not allow_approximate:
-        return CandidateVerdict(Status.NOT_CONSIDERED, f"approximate ({run.parity}); "
+        return CandidateVerdict(CandidateStatus.NOT_CONSIDERED, f"approximate ({run.parity}); "
                                 "--allow-approximate to consider it")
     return None
 

@@ -67,7 +67,7 @@ class Runner:
     def original(self) -> FixRun:
         run, failure = self.run({}, observe=True)
         if run is None:  # as scan says it: where it raised, and what the script printed last
-            last = self.last or runs.ChildResult(runs.Status.RUNNING)
+            last = self.last or runs.ChildResult(runs.ChildStatus.RUNNING)
             where = runs.raised_at(last.traceback)
             hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
             if verbosity.verbose() and last.traceback:

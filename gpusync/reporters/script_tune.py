@@ -28,14 +28,15 @@ def _status(tune, run) -> str:
 
 def _reason(tune, run) -> str:
     """Why: the run's failure, or its verdict (its status already says chosen or rejected)."""
-    from ..tune import Status
+    from ..tune import CandidateStatus
 
     if run.candidate.name == UNCHANGED:
         return "the script as it is"
     verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
     if run.reason or verdict is None:
         return run.reason
-    if verdict.status in (Status.CHOSEN, Status.REJECTED, Status.DIFFERS):
+    if verdict.status in (CandidateStatus.CHOSEN, CandidateStatus.REJECTED,
+                          CandidateStatus.DIFFERS):
         return verdict.reason
     return verdict.text
 

@@ -223,15 +223,15 @@ def test_tune_page_highlights_the_chosen_candidate():
 def test_tune_profile_document_is_drawn_from_its_samples(bench_result):
     from gpusync.profiles import Profile, ProfileCandidate
     from gpusync.reporters import render_as
-    from gpusync.tune import CandidateVerdict, Decision, ProfileTune, Status
+    from gpusync.tune import CandidateStatus, CandidateVerdict, Decision, ProfileTune
 
     profile = Profile("demo", "demo.py:make", candidates=[
         ProfileCandidate("naive", {}), ProfileCandidate("fast", {"pipeline": "fast"}),
         ProfileCandidate(EVIL, {})])
     decision = Decision("fast", {
-        "naive": CandidateVerdict(Status.REFERENCE),
-        "fast": CandidateVerdict(Status.CHOSEN, "median 10% faster"),
-        EVIL: CandidateVerdict(Status.DIFFERS, "results differ from the baseline (n/a)")})
+        "naive": CandidateVerdict(CandidateStatus.REFERENCE),
+        "fast": CandidateVerdict(CandidateStatus.CHOSEN, "median 10% faster"),
+        EVIL: CandidateVerdict(CandidateStatus.DIFFERS, "results differ from the baseline (n/a)")})
     tuned = ProfileTune(profile, bench_result, decision)
     validator("gpusync-tune-profile").validate(json.loads(render_as("tune", tuned, "json")))
     page = render_as("tune", tuned, "html")
