@@ -44,7 +44,7 @@ def gate_json(verdict) -> str:
     from ..schemas import document
 
     return json.dumps(document("gpusync-gate", {
-        "status": verdict.status, "exit_code": verdict.exit_code,
+        "status": verdict.status.value, "exit_code": verdict.exit_code,
         "problems": [_problem(p) for p in verdict.problems], "notes": verdict.notes,
         "suggested_baseline": verdict.suggested_baseline}), indent=2) + "\n"
 

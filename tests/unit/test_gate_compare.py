@@ -1,7 +1,7 @@
 """The count gate and its GitHub annotations on fabricated baselines and reports."""
 import dataclasses
 
-from gpusync.gate import Problem, Verdict, combine, compare_counts
+from gpusync.gate import GateStatus, Problem, Verdict, combine, compare_counts
 from gpusync.report import Process, Report, Site
 from gpusync.reporters import render_as
 
@@ -40,7 +40,7 @@ def test_more_syncs_point_at_the_line_the_baseline_did_not_have():
     [problem] = compare_counts(base(lines=(8,)), report(site(8, 1.0), site(12, 1.0, "now fix")))
     assert (problem.kind, problem.file, problem.line, problem.advice) == (
         "more syncs", "train.py", 12, "now fix")
-    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    line = render(Verdict(GateStatus.REGRESSION, [problem]), "github").splitlines()[0]
     assert line.startswith("::error file=train.py,line=12,title=gpusync%3A more syncs::")
     assert line.endswith("%0Afix: now fix")
 
@@ -49,7 +49,7 @@ def test_a_site_gone_is_annotated_at_the_baselines_line_with_its_fix():
     [problem] = compare_counts(base(lines=(8, 9)), report())
     assert (problem.kind, problem.file, problem.line, problem.advice) == (
         "site gone", "train.py", 8, "baseline fix")
-    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    line = render(Verdict(GateStatus.REGRESSION, [problem]), "github").splitlines()[0]
     assert line == ("::warning file=train.py,line=8,title=gpusync%3A site gone::fewer syncs "
                     "(update the baseline): item | other | - | train.py | <module>: 1 -> 0/step"
                     "%0Afix: baseline fix")
@@ -59,13 +59,13 @@ def test_a_suggestion_only_for_wins():
     win = Problem("fewer syncs", "fewer")
     assert combine([win, Problem("site gone", "gone")], None).only_improvements
     assert not combine([win, Problem("new site", "new")], None).only_improvements
-    assert not combine([win], ("regression", "slower: 1.3x")).only_improvements
+    assert not combine([win], (GateStatus.REGRESSION, "slower: 1.3x")).only_improvements
     assert not combine([], None).only_improvements
 
 
 def test_fewer_syncs_fail_the_gate_as_an_unrecorded_improvement_not_a_regression():
     win = combine([Problem("fewer syncs", "fewer syncs: k 2 -> 1 per step", "a.py", 3)], None)
-    assert win.status == "regression" and win.exit_code == 1  # still fails: record the win
+    assert win.status is GateStatus.REGRESSION and win.exit_code == 1  # still fails: record the win
     text = render(win, "text")
     assert text.endswith("gate: unrecorded improvement (fewer syncs than the baseline records: "
                          "commit the suggested baseline to record it)\n")
@@ -74,7 +74,7 @@ def test_fewer_syncs_fail_the_gate_as_an_unrecorded_improvement_not_a_regression
 
 
 def test_annotations_without_a_line_or_file():
-    verdict = Verdict("regression", [Problem("new site", "x", "a.py", 0),
+    verdict = Verdict(GateStatus.REGRESSION, [Problem("new site", "x", "a.py", 0),
                                      Problem("slower", "slower: 1.3x, p=0.001")])
     assert render(verdict, "github").splitlines() == [
         "::error file=a.py,title=gpusync%3A new site::x",
@@ -82,8 +82,8 @@ def test_annotations_without_a_line_or_file():
 
 
 def test_text_and_json_formats_are_unchanged():
-    verdict = Verdict("regression", [Problem("new site", "new sync site: k (1/step)", "a.py", 3,
-                                             "k", "do this")])
+    verdict = Verdict(GateStatus.REGRESSION, [Problem("new site", "new sync site: k (1/step)",
+                                                      "a.py", 3, "k", "do this")])
     assert render(verdict, "text") == ("FAIL new sync site: k (1/step) (a.py:3)\n  fix: do this\n"
                                        "gate: regression\n")
     import json
@@ -97,7 +97,7 @@ def test_text_and_json_formats_are_unchanged():
 
 def test_annotations_escape_what_workflow_commands_require():
     # data: % CR LF; properties (file, title): also : and ,
-    verdict = Verdict("regression", [Problem("new site", "50% a\r\nb", "a,b:c.py", 3)])
+    verdict = Verdict(GateStatus.REGRESSION, [Problem("new site", "50% a\r\nb", "a,b:c.py", 3)])
     assert render(verdict, "github").splitlines()[0] == (
         "::error file=a%2Cb%3Ac.py,line=3,title=gpusync%3A new site::50%25 a%0D%0Ab")
 
