@@ -54,6 +54,17 @@ class CandidateStatus(enum.Enum):
                         CandidateStatus.NOT_CONSIDERED)
 
 
+class RunStatus(enum.Enum):
+    """Whether a script tune's candidate ran (tune_script.CandidateRun); how it fared against
+    the baseline is its CandidateStatus. The value is the JSON's "status"."""
+
+    NOT_RUN = "not_run"  # unavailable here, or not reached
+    RUN = "run"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"  # cannot serve what the script built
+    CHOSEN = "chosen"  # the only candidate (nothing to tune): chosen without a run
+
+
 # how each verdict's line begins (the JSON's `verdicts`): written from the status, never read
 _PREFIX = {CandidateStatus.CHOSEN: "chosen: ", CandidateStatus.QUALIFIED: "",
            CandidateStatus.DIFFERS: "rejected: ", CandidateStatus.REJECTED: "rejected: ",

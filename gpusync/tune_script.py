@@ -25,6 +25,7 @@ from .knobs.tuned_file import KIND, load_tuned  # noqa: F401  (gpusync run and f
 from .progress import Progress
 from .report import Report
 from .runs import agree
+from .tune import RunStatus
 
 SEED = 0  # every run of every candidate starts from it (runs/candidate_child.seed_everything)
 
@@ -34,7 +35,7 @@ class CandidateRun:
     """One candidate's outcome."""
 
     candidate: knobs.KnobCandidate
-    status: str = "not_run"  # run | failed | not_applicable | not_run (then chosen/rejected)
+    status: RunStatus = RunStatus.NOT_RUN
     reason: str = ""
     samples_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -124,23 +125,23 @@ def _tune(plan: TunePlan, rule: dict, progress: Progress, lead) -> ScriptTune:
                           "torchrec train pipeline, an fbgemm EXACT_SGD TBE with the writeback "
                           "hook); try your own settings with --knob env:NAME=.. or "
                           "arg:--flag=..")
-        tune.runs[0].status = "chosen"
+        tune.runs[0].status = RunStatus.CHOSEN
         return tune
     todo = [r for r in tune.runs if not (r.candidate.not_applicable or r.candidate.unavailable)]
     for r in tune.runs:
         if r.candidate.not_applicable:
-            r.status, r.reason = "not_applicable", r.candidate.not_applicable
+            r.status, r.reason = RunStatus.NOT_APPLICABLE, r.candidate.not_applicable
         elif r.candidate.unavailable:
-            r.status, r.reason = "not_run", r.candidate.unavailable
+            r.status, r.reason = RunStatus.NOT_RUN, r.candidate.unavailable
     cuda = plan.mode == "cuda"
     timed = [r for r in todo[1:] if cuda or not r.candidate.gpu_speed_only]
     if timed:
         plan = _measure_baseline(tune, todo, plan, progress, lead)
-        if todo[0].status == "failed":  # nothing can be compared with it
+        if todo[0].status is RunStatus.FAILED:  # nothing can be compared with it
             progress.close()
             return tune
     else:  # nothing this device can time: the scanned run is the baseline's one run
-        todo[0].status, todo[0].steps_run = "run", plan.warmup + plan.scan_steps
+        todo[0].status, todo[0].steps_run = RunStatus.RUN, plan.warmup + plan.scan_steps
     for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, progress, lead, timed=run in timed)
     again = _Again(tune, plan, progress, lead)
@@ -166,7 +167,7 @@ def _notes(tune: ScriptTune, noise: float | None, plan: TunePlan) -> None:
     from .knobs.torchrec import PIPELINE
 
     _note_noise(tune, noise)
-    ran = [r for r in tune.runs[1:] if r.status == "run" and r.record is not None]
+    ran = [r for r in tune.runs[1:] if r.status is RunStatus.RUN and r.record is not None]
     base = tune.runs[0].record
     tune.runs[0].parity = "identical" if base is not None else None  # the reference
     if ran and base is not None:
@@ -178,8 +179,9 @@ def _notes(tune: ScriptTune, noise: float | None, plan: TunePlan) -> None:
     if plan.mode == "cuda":
         return
     tune.notes.append(CPU_DECIDES.replace("run once, untimed", "ran once, untimed"))
-    if any(r.status == "run" and r.candidate.gpu_speed_only and PIPELINE in r.candidate.changed
-           for r in tune.runs):  # only where a pipeline ran: the note is about its streams
+    # only where a pipeline ran: the note is about its streams
+    if any(r.status is RunStatus.RUN and r.candidate.gpu_speed_only
+           and PIPELINE in r.candidate.changed for r in tune.runs):
         tune.notes.append(GPU_SPEED_ONLY)
 
 
@@ -217,7 +219,7 @@ def _judge_parity(tune: ScriptTune, plan: TunePlan, again: _Again) -> None:
 
     base = tune.runs[0].record
     for run in tune.runs[1:]:
-        if run.status != "run" or run.record is None or base is None or run.parity:
+        if run.status is not RunStatus.RUN or run.record is None or base is None or run.parity:
             continue
         if not base["losses"]:  # nothing shows it keeps the results (NO_LOSSES says so)
             run.parity = "no losses"
@@ -289,7 +291,7 @@ def _measure_baseline(tune: ScriptTune, todo: list[CandidateRun], plan: TunePlan
     needs is timed again with smaller samples (the plan then used for every candidate)."""
     _measure(todo[0], 1, len(todo), plan, progress, lead)
     fitted = _fit(plan, todo[0].steps_run)
-    if todo[0].status == "failed" and fitted is not None:
+    if todo[0].status is RunStatus.FAILED and fitted is not None:
         tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
                           f"--warmup {plan.warmup} + --repeats {plan.repeats} x --steps "
                           f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
@@ -302,7 +304,7 @@ def _measure_baseline(tune: ScriptTune, todo: list[CandidateRun], plan: TunePlan
 def _time_again(tune: ScriptTune, plan: TunePlan, progress: Progress, lead) -> None:
     """The baseline timed again after the candidates: a machine whose speed drifted cannot
     make a win."""
-    if tune.runs[0].status != "run":
+    if tune.runs[0].status is not RunStatus.RUN:
         return
     progress.stage("baseline timed again (the machine's drift)", plan.steps_needed)
     again, failure = runs.candidate(plan.job({}, False), plan.timeout, progress, lead)
@@ -342,14 +344,14 @@ def _measure(run: CandidateRun, k: int, n: int, plan: TunePlan, progress: Progre
         if not timed:
             measured = scanned
     if failure is not None:
-        run.status, run.reason, run.output = "failed", failure, tail
+        run.status, run.reason, run.output = RunStatus.FAILED, failure, tail
         progress.note(f"candidate {k}/{n} {name}: failed: {failure}")
         return
-    run.status, run.samples_ms, run.losses = "run", measured.samples_ms, measured.losses
+    run.status, run.samples_ms, run.losses = RunStatus.RUN, measured.samples_ms, measured.losses
     run.steps_run, run.reason = measured.steps_run, ""
     run.peak_alloc_mb, run.peak_reserved_mb = measured.peak_alloc_mb, measured.peak_reserved_mb
     if timed and len(run.samples_ms) < plan.repeats:
-        run.status, run.reason = "failed", (
+        run.status, run.reason = RunStatus.FAILED, (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: it ran {run.steps_run} "
             f"whole steps and needs {plan.steps_needed} (--warmup + --repeats x --steps)")
 
@@ -375,7 +377,7 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     times none whose gain is a GPU's: those keep their parity verdict, never chosen)."""
     from .tune import CandidateStatus, CandidateVerdict, Decision
 
-    ran = [r for r in tune.runs if r.status == "run"]
+    ran = [r for r in tune.runs if r.status is RunStatus.RUN]
     if not ran or ran[0] is not tune.runs[0]:
         return None, None
     unchanged = ran[0]  # the script as it is

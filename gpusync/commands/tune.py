@@ -94,6 +94,7 @@ def _show_script_tune(tuned, env, fmt, emit, output) -> None:
     else the verdict (or, --emit, only the chosen settings), and -o the tuned settings."""
     from .. import outputs
     from ..reporters.script_tune import tuned_text
+    from ..tune import RunStatus
 
     if env is not None:
         tuned.command = f"torchrun --nproc_per_node {env.world} -m {tuned.command}"
@@ -101,13 +102,13 @@ def _show_script_tune(tuned, env, fmt, emit, output) -> None:
                            "at once; a sample is the slowest rank's step time, parity holds "
                            "on every rank's losses, syncs per step are the largest rank's")
     unchanged = tuned.runs[0]  # the script as it is
-    if unchanged.status == "failed":
+    if unchanged.status is RunStatus.FAILED:
         raise errors.UserCodeError(f"the script as it is could not be timed: "
                                    f"{unchanged.reason}"
                                    + (f"\n{unchanged.output}" if unchanged.output else ""))
     if verbosity.verbose():  # what each failed candidate printed last, its traceback included
         for run in tuned.runs:
-            if run.status == "failed" and run.output:
+            if run.status is RunStatus.FAILED and run.output:
                 click.echo(f"gpusync tune: candidate {run.candidate.name} failed: {run.reason}\n"
                            f"{run.output}", err=True)
     text = render_as("tune-emit", tuned, emit) if emit else render_as("tune-script", tuned, fmt)

@@ -18,8 +18,10 @@ UNCHANGED = "baseline"  # the candidate that is the script as it is (JSON: "base
 
 def _status(tune, run) -> str:
     """The candidate's JSON status, read from its typed verdict."""
-    if run.status != "run":
-        return run.status
+    from ..tune import RunStatus
+
+    if run.status is not RunStatus.RUN:
+        return run.status.value
     if tune.decision is not None and run.candidate.name == tune.decision.chosen:
         return "chosen"
     verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None

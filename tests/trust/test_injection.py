@@ -15,7 +15,7 @@ from gpusync.knobs import user
 from gpusync.report import build_report
 from gpusync.reporters import render, render_as
 from gpusync.reporters.bench import technique_table
-from gpusync.tune import Decision
+from gpusync.tune import Decision, RunStatus
 from tests.conftest import run_main, stderr_lines
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -27,9 +27,10 @@ HOSTILE = ["$(touch PWNED) a b", "`touch PWNED`", "x; touch PWNED", "it's \"quot
 def tuned(base: dict, chosen: dict) -> tune_script.ScriptTune:
     """A tune whose decision chose `chosen` over the script's own `base` settings."""
     changed = {k: v for k, v in chosen.items() if base.get(k) != v}
-    runs = [tune_script.CandidateRun(knobs.KnobCandidate("baseline", base), status="run"),
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate("baseline", base),
+                                     status=RunStatus.RUN),
             tune_script.CandidateRun(knobs.KnobCandidate("the chosen one", chosen, changed),
-                                     status="run")]
+                                     status=RunStatus.RUN)]
     return tune_script.ScriptTune("x.py", "gpusync tune x.py", "cpu", {}, runs,
                                   decision=Decision("the chosen one"))
 

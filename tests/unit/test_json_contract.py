@@ -80,11 +80,11 @@ def test_a_script_tunes_statuses_come_from_the_typed_verdicts():
     are both `rejected`, a candidate not clearly faster only `run`, and the choice `chosen`."""
     from gpusync import knobs, tune_script
     from gpusync.reporters import render_as
-    from gpusync.tune import CandidateStatus, CandidateVerdict, Decision
+    from gpusync.tune import CandidateStatus, CandidateVerdict, Decision, RunStatus
 
     names = ["baseline", "fast", "differs", "approximate", "slow"]
-    runs = [tune_script.CandidateRun(knobs.KnobCandidate(name, {"env:X": name}), status="run")
-            for name in names]
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate(name, {"env:X": name}),
+                                     status=RunStatus.RUN) for name in names]
     decision = Decision("fast", {
         "baseline": CandidateVerdict(CandidateStatus.REFERENCE),
         "fast": CandidateVerdict(CandidateStatus.CHOSEN, "median 20.0% faster than the baseline"),
