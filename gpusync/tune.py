@@ -180,7 +180,8 @@ def load_tunable(target_text: str | None) -> tuple[FactoryTarget, Profile]:
     profile = getattr(target, "profile", None)
     if profile is None or not profile.candidates:
         raise BadInput(f"'{target_text or DEFAULT_TARGET}' has no tune.candidates: tune needs "
-                       "a profile that lists the settings to try (see README, 'gpusync tune')")
+                       "a profile that lists the settings to try (see "
+                       "docs/commands/tune.md#profiles)")
     check_requires(target)
     return target, profile
 
