@@ -56,13 +56,15 @@ class CandidateStatus(enum.Enum):
 
 class RunStatus(enum.Enum):
     """Whether a script tune's candidate ran (tune_script.CandidateRun); how it fared against
-    the baseline is its CandidateStatus. The value is the JSON's "status"."""
+    the baseline is its CandidateStatus. The values are the JSON's candidate "status", a
+    profile's candidates' too (reporters/tune.py, script_tune.py)."""
 
     NOT_RUN = "not_run"  # unavailable here, or not reached
     RUN = "run"
     FAILED = "failed"
     NOT_APPLICABLE = "not_applicable"  # cannot serve what the script built
-    CHOSEN = "chosen"  # the only candidate (nothing to tune): chosen without a run
+    CHOSEN = "chosen"  # chosen by the decision, or the only candidate (nothing to tune)
+    REJECTED = "rejected"  # ran, and the decision rejected it (the JSON's status only)
 
 
 # how each verdict's line begins (the JSON's `verdicts`): written from the status, never read

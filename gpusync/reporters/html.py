@@ -300,6 +300,8 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
     """A `gpusync tune --format json` document (a script's, or a profile's with its
     `candidates` added: reporters/tune.py). `samples` (candidate -> raw step times) draws
     boxes where the document holds only P50 and P90."""
+    from ..tune import RunStatus
+
     profile = data.get("kind") == "gpusync-tune-profile"
     cands = data["candidates"]
     baseline = data["result"]["baseline"] if profile else data.get("baseline", "baseline")
@@ -320,7 +322,7 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
             continue
         tag = " (chosen)" if c["name"] == chosen else " (baseline)" if c is base else ""
         colour = (GREEN if c["name"] == chosen else GREY if c is base
-                  else RED if c["status"] == "rejected" else BLUE)
+                  else RED if c["status"] == RunStatus.REJECTED.value else BLUE)
         items.append({**c, "samples_ms": c.get("samples_ms") or (samples or {}).get(c["name"]),
                       "p90_ms": c["p50_ms"] if c.get("p90_ms") is None else c["p90_ms"],
                       "label": c["name"] + tag, "colour": colour})

@@ -23,9 +23,10 @@ def _status(tune, run) -> str:
     if run.status is not RunStatus.RUN:
         return run.status.value
     if tune.decision is not None and run.candidate.name == tune.decision.chosen:
-        return "chosen"
+        return RunStatus.CHOSEN.value
     verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
-    return "rejected" if verdict is not None and verdict.status.rejected else "run"
+    rejected = verdict is not None and verdict.status.rejected
+    return (RunStatus.REJECTED if rejected else RunStatus.RUN).value
 
 
 def _reason(tune, run) -> str:
