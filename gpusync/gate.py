@@ -30,9 +30,19 @@ class GateStatus(enum.Enum):
     CANNOT_JUDGE = "cannot-judge"
 
 
+class ProblemKind(enum.Enum):
+    """What the gate found; its value is the JSON's problem "kind" and the annotation's title."""
+
+    NEW_SITE = "new site"
+    MORE_SYNCS = "more syncs"
+    FEWER_SYNCS = "fewer syncs"  # an improvement the baseline does not record yet
+    SITE_GONE = "site gone"  # the same
+    SLOWER = "slower"
+
+
 @dataclass
 class Problem:
-    kind: str  # "new site" | "more syncs" | "fewer syncs" | "site gone" | "slower"
+    kind: ProblemKind
     message: str
     file: str = ""
     line: int = 0
@@ -41,10 +51,7 @@ class Problem:
 
     @property
     def improvement(self) -> bool:
-        return self.kind in IMPROVEMENTS
-
-
-IMPROVEMENTS = ("fewer syncs", "site gone")
+        return self.kind in (ProblemKind.FEWER_SYNCS, ProblemKind.SITE_GONE)
 
 
 @dataclass
@@ -94,13 +101,15 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
         file, line, advice = _where(now_lines.get(key, {}), entry)
         if entry is None:
             if now > 0:
-                problems.append(Problem("new site", f"new sync site: {key} ({now:g}/step)",
+                problems.append(Problem(ProblemKind.NEW_SITE,
+                                        f"new sync site: {key} ({now:g}/step)",
                                         file, line, key, advice))
         elif now > was + margin + 1e-9:
-            problems.append(Problem("more syncs", f"more syncs: {key}: {was:g} -> {now:g}/step",
+            problems.append(Problem(ProblemKind.MORE_SYNCS,
+                                    f"more syncs: {key}: {was:g} -> {now:g}/step",
                                     file, line, key, advice))
         elif now < was - 1e-9:
-            kind = "site gone" if now == 0 else "fewer syncs"
+            kind = ProblemKind.SITE_GONE if now == 0 else ProblemKind.FEWER_SYNCS
             problems.append(Problem(kind, f"fewer syncs (update the baseline): {key}: "
                                           f"{was:g} -> {now:g}/step", file, line, key, advice))
     return problems
@@ -145,7 +154,7 @@ def combine(problems: list[Problem], timing: tuple[GateStatus, str] | None) -> V
         status, message = timing
         if status is GateStatus.REGRESSION:
             verdict.status = GateStatus.REGRESSION
-            verdict.problems.append(Problem("slower", message))
+            verdict.problems.append(Problem(ProblemKind.SLOWER, message))
         elif status is GateStatus.CANNOT_JUDGE and verdict.status is GateStatus.PASS:
             verdict.status = GateStatus.CANNOT_JUDGE
             verdict.notes.append(message)

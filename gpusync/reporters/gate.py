@@ -51,7 +51,8 @@ def gate_json(verdict) -> str:
 
 def _problem(problem) -> dict:
     """A problem's JSON form (schemas/gate.schema.json), whose key for the advice is "fix"."""
-    return {("fix" if k == "advice" else k): v for k, v in asdict(problem).items()}
+    d = {("fix" if k == "advice" else k): v for k, v in asdict(problem).items()}
+    return {**d, "kind": problem.kind.value}
 
 
 @renders("gate", "github")
@@ -61,7 +62,7 @@ def gate_github(verdict) -> str:
         level = "warning" if p.improvement else "error"
         # the advice travels with every annotation: for a site gone, the baseline's
         message = p.message + (f"\nfix: {p.advice}" if p.advice else "")
-        out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
+        out.append(_annotation(level, message, f"gpusync: {p.kind.value}", p.file, p.line))
     out += [_annotation("notice", note) for note in verdict.notes]
     if verdict.suggested_baseline:
         out.append(_annotation("notice", "suggested new baseline written to "

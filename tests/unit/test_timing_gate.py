@@ -58,11 +58,11 @@ def test_timer_uses_the_injected_clock():
 
 
 def test_github_annotations_escape_what_workflow_commands_require():
-    from gpusync.gate import Problem, Verdict
+    from gpusync.gate import Problem, ProblemKind, Verdict
     from gpusync.reporters import render_as
 
     verdict = Verdict(status=GateStatus.REGRESSION, problems=[Problem(
-        "new site", "new sync site: 100% of steps\nsecond line", "dir,a/b:c.py", 7,
+        ProblemKind.NEW_SITE, "new sync site: 100% of steps\nsecond line", "dir,a/b:c.py", 7,
         advice="keep it on the device")])
     line = render_as("gate", verdict, "github").splitlines()[0]
     assert line == ("::error file=dir%2Ca/b%3Ac.py,line=7,title=gpusync%3A new site::"
