@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -182,6 +183,13 @@ class Site:
                        (lib.file, lib.line) if lib is not None else None, self.advice,
                        self.process.stable_name if self.process is not None else None,
                        function=self.function)
+
+    @property
+    def fix(self) -> str:
+        """The advice under its old name (gpusync.Site is public API): kept for one release."""
+        warnings.warn("Site.fix is deprecated and will be removed: read Site.advice",
+                      DeprecationWarning, stacklevel=2)
+        return self.advice
 
     @property
     def where(self) -> str:

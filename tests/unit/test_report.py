@@ -23,6 +23,13 @@ def test_per_step_counts_skip_warmup_and_tail():
     assert r.max_syncs_per_step == 3 and r.syncs_per_step == 2.0
 
 
+def test_a_sites_advice_is_still_read_as_fix_for_one_release():
+    """gpusync.Site is public API: its old name for the advice warns, and still answers."""
+    [site] = build_report([ev("item", 0)], steps=1, warmup=0, mode="simulate").sites
+    with pytest.warns(DeprecationWarning, match="read Site.advice"):
+        assert site.fix == site.advice == "fix it"
+
+
 def test_sites_ranked_by_stall_then_count():
     events = [ev("item", 0, 1, stall=0.1)] + [ev("tolist", 0, 2)] * 3 + [ev("cpu", 0, 3, stall=5)]
     r = build_report(events, steps=1, warmup=0, mode="cuda_fake")
@@ -41,6 +48,7 @@ def test_json_round_trip_and_schema():
     assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step",
                                           "library": False}
     assert d == r.to_dict()
+    assert "advice" not in d["sites"][0] and d["sites"][0]["fix"] == r.sites[0].advice == "fix it"
     # how a report crosses to another gpusync process: every field, typed ones as objects
     assert Report.decode(json.loads(json.dumps(r.encode()))) == r
 
