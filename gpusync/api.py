@@ -20,10 +20,11 @@ def watch(model=None, mode: str = "auto", warmup: int = 0) -> Watch:
 
     A step is a round of optimizer steps with what follows it (the logging after
     `optimizer.step()`, and after the last one, whatever runs until the block ends); see
-    README "Steps". Tensors that exist before the block are taken to be on the device, except
-    optimizer step counters; pass `model` for module paths rooted at it. Blocks may overlap,
-    end in any order, or run in several threads (each counts its own thread's steps); nested
-    on one thread, the outermost judges each call for all. A block is entered once.
+    docs/commands/scan.md#steps. Tensors that exist before the block are taken to be on the
+    device, except optimizer step counters; pass `model` for module paths rooted at it.
+    Blocks may overlap, end in any order, or run in several threads (each counts its own
+    thread's steps); nested on one thread, the outermost judges each call for all. A block is
+    entered once.
     """
     return Watch(model=model, mode=mode, warmup=warmup, target="watch")
 
@@ -34,7 +35,7 @@ def format_sites(report, limit: int = 20) -> str:
         where = f"{s.where} ({s.function})" if s.function else s.where
         phase = f"{s.phase}:{s.hook}" if s.hook else s.phase
         mod = f" in {s.module}" if s.module else ""
-        lines.append(f"  {s.op} x{s.count} [{phase}{mod}] at {where}\n      fix: {s.fix}")
+        lines.append(f"  {s.op} x{s.count} [{phase}{mod}] at {where}\n      fix: {s.advice}")
     if len(report.sites) > limit:
         lines.append(f"  ... and {len(report.sites) - limit} more sites")
     return "\n".join(lines)

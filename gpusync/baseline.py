@@ -24,10 +24,11 @@ from .report import Report, Site, stable_file
 from .schemas import VERSIONS, validator
 
 KIND = "gpusync-baseline"
-# 2: steps are whole steps (README "Steps"), steps may be null; 3: a library's syncs are keyed
-# at the user's file and function, and setup-only sites are left out; 4: `ranks`, and under
-# torchrun each rank's sites keyed on their own ("| rank N"); 5: phase "eval" and an optimizer
-# step's closure as forward change keys, and sites after the last step are left out
+# 2: steps are whole steps (docs/commands/scan.md#steps), steps may be null; 3: a library's
+# syncs are keyed at the user's file and function, and setup-only sites are left out; 4:
+# `ranks`, and under torchrun each rank's sites keyed on their own ("| rank N"); 5: phase
+# "eval" and an optimizer step's closure as forward change keys, and sites after the last
+# step are left out
 BASELINE_SCHEMA = VERSIONS[KIND]
 
 
@@ -79,7 +80,7 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
             "file": stable_file(s.file), "function": s.function,
             "lines": sorted({site.line for site, _ in sites}), "per_step": per_step,
-            "margin": 0.0, "fix": s.fix}
+            "margin": 0.0, "fix": s.advice}
     data = {
         "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
         "mode": report.mode, "device": report.device, "torch": torch.__version__,

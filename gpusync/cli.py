@@ -1,5 +1,6 @@
 """The `gpusync` command: the group of subcommands (gpusync/commands/, one module each), and
-main(), the one place exceptions become exit codes (see errors.py and README "Exit codes")."""
+main(), the one place exceptions become exit codes (see errors.py and
+docs/commands/common.md#exit-codes)."""
 from __future__ import annotations
 
 import click

@@ -1,7 +1,7 @@
 """Exceptions that carry their exit code; cli.main is the one place they become exit codes."""
 from __future__ import annotations
 
-# Documented in README.md ("Exit codes").
+# Documented in docs/commands/common.md#exit-codes.
 EXIT_OK = 0
 EXIT_REGRESSION = 1  # a gate or --max-syncs-per-step failed
 EXIT_BAD_INPUT = 2  # the user's target, file or option is wrong

@@ -9,6 +9,7 @@ to judge (exit 4).
 """
 from __future__ import annotations
 
+import enum
 import os
 import statistics
 from collections import defaultdict
@@ -20,46 +21,59 @@ from .baseline import keyed_sites
 from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
 
-PASS, REGRESSION, CANNOT_JUDGE = "pass", "regression", "cannot-judge"
+
+class GateStatus(enum.Enum):
+    """The gate's verdict; its value is the JSON's "status" and the text verdict's last word."""
+
+    PASS = "pass"
+    REGRESSION = "regression"
+    CANNOT_JUDGE = "cannot-judge"
+
+
+class ProblemKind(enum.Enum):
+    """What the gate found; its value is the JSON's problem "kind" and the annotation's title."""
+
+    NEW_SITE = "new site"
+    MORE_SYNCS = "more syncs"
+    FEWER_SYNCS = "fewer syncs"  # an improvement the baseline does not record yet
+    SITE_GONE = "site gone"  # the same
+    SLOWER = "slower"
 
 
 @dataclass
 class Problem:
-    kind: str  # "new site" | "more syncs" | "fewer syncs" | "site gone" | "slower"
+    kind: ProblemKind
     message: str
     file: str = ""
     line: int = 0
     key: str = ""
-    fix: str = ""
+    advice: str = ""
 
     @property
     def improvement(self) -> bool:
-        return self.kind in IMPROVEMENTS
-
-
-IMPROVEMENTS = ("fewer syncs", "site gone")
+        return self.kind in (ProblemKind.FEWER_SYNCS, ProblemKind.SITE_GONE)
 
 
 @dataclass
 class Verdict:
-    status: str = PASS
+    status: GateStatus = GateStatus.PASS
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     suggested_baseline: str | None = None
 
     @property
     def exit_code(self) -> int:
-        return {PASS: errors.EXIT_OK, REGRESSION: errors.EXIT_REGRESSION,
-                CANNOT_JUDGE: errors.EXIT_CANNOT_JUDGE}[self.status]
+        return {GateStatus.PASS: errors.EXIT_OK, GateStatus.REGRESSION: errors.EXIT_REGRESSION,
+                GateStatus.CANNOT_JUDGE: errors.EXIT_CANNOT_JUDGE}[self.status]
 
     @property
     def headline(self) -> str:
         """The last line of the text verdict: fewer syncs than recorded fails the gate (exit 1)
         as a win nobody recorded, not as a regression."""
-        if self.status == REGRESSION and self.only_improvements:
+        if self.status is GateStatus.REGRESSION and self.only_improvements:
             return ("unrecorded improvement (fewer syncs than the baseline records: commit "
                     "the suggested baseline to record it)")
-        return self.status
+        return self.status.value
 
     @property
     def only_improvements(self) -> bool:
@@ -76,7 +90,7 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
     now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
     for key, (_, sites) in keyed.items():
         for s, per_step in sites:
-            now_lines[key][s.line] = (stable_file(s.file), per_step, s.fix)
+            now_lines[key][s.line] = (stable_file(s.file), per_step, s.advice)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):
@@ -84,18 +98,20 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
         entry = base.get(key)
         was = entry["per_step"] if entry else 0.0
         margin = entry.get("margin", 0.0) if entry else 0.0
-        file, line, fix = _where(now_lines.get(key, {}), entry)
+        file, line, advice = _where(now_lines.get(key, {}), entry)
         if entry is None:
             if now > 0:
-                problems.append(Problem("new site", f"new sync site: {key} ({now:g}/step)",
-                                        file, line, key, fix))
+                problems.append(Problem(ProblemKind.NEW_SITE,
+                                        f"new sync site: {key} ({now:g}/step)",
+                                        file, line, key, advice))
         elif now > was + margin + 1e-9:
-            problems.append(Problem("more syncs", f"more syncs: {key}: {was:g} -> {now:g}/step",
-                                    file, line, key, fix))
+            problems.append(Problem(ProblemKind.MORE_SYNCS,
+                                    f"more syncs: {key}: {was:g} -> {now:g}/step",
+                                    file, line, key, advice))
         elif now < was - 1e-9:
-            kind = "site gone" if now == 0 else "fewer syncs"
+            kind = ProblemKind.SITE_GONE if now == 0 else ProblemKind.FEWER_SYNCS
             problems.append(Problem(kind, f"fewer syncs (update the baseline): {key}: "
-                                          f"{was:g} -> {now:g}/step", file, line, key, fix))
+                                          f"{was:g} -> {now:g}/step", file, line, key, advice))
     return problems
 
 
@@ -106,8 +122,8 @@ def _where(lines: dict[int, tuple[str, float, str]], entry: dict | None) -> tupl
         known = set(entry.get("lines") or []) if entry else set()
         new = sorted(n for n in lines if n not in known)
         line = new[0] if new else max(lines, key=lambda n: (lines[n][1], -n))
-        file, _, fix = lines[line]
-        return file, line, fix
+        file, _, advice = lines[line]
+        return file, line, advice
     if entry:
         return entry.get("file", ""), (entry.get("lines") or [0])[0], entry.get("fix", "")
     return "", 0, ""
@@ -115,32 +131,32 @@ def _where(lines: dict[int, tuple[str, float, str]], entry: dict | None) -> tupl
 
 # -- timing ------------------------------------------------------------------------------------
 def judge_timing(base: list[float], new: list[float], factor: float, p_max: float,
-                 max_noise: float, min_samples: int = 10) -> tuple[str, str]:
+                 max_noise: float, min_samples: int = 10) -> tuple[GateStatus, str]:
     if len(base) < min_samples or len(new) < min_samples:
-        return CANNOT_JUDGE, (f"too few timing samples ({len(base)} baseline, {len(new)} now; "
-                              f"need {min_samples})")
+        return GateStatus.CANNOT_JUDGE, (
+            f"too few timing samples ({len(base)} baseline, {len(new)} now; need {min_samples})")
     noise = max(relative_iqr(base), relative_iqr(new))
     if noise > max_noise:
-        return CANNOT_JUDGE, (f"timings too noisy to judge: relative IQR {noise:.1%} > "
-                              f"{max_noise:.0%}")
+        return GateStatus.CANNOT_JUDGE, (
+            f"timings too noisy to judge: relative IQR {noise:.1%} > {max_noise:.0%}")
     ratio = statistics.median(new) / statistics.median(base)
     p = mann_whitney_greater(new, base)
     if ratio > factor and p < p_max:
-        return REGRESSION, f"slower: median {ratio:.3f}x the baseline (p={p:.2g})"
-    return PASS, f"step time {ratio:.3f}x the baseline (p={p:.2g}): within the gate"
+        return GateStatus.REGRESSION, f"slower: median {ratio:.3f}x the baseline (p={p:.2g})"
+    return GateStatus.PASS, f"step time {ratio:.3f}x the baseline (p={p:.2g}): within the gate"
 
 
-def combine(problems: list[Problem], timing: tuple[str, str] | None) -> Verdict:
+def combine(problems: list[Problem], timing: tuple[GateStatus, str] | None) -> Verdict:
     verdict = Verdict(problems=list(problems))
     if problems:
-        verdict.status = REGRESSION
+        verdict.status = GateStatus.REGRESSION
     if timing is not None:
         status, message = timing
-        if status == REGRESSION:
-            verdict.status = REGRESSION
-            verdict.problems.append(Problem("slower", message))
-        elif status == CANNOT_JUDGE and verdict.status == PASS:
-            verdict.status = CANNOT_JUDGE
+        if status is GateStatus.REGRESSION:
+            verdict.status = GateStatus.REGRESSION
+            verdict.problems.append(Problem(ProblemKind.SLOWER, message))
+        elif status is GateStatus.CANNOT_JUDGE and verdict.status is GateStatus.PASS:
+            verdict.status = GateStatus.CANNOT_JUDGE
             verdict.notes.append(message)
         else:
             verdict.notes.append(message)
@@ -178,7 +194,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
                               "it again with as many")
     mode = mode or data.get("mode", "auto")
     if mode == "cuda" and not torch.cuda.is_available():
-        return Verdict(status=CANNOT_JUDGE,
+        return Verdict(status=GateStatus.CANNOT_JUDGE,
                        notes=["the baseline was measured on a GPU; this machine has none"])
     recorded = data.get("target") or None
     if target is None or (recorded is not None and _same_target(target, recorded)):
@@ -201,7 +217,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
 
 
 def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple,
-                      rule: Rule, lead) -> tuple[str, str]:
+                      rule: Rule, lead) -> tuple[GateStatus, str]:
     """The step times of an unscanned run against the baseline's (a GPU's only)."""
     import torch
 
@@ -211,7 +227,7 @@ def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple
         raise errors.BadInput(f"baseline {baseline_path} has no timing samples "
                               "(record them with `gpusync baseline --timing`)")
     if not torch.cuda.is_available():
-        return CANNOT_JUDGE, "no GPU: step times are not gated on a CPU"
+        return GateStatus.CANNOT_JUDGE, "no GPU: step times are not gated on a CPU"
     base = data["timing"]["samples_ms"]
     now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead,
                           script_args=script_args)

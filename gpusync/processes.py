@@ -46,8 +46,8 @@ T = TypeVar("T")
 
 class Terminated(BaseException):
     """SIGTERM or SIGHUP reached gpusync while a child ran: gpusync unwinds as for Ctrl-C and
-    exits 128 + the signal's number (README "Exit codes"). Not an Exception: no `except
-    Exception` on the way stops it."""
+    exits 128 + the signal's number (docs/commands/common.md#exit-codes). Not an Exception:
+    no `except Exception` on the way stops it."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

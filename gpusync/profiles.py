@@ -16,7 +16,7 @@ _CANDIDATE_KEYS = {"name": str, "args": dict, "approximate": bool, "note": str}
 
 
 @dataclass
-class Candidate:
+class ProfileCandidate:
     """One setting `gpusync tune` tries: the factory's args on top of the profile's."""
     name: str
     args: dict
@@ -141,7 +141,7 @@ def _knobs(tune: dict, source: str) -> list[str]:
     return list(knobs)
 
 
-def _candidates(tune: dict, source: str) -> list[Candidate]:
+def _candidates(tune: dict, source: str) -> list[ProfileCandidate]:
     if not tune:
         return []
     _check_keys(tune, _TUNE_KEYS, f"profile {source}: tune")
@@ -151,7 +151,7 @@ def _candidates(tune: dict, source: str) -> list[Candidate]:
     if not raw:
         raise BadInput(f"profile {source}: tune.candidates must list at least one candidate "
                        "(the first is the baseline)")
-    out: list[Candidate] = []
+    out: list[ProfileCandidate] = []
     for i, item in enumerate(raw):
         where = f"profile {source}: tune.candidates[{i}]"
         if not isinstance(item, dict):
@@ -162,7 +162,7 @@ def _candidates(tune: dict, source: str) -> list[Candidate]:
         _check_names(item.get("args") or {}, f"{where}: args")
         if any(c.name == item["name"] for c in out):
             raise BadInput(f"{where}: duplicate candidate name '{item['name']}'")
-        out.append(Candidate(item["name"], dict(item.get("args") or {}),
+        out.append(ProfileCandidate(item["name"], dict(item.get("args") or {}),
                              item.get("approximate", False), item.get("note", "")))
     if out[0].approximate:
         raise BadInput(f"profile {source}: the baseline (first candidate) cannot be approximate")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
@@ -90,8 +91,8 @@ class Process:
 @dataclass(frozen=True)
 class SiteKey:
     """A site's one identity: the events with one key are one site (build_report), the ranks'
-    sites with one key are one merged site (runs/merge.py). The remedy is part of it: one
-    library line reached along two paths with remedies of their own (torchrec's _safe_tolist
+    sites with one key are one merged site (runs/merge.py). The advice is part of it: one
+    library line reached along two paths with advice of their own (torchrec's _safe_tolist
     for a KJT's lengths and for the fused splits) is two sites. Its views: `stable` for
     baselines, `place` for fix's patched copies, `named` for the cost model."""
 
@@ -102,7 +103,7 @@ class SiteKey:
     file: str
     line: int
     library: tuple[str, int] | None  # the library line's file and line
-    fix: str
+    advice: str
     process: str | None = None  # a spawned process's name (Process.stable_name)
     function: str = field(default="", compare=False)  # the user's function, for `stable`
 
@@ -111,7 +112,7 @@ class SiteKey:
         loc = e.location or Frame("", 0, "")
         lib = e.library
         return cls(e.op, e.phase, e.hook, e.module, loc.file, loc.line,
-                   (lib.file, lib.line) if lib is not None else None, e.fix,
+                   (lib.file, lib.line) if lib is not None else None, e.advice,
                    function=loc.function)
 
     def stable(self, rank: str | None = None) -> str:
@@ -150,7 +151,7 @@ class Site:
     count: int = 0  # every occurrence, warm-up and tail included
     per_step: float = 0.0  # mean per measured step
     stall_ms: float | None = None  # total host stall over the measured steps (GPU only)
-    fix: str = ""
+    advice: str = ""
     hook: str | None = None
     detail: str = ""
     # the library line that synced beneath the user's: None when the user's own line synced
@@ -179,9 +180,16 @@ class Site:
     def key(self) -> SiteKey:
         lib = self.library
         return SiteKey(self.op, self.phase, self.hook, self.module, self.file, self.line,
-                       (lib.file, lib.line) if lib is not None else None, self.fix,
+                       (lib.file, lib.line) if lib is not None else None, self.advice,
                        self.process.stable_name if self.process is not None else None,
                        function=self.function)
+
+    @property
+    def fix(self) -> str:
+        """The advice under its old name (gpusync.Site is public API): kept for one release."""
+        warnings.warn("Site.fix is deprecated and will be removed: read Site.advice",
+                      DeprecationWarning, stacklevel=2)
+        return self.advice
 
     @property
     def where(self) -> str:
@@ -198,8 +206,8 @@ class Site:
         return self.library.short if self.library is not None else ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The site's JSON form (schemas/scan.schema.json)."""
-        d = _lists(asdict(self))
+        """The site's JSON form (schemas/scan.schema.json), whose key for the advice is "fix"."""
+        d = {("fix" if k == "advice" else k): v for k, v in _lists(asdict(self)).items()}
         d["process"] = self.process.label if self.process is not None else None
         return d
 
@@ -370,7 +378,7 @@ def _site(key: SiteKey, evs: list[SyncEvent], first: int, end: int,
         line=key.line, function=key.function, frames=tuple(first_ev.frames),
         count=len(evs), per_step=len(inside) / (end - first),
         stall_ms=round(sum(stalls), 4) if stalls else None,
-        fix=first_ev.fix, detail=first_ev.detail,
+        advice=first_ev.advice, detail=first_ev.detail,
         library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
         setup=setup, after=after, in_steps=len(seen),
         period=SETUP if setup else (BOTH_ENDS if before else AFTER) if after else (

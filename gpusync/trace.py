@@ -2,7 +2,7 @@
 
 One process, four tracks on the host's timeline: the steps (slices, warm-up marked), the
 phases inside them (top-level forward, backward, optimizer step: slices), every sync (an
-instant event carrying its op, phase, site, library line, fix and whether it was predicted),
+instant event carrying its op, phase, site, library line, advice and whether it was predicted),
 and on a GPU each sync's host stall (a slice as long as the stall). Timestamps are
 microseconds since the scan began. Opens in ui.perfetto.dev and chrome://tracing; the format
 is the Trace Event Format's JSON object form ({"traceEvents": [...], ...}).
@@ -52,7 +52,7 @@ def _sync(event) -> dict[str, Any]:
             "site": f"{where.file}:{where.line}" if where else "<unknown>",
             "function": where.function if where else "", "module": event.module or "",
             "library": f"{lib.file}:{lib.line} {lib.function}" if lib else "",
-            "fix": event.fix}
+            "fix": event.advice}
     if event.hook:
         args["hook"] = event.hook
     if event.detail:

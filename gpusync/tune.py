@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from .bench.harness import Stepper, TechniqueResult, Variant, run_technique, workload_step
 from .errors import BadInput, GpusyncError, UserCodeError
-from .profiles import Candidate, Profile
+from .profiles import Profile, ProfileCandidate
 from .stats import Samples, mann_whitney_greater
 from .targets import (
     FactoryTarget,
@@ -37,7 +37,7 @@ SELF_CHECKS = 2  # extra runs of the reference, to see how far it differs from i
 NOISE_HEADROOM = 4.0  # a candidate may differ this many times the reference's own difference
 
 
-class Status(enum.Enum):
+class CandidateStatus(enum.Enum):
     """Where a candidate stands after the decision."""
 
     REFERENCE = "reference"  # the unchanged settings every candidate is compared with
@@ -50,24 +50,39 @@ class Status(enum.Enum):
 
     @property
     def rejected(self) -> bool:
-        return self in (Status.DIFFERS, Status.REJECTED, Status.NOT_CONSIDERED)
+        return self in (CandidateStatus.DIFFERS, CandidateStatus.REJECTED,
+                        CandidateStatus.NOT_CONSIDERED)
+
+
+class RunStatus(enum.Enum):
+    """Whether a script tune's candidate ran (tune_script.CandidateRun); how it fared against
+    the baseline is its CandidateStatus. The values are the JSON's candidate "status", a
+    profile's candidates' too (reporters/tune.py, script_tune.py)."""
+
+    NOT_RUN = "not_run"  # unavailable here, or not reached
+    RUN = "run"
+    FAILED = "failed"
+    NOT_APPLICABLE = "not_applicable"  # cannot serve what the script built
+    CHOSEN = "chosen"  # chosen by the decision, or the only candidate (nothing to tune)
+    REJECTED = "rejected"  # ran, and the decision rejected it (the JSON's status only)
 
 
 # how each verdict's line begins (the JSON's `verdicts`): written from the status, never read
-_PREFIX = {Status.CHOSEN: "chosen: ", Status.QUALIFIED: "", Status.DIFFERS: "rejected: ",
-           Status.REJECTED: "rejected: ", Status.NOT_CONSIDERED: "not considered: ",
-           Status.NOT_FASTER: "not clearly faster: "}
+_PREFIX = {CandidateStatus.CHOSEN: "chosen: ", CandidateStatus.QUALIFIED: "",
+           CandidateStatus.DIFFERS: "rejected: ", CandidateStatus.REJECTED: "rejected: ",
+           CandidateStatus.NOT_CONSIDERED: "not considered: ",
+           CandidateStatus.NOT_FASTER: "not clearly faster: "}
 
 
 @dataclass(frozen=True)
 class CandidateVerdict:
-    status: Status
+    status: CandidateStatus
     reason: str = ""
 
     @property
     def text(self) -> str:
         """One line: why (not) chosen, as the JSON and the tables print it."""
-        if self.status is Status.REFERENCE:
+        if self.status is CandidateStatus.REFERENCE:
             return "baseline"
         return _PREFIX[self.status] + self.reason
 
@@ -87,8 +102,8 @@ class Decision:
         return {name: v.text for name, v in self.outcomes.items()}
 
 
-def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_approximate: bool,
-           tolerance: float, p_max: float, min_gain: float,
+def decide(result: TechniqueResult, candidates: dict[str, ProfileCandidate],
+           allow_approximate: bool, tolerance: float, p_max: float, min_gain: float,
            again_ms: list[float] | None = None) -> Decision:
     """Pure: the measured result in, the choice and a verdict per candidate out. `again_ms`:
     the reference timed again after the candidates; a candidate must beat that run too, so a
@@ -98,12 +113,13 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
     if not math.isfinite(noise):  # NaN losses, or a shape that changes from run to run
         unjudged = ("the baseline's own results are not finite or not repeatable, "
                     "so no candidate can be shown to keep them")
-        outcomes = {m.name: CandidateVerdict(Status.REJECTED, unjudged)
+        outcomes = {m.name: CandidateVerdict(CandidateStatus.REJECTED, unjudged)
                     for m in result.variants if m is not reference}
-        outcomes[reference.name] = CandidateVerdict(Status.CHOSEN, f"baseline ({unjudged})")
+        outcomes[reference.name] = CandidateVerdict(CandidateStatus.CHOSEN,
+                                                    f"baseline ({unjudged})")
         return Decision(reference.name, outcomes, allowance=math.inf)
     allowance = max(tolerance, NOISE_HEADROOM * noise)
-    outcomes = {reference.name: CandidateVerdict(Status.REFERENCE)}
+    outcomes = {reference.name: CandidateVerdict(CandidateStatus.REFERENCE)}
     qualified: list[str] = []
     best, best_gain = reference, 0.0
     for m in result.variants:
@@ -112,44 +128,44 @@ def decide(result: TechniqueResult, candidates: dict[str, Candidate], allow_appr
         verdict = _judge(m, reference, candidates[m.name], allowance, allow_approximate,
                          p_max, min_gain, again_ms)
         outcomes[m.name] = verdict
-        if verdict.status is Status.QUALIFIED:
+        if verdict.status is CandidateStatus.QUALIFIED:
             qualified.append(m.name)
             gain = 1.0 - m.p50_ms / reference.p50_ms
             if gain > best_gain:
                 best, best_gain = m, gain
     if best is reference:
         outcomes[reference.name] = CandidateVerdict(
-            Status.CHOSEN, "baseline (no candidate clearly faster with parity)")
+            CandidateStatus.CHOSEN, "baseline (no candidate clearly faster with parity)")
     else:
-        outcomes[best.name] = CandidateVerdict(Status.CHOSEN, outcomes[best.name].reason)
+        outcomes[best.name] = CandidateVerdict(CandidateStatus.CHOSEN, outcomes[best.name].reason)
     return Decision(best.name, outcomes, best_gain, 1.0 - best.p90_ms / reference.p90_ms,
                     allowance, qualified)
 
 
-def _judge(m, reference, candidate: Candidate, allowance: float, allow_approximate: bool,
+def _judge(m, reference, candidate: ProfileCandidate, allowance: float, allow_approximate: bool,
            p_max: float, min_gain: float, again_ms: list[float] | None) -> CandidateVerdict:
     """One candidate against the reference: parity first, then a clear speed-up."""
     if m.max_diff is None or m.max_diff > allowance:
         if not candidate.approximate:
-            return CandidateVerdict(Status.DIFFERS,
+            return CandidateVerdict(CandidateStatus.DIFFERS,
                                     f"results differ from the baseline ({m.parity})")
         if not allow_approximate:
-            return CandidateVerdict(Status.NOT_CONSIDERED, f"approximate ({m.parity}); "
+            return CandidateVerdict(CandidateStatus.NOT_CONSIDERED, f"approximate ({m.parity}); "
                                     "--allow-approximate to consider it")
     gain = 1.0 - m.p50_ms / reference.p50_ms
     p = mann_whitney_greater(reference.samples_ms, m.samples_ms)
     if gain < min_gain or p >= p_max:
-        return CandidateVerdict(Status.NOT_FASTER, f"median {_speed(gain)}, p={p:.2g} "
+        return CandidateVerdict(CandidateStatus.NOT_FASTER, f"median {_speed(gain)}, p={p:.2g} "
                                 f"(needs {min_gain:.0%} faster and p < {p_max:g})")
     if again_ms:
         gain_again = 1.0 - m.p50_ms / Samples("again", again_ms).median
         p_again = mann_whitney_greater(again_ms, m.samples_ms)
         if gain_again < min_gain or p_again >= p_max:
-            return CandidateVerdict(Status.NOT_FASTER, (
+            return CandidateVerdict(CandidateStatus.NOT_FASTER, (
                 f"median {_speed(gain)} (p={p:.2g}) but {faster(gain_again)} than the "
                 f"baseline timed again at the end (p={p_again:.2g}): the machine's speed "
                 "drifted"))
-    return CandidateVerdict(Status.QUALIFIED, f"median {_speed(gain)}, p={p:.2g}")
+    return CandidateVerdict(CandidateStatus.QUALIFIED, f"median {_speed(gain)}, p={p:.2g}")
 
 
 def _speed(gain: float) -> str:
@@ -166,7 +182,8 @@ def load_tunable(target_text: str | None) -> tuple[FactoryTarget, Profile]:
     profile = getattr(target, "profile", None)
     if profile is None or not profile.candidates:
         raise BadInput(f"'{target_text or DEFAULT_TARGET}' has no tune.candidates: tune needs "
-                       "a profile that lists the settings to try (see README, 'gpusync tune')")
+                       "a profile that lists the settings to try (see "
+                       "docs/commands/tune.md#profiles)")
     check_requires(target)
     return target, profile
 
@@ -181,7 +198,7 @@ def _user_error(candidate: str, what: str, e: BaseException) -> UserCodeError:
 def candidate_variants(target: FactoryTarget, profile: Profile, device: str) -> list[Variant]:
     factory = load_factory(target.spec)
 
-    def make(candidate: Candidate):
+    def make(candidate: ProfileCandidate):
         def build():
             try:
                 workload = call_factory(factory, {**target.args, **candidate.args}, device)

@@ -25,16 +25,17 @@ from .knobs.tuned_file import KIND, load_tuned  # noqa: F401  (gpusync run and f
 from .progress import Progress
 from .report import Report
 from .runs import agree
+from .tune import RunStatus
 
 SEED = 0  # every run of every candidate starts from it (runs/candidate_child.seed_everything)
 
 
 @dataclass
-class Run:
+class CandidateRun:
     """One candidate's outcome."""
 
-    candidate: knobs.Candidate
-    status: str = "not_run"  # run | failed | not_applicable | not_run (then chosen/rejected)
+    candidate: knobs.KnobCandidate
+    status: RunStatus = RunStatus.NOT_RUN
     reason: str = ""
     samples_ms: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -55,7 +56,7 @@ class ScriptTune:
     command: str
     device: str
     builds: dict
-    runs: list[Run]
+    runs: list[CandidateRun]
     block: int = 1
     baseline_again_ms: list[float] = field(default_factory=list)
     # the baseline's losses against its own second run (None: not measured): 0.0 when the
@@ -67,7 +68,7 @@ class ScriptTune:
 
 
 @dataclass
-class Plan:
+class TunePlan:
     """What every candidate runs: `repeats` samples of `block` steps after `warmup` steps
     (a scanned run: `scan_steps` steps after the warm-up)."""
 
@@ -98,7 +99,7 @@ class Plan:
         return os.path.join(self.folder, f"{len(os.listdir(self.folder))}-record.pt")
 
 
-def tune_script(plan: Plan, rule: dict, progress: Progress | None = None, lead=None
+def tune_script(plan: TunePlan, rule: dict, progress: Progress | None = None, lead=None
                 ) -> ScriptTune:
     """rule: tune.decide's allow_approximate, tolerance, p_max, min_gain. Under torchrun,
     `lead` (runs.Lockstep) runs each candidate on every rank."""
@@ -117,30 +118,30 @@ CPU_DECIDES = ("no GPU: this run decides parity and syncs per step (exact on the
                "once, untimed")
 
 
-def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
+def _tune(plan: TunePlan, rule: dict, progress: Progress, lead) -> ScriptTune:
     tune = _discover(plan, progress, lead)
     if len(tune.runs) == 1:  # nothing to compare: no need to time the script
         tune.notes.append("nothing to tune: the script builds nothing gpusync has knobs for (a "
                           "torchrec train pipeline, an fbgemm EXACT_SGD TBE with the writeback "
                           "hook); try your own settings with --knob env:NAME=.. or "
                           "arg:--flag=..")
-        tune.runs[0].status = "chosen"
+        tune.runs[0].status = RunStatus.CHOSEN
         return tune
     todo = [r for r in tune.runs if not (r.candidate.not_applicable or r.candidate.unavailable)]
     for r in tune.runs:
         if r.candidate.not_applicable:
-            r.status, r.reason = "not_applicable", r.candidate.not_applicable
+            r.status, r.reason = RunStatus.NOT_APPLICABLE, r.candidate.not_applicable
         elif r.candidate.unavailable:
-            r.status, r.reason = "not_run", r.candidate.unavailable
+            r.status, r.reason = RunStatus.NOT_RUN, r.candidate.unavailable
     cuda = plan.mode == "cuda"
     timed = [r for r in todo[1:] if cuda or not r.candidate.gpu_speed_only]
     if timed:
         plan = _measure_baseline(tune, todo, plan, progress, lead)
-        if todo[0].status == "failed":  # nothing can be compared with it
+        if todo[0].status is RunStatus.FAILED:  # nothing can be compared with it
             progress.close()
             return tune
     else:  # nothing this device can time: the scanned run is the baseline's one run
-        todo[0].status, todo[0].steps_run = "run", plan.warmup + plan.scan_steps
+        todo[0].status, todo[0].steps_run = RunStatus.RUN, plan.warmup + plan.scan_steps
     for k, run in enumerate(todo[1:], 2):
         _measure(run, k, len(todo), plan, progress, lead, timed=run in timed)
     again = _Again(tune, plan, progress, lead)
@@ -152,7 +153,7 @@ def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     tune.result, tune.decision = _decide(tune, noise, rule)
     extra = knobs.combined(_group_winners(tune, plan.extra), tune.builds, cuda, plan.extra)
     if extra is not None and all(r.candidate.name != extra.name for r in tune.runs):
-        run = Run(extra)
+        run = CandidateRun(extra)
         tune.runs.append(run)
         _measure(run, 1, 1, plan, progress, lead)
         _judge_parity(tune, plan, again)
@@ -162,11 +163,11 @@ def _tune(plan: Plan, rule: dict, progress: Progress, lead) -> ScriptTune:
     return tune
 
 
-def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
+def _notes(tune: ScriptTune, noise: float | None, plan: TunePlan) -> None:
     from .knobs.torchrec import PIPELINE
 
     _note_noise(tune, noise)
-    ran = [r for r in tune.runs[1:] if r.status == "run" and r.record is not None]
+    ran = [r for r in tune.runs[1:] if r.status is RunStatus.RUN and r.record is not None]
     base = tune.runs[0].record
     tune.runs[0].parity = "identical" if base is not None else None  # the reference
     if ran and base is not None:
@@ -178,8 +179,9 @@ def _notes(tune: ScriptTune, noise: float | None, plan: Plan) -> None:
     if plan.mode == "cuda":
         return
     tune.notes.append(CPU_DECIDES.replace("run once, untimed", "ran once, untimed"))
-    if any(r.status == "run" and r.candidate.gpu_speed_only and PIPELINE in r.candidate.changed
-           for r in tune.runs):  # only where a pipeline ran: the note is about its streams
+    # only where a pipeline ran: the note is about its streams
+    if any(r.status is RunStatus.RUN and r.candidate.gpu_speed_only
+           and PIPELINE in r.candidate.changed for r in tune.runs):
         tune.notes.append(GPU_SPEED_ONLY)
 
 
@@ -187,7 +189,7 @@ class _Again:
     """The baseline's scanned run made again, once: whether the script repeats its own
     results under the same seeds (baseline_noise, and fix's rule for a difference)."""
 
-    def __init__(self, tune: ScriptTune, plan: Plan, progress: Progress, lead):
+    def __init__(self, tune: ScriptTune, plan: TunePlan, progress: Progress, lead):
         self.tune, self.plan, self.progress, self.lead = tune, plan, progress, lead
         self.record: dict | None = None
         self.ran = False
@@ -209,7 +211,7 @@ class _Again:
         return agree.loss_diff(base["losses"], self.record["losses"])
 
 
-def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
+def _judge_parity(tune: ScriptTune, plan: TunePlan, again: _Again) -> None:
     """Each run candidate against the baseline: gpusync fix's check (runs/agree.py); a
     script that does not repeat itself is judged on its losses within 4x its own noise."""
     from .knobs.pytorch import FUSED
@@ -217,7 +219,7 @@ def _judge_parity(tune: ScriptTune, plan: Plan, again: _Again) -> None:
 
     base = tune.runs[0].record
     for run in tune.runs[1:]:
-        if run.status != "run" or run.record is None or base is None or run.parity:
+        if run.status is not RunStatus.RUN or run.record is None or base is None or run.parity:
             continue
         if not base["losses"]:  # nothing shows it keeps the results (NO_LOSSES says so)
             run.parity = "no losses"
@@ -262,7 +264,7 @@ def _note_noise(tune: ScriptTune, noise: float | None) -> None:
             f"--tolerance and {NOISE_HEADROOM:g}x that difference, not only identical results")
 
 
-def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
+def _discover(plan: TunePlan, progress: Progress, lead) -> ScriptTune:
     """The baseline's scanned run: what the script builds decides the candidates."""
     cuda = plan.mode == "cuda"
     command = "gpusync tune " + shlex.join([plan.target, *(["--", *plan.script_args]
@@ -277,19 +279,19 @@ def _discover(plan: Plan, progress: Progress, lead) -> ScriptTune:
                             + (f"\n{base_scan.output}" if base_scan.output else ""))
     cands = knobs.candidates(base_scan.builds, cuda, plan.extra)
     tune = ScriptTune(plan.target, command, "cuda" if cuda else "cpu", base_scan.builds,
-                      [Run(c) for c in cands], block=plan.block)
+                      [CandidateRun(c) for c in cands], block=plan.block)
     tune.runs[0].report = base_scan.report
     tune.runs[0].record = agree.load(path) if os.path.exists(path) else None
     return tune
 
 
-def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: Progress,
-                      lead) -> Plan:
+def _measure_baseline(tune: ScriptTune, todo: list[CandidateRun], plan: TunePlan,
+                      progress: Progress, lead) -> TunePlan:
     """Time the baseline (always runnable); a script that runs fewer steps than the plan
     needs is timed again with smaller samples (the plan then used for every candidate)."""
     _measure(todo[0], 1, len(todo), plan, progress, lead)
     fitted = _fit(plan, todo[0].steps_run)
-    if todo[0].status == "failed" and fitted is not None:
+    if todo[0].status is RunStatus.FAILED and fitted is not None:
         tune.notes.append(f"the script runs {todo[0].steps_run} whole steps, fewer than "
                           f"--warmup {plan.warmup} + --repeats {plan.repeats} x --steps "
                           f"{plan.block}: a sample is the mean of {fitted.block} steps instead")
@@ -299,10 +301,10 @@ def _measure_baseline(tune: ScriptTune, todo: list[Run], plan: Plan, progress: P
     return plan
 
 
-def _time_again(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> None:
+def _time_again(tune: ScriptTune, plan: TunePlan, progress: Progress, lead) -> None:
     """The baseline timed again after the candidates: a machine whose speed drifted cannot
     make a win."""
-    if tune.runs[0].status != "run":
+    if tune.runs[0].status is not RunStatus.RUN:
         return
     progress.stage("baseline timed again (the machine's drift)", plan.steps_needed)
     again, failure = runs.candidate(plan.job({}, False), plan.timeout, progress, lead)
@@ -310,14 +312,14 @@ def _time_again(tune: ScriptTune, plan: Plan, progress: Progress, lead) -> None:
         tune.baseline_again_ms = list(again.samples_ms)
 
 
-def _fit(plan: Plan, steps_run: int) -> Plan | None:
+def _fit(plan: TunePlan, steps_run: int) -> TunePlan | None:
     """The plan with the largest block that fits `repeats` samples into a script that runs
     `steps_run` whole steps; None when not even one-step samples fit, or nothing changes."""
     block = (steps_run - plan.warmup) // plan.repeats
     return None if block < 1 or block >= plan.block else dataclasses.replace(plan, block=block)
 
 
-def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None,
+def _measure(run: CandidateRun, k: int, n: int, plan: TunePlan, progress: Progress, lead=None,
              timed: bool = True) -> None:
     """Timed without detection (when this device can time it), then scanned, recording
     what parity compares."""
@@ -342,24 +344,24 @@ def _measure(run: Run, k: int, n: int, plan: Plan, progress: Progress, lead=None
         if not timed:
             measured = scanned
     if failure is not None:
-        run.status, run.reason, run.output = "failed", failure, tail
+        run.status, run.reason, run.output = RunStatus.FAILED, failure, tail
         progress.note(f"candidate {k}/{n} {name}: failed: {failure}")
         return
-    run.status, run.samples_ms, run.losses = "run", measured.samples_ms, measured.losses
+    run.status, run.samples_ms, run.losses = RunStatus.RUN, measured.samples_ms, measured.losses
     run.steps_run, run.reason = measured.steps_run, ""
     run.peak_alloc_mb, run.peak_reserved_mb = measured.peak_alloc_mb, measured.peak_reserved_mb
     if timed and len(run.samples_ms) < plan.repeats:
-        run.status, run.reason = "failed", (
+        run.status, run.reason = RunStatus.FAILED, (
             f"only {len(run.samples_ms)} of {plan.repeats} samples: it ran {run.steps_run} "
             f"whole steps and needs {plan.steps_needed} (--warmup + --repeats x --steps)")
 
 
-def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
+def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.KnobCandidate]:
     """Per knob group, the fastest candidate that kept parity and clearly beat the baseline."""
     if tune.decision is None or tune.result is None:
         return []
     p50 = {m.name: m.p50_ms for m in tune.result.variants}
-    best: dict[str, knobs.Candidate] = {}
+    best: dict[str, knobs.KnobCandidate] = {}
     for run in tune.runs:
         c = run.candidate
         if c.name not in tune.decision.qualified:
@@ -373,14 +375,14 @@ def _group_winners(tune: ScriptTune, extra: tuple) -> list[knobs.Candidate]:
 def _decide(tune: ScriptTune, noise: float | None, rule: dict):
     """Parity is _judge_parity's; speed is tune.decide's, among the timed candidates (a CPU
     times none whose gain is a GPU's: those keep their parity verdict, never chosen)."""
-    from .tune import CandidateVerdict, Decision, Status
+    from .tune import CandidateStatus, CandidateVerdict, Decision
 
-    ran = [r for r in tune.runs if r.status == "run"]
+    ran = [r for r in tune.runs if r.status is RunStatus.RUN]
     if not ran or ran[0] is not tune.runs[0]:
         return None, None
     unchanged = ran[0]  # the script as it is
     result, decision = None, Decision(unchanged.candidate.name, {
-        unchanged.candidate.name: CandidateVerdict(Status.CHOSEN, "baseline (no candidate "
+        unchanged.candidate.name: CandidateVerdict(CandidateStatus.CHOSEN, "baseline (no candidate "
                                                    "this device can time)")})
     if unchanged.samples_ms:
         result, decision = _timed_decision(tune, [r for r in ran if r.samples_ms], noise, rule)
@@ -397,27 +399,28 @@ def _decide(tune: ScriptTune, noise: float | None, rule: dict):
         if NO_LOSSES not in tune.notes:
             tune.notes.append(NO_LOSSES)
         for name, verdict in decision.outcomes.items():
-            if verdict.status is Status.DIFFERS:
+            if verdict.status is CandidateStatus.DIFFERS:
                 decision.outcomes[name] = CandidateVerdict(
-                    Status.REJECTED, "no losses to compare with the baseline's")
+                    CandidateStatus.REJECTED, "no losses to compare with the baseline's")
     return result, decision
 
 
-def _untimed_verdict(run: Run, allow_approximate: bool):
-    from .tune import CandidateVerdict, Status
+def _untimed_verdict(run: CandidateRun, allow_approximate: bool):
+    from .tune import CandidateStatus, CandidateVerdict
 
     if run.parity_kept:
         return None
     if not run.candidate.approximate:
-        return CandidateVerdict(Status.DIFFERS, f"results differ from the baseline ({run.parity})")
+        return CandidateVerdict(CandidateStatus.DIFFERS,
+                                f"results differ from the baseline ({run.parity})")
     if not allow_approximate:
-        return CandidateVerdict(Status.NOT_CONSIDERED, f"approximate ({run.parity}); "
+        return CandidateVerdict(CandidateStatus.NOT_CONSIDERED, f"approximate ({run.parity}); "
                                 "--allow-approximate to consider it")
     return None
 
 
-def _timed_decision(tune: ScriptTune, timed: list[Run], noise: float | None, rule: dict):
-    from .profiles import Candidate
+def _timed_decision(tune: ScriptTune, timed: list[CandidateRun], noise: float | None, rule: dict):
+    from .profiles import ProfileCandidate
     from .tune import decide
 
     unchanged = timed[0]
@@ -431,7 +434,7 @@ def _timed_decision(tune: ScriptTune, timed: list[Run], noise: float | None, rul
     result = TechniqueResult("tune", tune.device, unchanged.candidate.name, variants,
                              steps=tune.block, repeats=len(unchanged.samples_ms),
                              reference_noise=noise)
-    cands = {r.candidate.name: Candidate(r.candidate.name, {}, r.candidate.approximate)
+    cands = {r.candidate.name: ProfileCandidate(r.candidate.name, {}, r.candidate.approximate)
              for r in timed}
     return result, decide(result, cands, **{**rule, "tolerance": 0.0},
                           again_ms=tune.baseline_again_ms or None)

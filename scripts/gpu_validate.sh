@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU validation (developer tool, not imported by the package): run on a machine with CUDA.
 # Runs the GPU-marked tests, the CPU-vs-CUDA corpus comparison, the scanner's overhead in cuda
-# mode, and every technique with --device cuda; writes raw outputs under ${OUT:-gpu-results}/.
+# mode, and every technique with --mode cuda; writes raw outputs under ${OUT:-gpu-results}/.
 # The lent GPU machines have torch but not torchrec / fbgemm-gpu: those parts report "not run".
 # Eight files at most: what the device tool brings back from $OUT.
 set -uo pipefail
@@ -19,9 +19,9 @@ TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not
 $PY -m gpusync scan --mode cuda --format json -o "$OUT/scan-sparsenn-cuda.json"
 $PY -m gpusync scan --mode simulate --format json -o "$OUT/scan-sparsenn-simulate.json"
 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$OUT/overhead-cuda.json"
-$PY -m gpusync bench all --device cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
-$PY -m gpusync bench all --device cuda --format json > "$OUT/bench-all-cuda.json" 2>&1
+$PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
+$PY -m gpusync bench all --mode cuda --format json > "$OUT/bench-all-cuda.json" 2>&1
 for profile in writeback sparsenn_pipeline; do
-  $PY -m gpusync tune $profile --device cuda --allow-approximate --format markdown
+  $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
 done > "$OUT/tune-cuda.md" 2>&1
 echo "results in $OUT/"

@@ -5,9 +5,8 @@ import json
 
 import click
 
-from ..detect.session import MODES
 from .common import scan_or_fail, under_torchrun
-from .options import Finite, verbosity_options
+from .options import Finite, mode_option, verbosity_options
 
 
 @click.command("baseline")
@@ -18,7 +17,7 @@ from .options import Finite, verbosity_options
               show_default=True)
 @click.option("--steps", type=click.IntRange(min=1))
 @click.option("--warmup", type=click.IntRange(min=0))
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@mode_option()
 @click.option("--timing", is_flag=True, help="Also record step-time samples (unscanned run).")
 @click.option("--timing-steps", type=click.IntRange(min=10), default=30, show_default=True)
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,

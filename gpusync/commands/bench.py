@@ -5,11 +5,10 @@ from __future__ import annotations
 import click
 
 from .. import errors
-from ..detect.session import MODES
 from ..errors import GpusyncError
 from ..reporters import render_as
 from .common import echo
-from .options import format_option, resolve_device, technique_options, verbosity_options
+from .options import device_of, format_option, mode_option, technique_options, verbosity_options
 
 
 @click.group("bench")
@@ -18,7 +17,7 @@ def bench_group():
     """Time the built-in techniques' naive and optimized forms, or the scanner's overhead."""
 
 
-def run_techniques(names, device, steps, repeats, fmt, every=False) -> str | None:
+def run_techniques(names, mode, steps, repeats, fmt, every=False) -> str | None:
     """The techniques' report. Under torchrun, collectives runs first, on every rank (its
     process group is torchrun's); the others run on rank 0 only; other ranks return None."""
     from ..bench.techniques import TECHNIQUES
@@ -26,7 +25,7 @@ def run_techniques(names, device, steps, repeats, fmt, every=False) -> str | Non
     from ..reporters.bench import BenchRun
     from ..runs import torchrun_env
 
-    device = resolve_device(device)
+    device = device_of(mode)
     env = torchrun_env()
     if env is not None:
         names = sorted(names, key=lambda name: name != "collectives")
@@ -49,8 +48,8 @@ def run_techniques(names, device, steps, repeats, fmt, every=False) -> str | Non
 
 def _technique_command(name: str) -> None:
     @technique_options("bench")
-    def technique_command(device, steps, repeats, fmt):
-        echo(run_techniques([name], device, steps, repeats, fmt))
+    def technique_command(mode, steps, repeats, fmt):
+        echo(run_techniques([name], mode, steps, repeats, fmt))
 
     technique_command.__doc__ = f"Measure the {name} technique's variants (naive first)."
     bench_group.command(name)(verbosity_options(technique_command))
@@ -66,11 +65,11 @@ def _register_techniques() -> None:
 @bench_group.command("all")
 @verbosity_options
 @technique_options("bench")
-def bench_all(device, steps, repeats, fmt):
+def bench_all(mode, steps, repeats, fmt):
     """Measure every technique."""
     from ..bench.techniques import TECHNIQUES
 
-    echo(run_techniques(list(TECHNIQUES), device, steps, repeats, fmt, every=True))
+    echo(run_techniques(list(TECHNIQUES), mode, steps, repeats, fmt, every=True))
 
 
 @bench_group.command("overhead")
@@ -78,7 +77,7 @@ def bench_all(device, steps, repeats, fmt):
 @click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
 @click.option("--profile", default="sparsenn", show_default=True)
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True)
+@mode_option(help="Where the scanned steps run, as for scan.")
 @format_option("overhead", "table")
 def overhead(steps, warmup, profile, mode, fmt):
     """Step time of a profile with and without the scanner, interleaved in one process."""

@@ -8,11 +8,10 @@ import tempfile
 import click
 
 from .. import verbosity
-from ..detect.session import MODES
 from ..errors import BadInput
 from ..reporters import render_as
 from .common import under_torchrun
-from .options import Finite, format_option, verbosity_options
+from .options import Finite, format_option, mode_option, resolved_mode, verbosity_options
 
 
 def _remedy_names() -> list[str]:
@@ -35,8 +34,7 @@ def _remedy_names() -> list[str]:
               help="Measured steps of each run (after warm-up); default: the whole script.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Steps run first and not averaged.")
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
-              help="simulate: run on the virtual CUDA device; cuda: on the GPU.")
+@mode_option(help="simulate: run on the virtual CUDA device; cuda: on the GPU.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seeds set before each run (torch, random, numpy).")
 @click.option("--rtol", type=Finite(min=0), default=0.0, show_default=True,
@@ -60,7 +58,7 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
     The patch's paths are relative to the current directory (`git apply` takes it).
     """
     from .. import outputs
-    from ..fix import Plan, fix_script
+    from ..fix import FixPlan, fix_script
     from ..targets import ScriptTarget, parse_target
 
     if torchrun.env is not None:
@@ -80,7 +78,7 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
 
         settings = load_tuned(tuned)
     with tempfile.TemporaryDirectory(prefix="gpusync-fix-") as folder:
-        plan = Plan(target, tuple(script_args), _mode(mode), steps, warmup,
+        plan = FixPlan(target, tuple(script_args), resolved_mode(mode), steps, warmup,
                     seed, rtol, atol, timeout, folder, settings)
         result = fix_script(plan, tuple(only))
     result.command = _command(click.get_current_context(), target, script_args)
@@ -123,12 +121,3 @@ def _command(ctx: click.Context, target: str, script_args) -> str:
         words += ["--only", name]
     return shlex.join([*words, *(["--", *script_args] if script_args else [])])
 
-
-def _mode(mode: str) -> str:
-    """--mode resolved as the scan resolves it; no CUDA for --mode cuda is bad input."""
-    from ..detect.session import resolve_mode
-
-    try:
-        return resolve_mode(mode)
-    except ValueError:  # the only one left: click checked the choice
-        raise BadInput("--mode cuda needs a CUDA device, and torch sees none") from None

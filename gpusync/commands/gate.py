@@ -3,10 +3,16 @@ from __future__ import annotations
 
 import click
 
-from ..detect.session import MODES
 from ..reporters import render_as
 from .common import SystemExitCode, scan_or_fail, under_torchrun
-from .options import AfterDashes, Finite, format_option, split_dashes, verbosity_options
+from .options import (
+    AfterDashes,
+    Finite,
+    format_option,
+    mode_option,
+    split_dashes,
+    verbosity_options,
+)
 
 
 @click.command("gate", cls=AfterDashes)
@@ -25,7 +31,7 @@ from .options import AfterDashes, Finite, format_option, split_dashes, verbosity
 @format_option("gate", "text")
 @click.option("--steps", type=click.IntRange(min=1))
 @click.option("--warmup", type=click.IntRange(min=0))
-@click.option("--mode", type=click.Choice(MODES), help="Default: the baseline's mode.")
+@mode_option(default=None, help="Default: the baseline's mode.")
 @click.option("--rank-timeout", type=Finite(min=0), default=600.0, show_default=True,
               help="Under torchrun: how long rank 0 waits for the other ranks' reports.")
 @under_torchrun

@@ -4,11 +4,10 @@ from __future__ import annotations
 import click
 
 from .. import errors
-from ..detect.session import MODES
 from ..errors import GpusyncError
 from ..reporters import VIEWS, render
 from .common import raise_user_error, under_torchrun
-from .options import Finite, format_option, verbosity_options
+from .options import Finite, format_option, mode_option, verbosity_options
 
 
 @click.command("scan")
@@ -21,8 +20,7 @@ from .options import Finite, format_option, verbosity_options
 @click.option("--output", "-o", type=click.Path(dir_okay=False), help="Write the report here.")
 @click.option("--max-syncs-per-step", type=click.IntRange(min=0),
               help="Exit 1 when any measured step syncs more often than this.")
-@click.option("--mode", type=click.Choice(MODES), default="auto", show_default=True,
-              help="simulate: predict CUDA syncs on any machine; cuda: observe them on a GPU.")
+@mode_option(help="simulate: predict CUDA syncs on any machine; cuda: observe them on a GPU.")
 @click.option("--show", type=click.Choice(VIEWS), default="user", show_default=True,
               help="Place each site at your line that leads to it, or at the library line "
                    "that synced (tables; JSON has both).")

@@ -8,7 +8,7 @@ from .. import errors, verbosity
 from ..errors import BadInput
 from ..reporters import formats, render_as
 from .common import under_torchrun
-from .options import Finite, resolve_device, technique_options, verbosity_options
+from .options import Finite, device_of, resolved_mode, technique_options, verbosity_options
 
 
 @click.command("tune")
@@ -35,7 +35,7 @@ from .options import Finite, resolve_device, technique_options, verbosity_option
 @click.option("--output", "-o", type=click.Path(dir_okay=False),
               help="Write the tuned settings (YAML) here.")
 @under_torchrun
-def tune_command(target, script_args, device, steps, repeats, fmt, warmup, allow_approximate,
+def tune_command(target, script_args, mode, steps, repeats, fmt, warmup, allow_approximate,
             tolerance, p_max, min_gain, timeout, emit, knob_specs, output, torchrun):
     """Measure settings of TARGET and keep the fastest that keeps its results.
 
@@ -47,7 +47,7 @@ def tune_command(target, script_args, device, steps, repeats, fmt, warmup, allow
     from .. import outputs
 
     outputs.check(target, output=output)  # before minutes of measuring, not after
-    device = resolve_device(device)
+    mode = resolved_mode(mode)
     rule = {"allow_approximate": allow_approximate, "tolerance": tolerance, "p_max": p_max,
             "min_gain": min_gain}
     _warn_unreachable(repeats, p_max)
@@ -61,16 +61,15 @@ def tune_command(target, script_args, device, steps, repeats, fmt, warmup, allow
         if torchrun.env is not None:
             raise BadInput("a profile's tune block runs in one process: run it without "
                            "torchrun (under torchrun, tune a script or factory)")
-        _tune_profile_block(target, device, steps, repeats, rule, fmt, output)
+        _tune_profile_block(target, device_of(mode), steps, repeats, rule, fmt, output)
         return
     from .. import tune_script
     from ..knobs import user
 
     specs = [*(profile.knobs if profile is not None else []), *knob_specs]
     extra = tuple(user.parse(spec, tuple(script_args)) for spec in specs)
-    plan = tune_script.Plan(target, tuple(script_args), "cuda" if device == "cuda" else "simulate",
-                            block=steps, repeats=repeats, warmup=warmup, timeout=timeout,
-                            extra=extra)
+    plan = tune_script.TunePlan(target, tuple(script_args), mode, block=steps, repeats=repeats,
+                                warmup=warmup, timeout=timeout, extra=extra)
     # a rank waits for the others' candidate runs as long as one may take, and a minute
     with torchrun.lead(timeout + 60) as lead:
         tuned = tune_script.tune_script(plan, rule, lead=lead)
@@ -94,6 +93,7 @@ def _show_script_tune(tuned, env, fmt, emit, output) -> None:
     else the verdict (or, --emit, only the chosen settings), and -o the tuned settings."""
     from .. import outputs
     from ..reporters.script_tune import tuned_text
+    from ..tune import RunStatus
 
     if env is not None:
         tuned.command = f"torchrun --nproc_per_node {env.world} -m {tuned.command}"
@@ -101,13 +101,13 @@ def _show_script_tune(tuned, env, fmt, emit, output) -> None:
                            "at once; a sample is the slowest rank's step time, parity holds "
                            "on every rank's losses, syncs per step are the largest rank's")
     unchanged = tuned.runs[0]  # the script as it is
-    if unchanged.status == "failed":
+    if unchanged.status is RunStatus.FAILED:
         raise errors.UserCodeError(f"the script as it is could not be timed: "
                                    f"{unchanged.reason}"
                                    + (f"\n{unchanged.output}" if unchanged.output else ""))
     if verbosity.verbose():  # what each failed candidate printed last, its traceback included
         for run in tuned.runs:
-            if run.status == "failed" and run.output:
+            if run.status is RunStatus.FAILED and run.output:
                 click.echo(f"gpusync tune: candidate {run.candidate.name} failed: {run.reason}\n"
                            f"{run.output}", err=True)
     text = render_as("tune-emit", tuned, emit) if emit else render_as("tune-script", tuned, fmt)

@@ -1,1 +1,2 @@
-"""Sync detection: the event model, the rules, and the modes that produce events."""
+"""Sync detection: the event model, the rules, the residency strategies and the detectors that
+produce events."""

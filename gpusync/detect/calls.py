@@ -94,7 +94,8 @@ class _Open:
         # the call for all (_share)
         self.by_thread: dict[int, list[CallLayers]] = {}
         # of sessions on the virtual device, newest last: the newest places other threads'
-        # tensors (README "Without a GPU": their syncs are not the step's, not recorded)
+        # tensors (docs/commands/scan.md#without-a-gpu: their syncs are not the step's, not
+        # recorded)
         self.virtual: list[CallLayers] = []
 
     def add(self, layers: CallLayers, virtual: bool) -> None:

@@ -62,7 +62,7 @@ class SyncEvent:
     step: int = 0  # set when the report is built (a step's end is known only later)
     stall_ms: float | None = None  # measured on a GPU only
     detail: str = ""  # e.g. "via IndexBackward0 (from forward)"
-    fix: str = ""
+    advice: str = ""
     # why this sync was predicted, not seen: it is made in C++ code (DDP's reducer) whose GPU
     # path a virtual CUDA run cannot take; "" for a sync seen as the code ran
     predicted: str = ""

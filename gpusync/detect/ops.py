@@ -2,8 +2,8 @@
 ran on CUDA.
 
 Two things are needed for that:
-1. Where each tensor would live (detect/residency.py), as the scan's mode knows it
-   (detect/modes.py: real, simulated, virtual).
+1. Where each tensor would live (detect/residency.py), as the scan's residency strategy knows
+   it (detect/residency_strategy.py: real, simulated, virtual).
 2. Which ops sync on CUDA given their arguments: detect/rules.py.
 
 Layers on a few Python-level calls (detect/calls.py) see .to, .tolist, .numpy, repr and
@@ -32,7 +32,6 @@ from .dispatch import (
     python_kernels,
 )
 from .frames import capture
-from .modes import Mode
 from .phases import remember_forward
 from .recorder import Recorder
 from .residency import (
@@ -45,6 +44,7 @@ from .residency import (
     device_elements,
     target_of_to,
 )
+from .residency_strategy import ResidencyStrategy
 from .rules import PINNED_DETAIL, QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
 from .virtual_device import current_device
 from .virtual_libs import VirtualLibraries
@@ -54,14 +54,14 @@ _TB = torch._C.TensorBase
 
 
 class OpDetector:
-    """Op-level detection in one mode (detect/modes.py), which says where tensors live: on a
-    GPU (Real: residency is t.is_cuda, stalls are timed by `stall_timer`), simulated on the
-    CPU, or on the virtual CUDA device."""
+    """Op-level detection with one residency strategy (detect/residency_strategy.py), which
+    says where tensors live: on a GPU (RealResidency: t.is_cuda, stalls timed by
+    `stall_timer`), simulated on the CPU, or on the virtual CUDA device."""
 
-    def __init__(self, recorder: Recorder, mode: Mode, stall_timer=None):
+    def __init__(self, recorder: Recorder, residency: ResidencyStrategy, stall_timer=None):
         self.rec = recorder
-        self.mode = mode
-        self.real, self.virtual = mode.real, mode.virtual
+        self.residency = residency
+        self.real, self.virtual = residency.real, residency.virtual
         self.stall_timer = stall_timer  # callable -> ms the host waits for the stream; GPU only
         self.current_func = ""  # the Python-level call being run (names labels)
         self.in_backward = False  # inside loss.backward() / autograd.grad()
@@ -69,7 +69,7 @@ class OpDetector:
         self._forward_outputs: list = []  # (output, frames, module): see recorded_outputs
         # On a GPU the autograd engine runs backward in its own threads, which a thread-local
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
-        compiled = None if mode.real else native.load()
+        compiled = None if residency.real else native.load()
         self._observer = None
         # where tensors live (residency.py): on the virtual device the device's tensors are
         # tracked, so what no layer saw made is host memory, as on a CUDA build
@@ -77,14 +77,15 @@ class OpDetector:
         if compiled is not None:
             configure(compiled)
             self._observer = compiled.Observer(self._on_rule, self.recorded_outputs,
-                                               tracks_device=mode.virtual)
+                                               tracks_device=residency.virtual)
             self.host = NativeTable(self._observer)
         else:
-            self.host = RealDevice() if mode.real else DeviceSet() if mode.virtual else HostSet()
-        if mode.virtual:
+            self.host = (RealDevice() if residency.real else DeviceSet() if residency.virtual
+                         else HostSet())
+        if residency.virtual:
             self._share_outer_table()
         self._dmode = None if self._observer is not None else (
-            DispatchMode(self) if mode.real else DeviceFlowMode(self) if mode.virtual
+            DispatchMode(self) if residency.real else DeviceFlowMode(self) if residency.virtual
             else HostFlowMode(self))
         self._undo: list = []
         self._owner = threading.get_ident()
@@ -111,7 +112,7 @@ class OpDetector:
         from torch.utils.data import dataloader
 
         self._owner = threading.get_ident()
-        self._undo += self.mode.install(self)
+        self._undo += self.residency.install(self)
         self._undo.append(patches.add_layer(dataloader._BaseDataLoaderIter, "__next__",
                                             self._next_batch).remove)
         self._undo.append(patches.add_layer(autograd, "_engine_run_backward",
@@ -277,7 +278,7 @@ class OpDetector:
         if threading.get_ident() == self._owner:
             self.record(label)
 
-    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool:
+    def record(self, label: str, predicted: str = "", detail: str = "", advice: str = "") -> bool:
         if self.rec.suppressed():
             return False
         if self.virtual and threading.get_ident() != self._owner:
@@ -286,7 +287,7 @@ class OpDetector:
             return False  # its CPU path: what its CUDA path syncs is predicted
         stall = self.stall_timer() if self.stall_timer is not None else None
         self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted, detail=detail,
-                        fix=fix)
+                        advice=advice)
         return True
 
     def judge(self, rule, args, kwargs, overload: str) -> bool:
@@ -306,7 +307,7 @@ class OpDetector:
         waits for it."""
         dst, src = args[0], args[1]
         nb = bool(args[2]) if len(args) > 2 else bool(kwargs.get("non_blocking"))
-        return self.mode.copy(self, self.host.on_device(src), self.host.on_device(dst), nb,
+        return self.residency.copy(self, self.host.on_device(src), self.host.on_device(dst), nb,
                               src, dst)
 
     def _on_rule(self, name: str, overload: str, args, kwargs) -> int:
@@ -344,12 +345,12 @@ class OpDetector:
             if other is not None:
                 to_host = not self.host.on_device(other)
             else:
-                to_host = self.mode.to_host(device)
+                to_host = self.residency.to_host(device)
                 if to_host is None:
                     return func(*args, **kwargs)
         if not to_host and args:
             self._batch_moved(args[0])
-        return self.mode.move(self, func, args, kwargs, to_host, kind)
+        return self.residency.move(self, func, args, kwargs, to_host, kind)
 
     def handle_device(self, func, args, kwargs):
         real = func(*args, **kwargs)
@@ -434,7 +435,7 @@ class OpDetector:
     def handle_factory(self, func, args, kwargs, data_at: int | None = None):
         """A factory given device= (or pin_memory=); `data_at`: where the data argument of a
         factory that copies it (torch.tensor) sits."""
-        return self.mode.factory(self, func, args, kwargs, data_at)
+        return self.residency.factory(self, func, args, kwargs, data_at)
 
     def copies_host_data(self, args, kwargs, data_at: int | None) -> bool:
         """torch.tensor(data, device=) and kin copy host data up: recorded when they do."""

@@ -1,12 +1,12 @@
-"""Turns "a sync happened here" into a SyncEvent: stack, phase, module path, step, fix."""
+"""Turns "a sync happened here" into a SyncEvent: stack, phase, module path, step, advice."""
 from __future__ import annotations
 
 from .events import BACKWARD, HOOK, SyncEvent
 from .frames import capture
 from .libraries import known
-from .libraries.pytorch import module_move_fix
+from .libraries.pytorch import module_move_advice
 from .phases import PhaseTracker
-from .rules import PINNED_DETAIL, PINNED_SOURCE, fix_for
+from .rules import PINNED_DETAIL, PINNED_SOURCE, advice_for
 
 
 class Recorder:
@@ -25,7 +25,7 @@ class Recorder:
         return self._suppress > 0 or not self.recording or self.closed
 
     def record(self, label: str, skip: int = 2, stall_ms: float | None = None,
-               detail: str = "", predicted: str = "", fix: str = "") -> SyncEvent | None:
+               detail: str = "", predicted: str = "", advice: str = "") -> SyncEvent | None:
         if self.suppressed():
             return None
         raw, frames = capture(skip)
@@ -44,13 +44,13 @@ class Recorder:
         # Trainer's checkpoint): the user cannot edit the framework's call
         lever, framework = known(frames)
         text = (lever if lever and framework is not None
-                else fix or lever or module_move_fix(label, raw) or fix_for(label))
+                else advice or lever or module_move_advice(label, raw) or advice_for(label))
         if framework is not None and detail == PINNED_DETAIL:
             detail = PINNED_SOURCE
         event = SyncEvent(
             op=label, frames=frames, phase=phase, hook=hook, module=module,
             stall_ms=stall_ms, detail=detail,
-            fix=text,
+            advice=text,
             predicted=predicted, ts=self.tracker.now(), framework=framework,
         )
         self.events.append(event)

@@ -1,5 +1,6 @@
-"""Where each tensor would live in a CUDA run: the tables that answer `on_device(t)`, and the
-facts about a move across the bus that every mode reads (its direction, its copies).
+"""Where each tensor would live in a CUDA run: the tables that answer `on_device(t)`, and
+the facts about a move across the bus that every residency strategy reads (its direction, its
+copies).
 
 On a GPU residency is a fact (`t.is_cuda`: RealDevice). On a CPU run every tensor is on the CPU,
 and the table follows where a CUDA build would have put each one, from how it was made:

@@ -18,7 +18,7 @@ aten = torch.ops.aten
 _MASK_DTYPES = (torch.bool, torch.uint8)
 
 # What the host waits for, and what to do instead. Keyed by the labels rules return.
-FIXES: dict[str, str] = {
+ADVICE: dict[str, str] = {
     "item": "keep the value on the device (accumulate into a device tensor, log every N steps), "
     "or use torch._assert_async for checks",
     "float()": "keep the value on the device; read it every N steps for logging",
@@ -95,8 +95,8 @@ PINNED_SOURCE = "the source is pinned already"
 PINNED_DETAIL = PINNED_SOURCE + ": add non_blocking=True"
 
 
-def fix_for(label: str, detail: str = "") -> str:
-    return FIXES.get(label, FIXES["sync"])
+def advice_for(label: str, detail: str = "") -> str:
+    return ADVICE.get(label, ADVICE["sync"])
 
 
 def _is_tensor(x: Any) -> bool:
@@ -318,7 +318,7 @@ ASK_WHEN: dict[Any, str] = {
 # reads on the host: the op is taken as judged, so nothing it runs inside is reported.
 QUIET = ""
 
-FIXES.update({
+ADVICE.update({
     "isin": "pass assume_unique=True when neither input holds duplicates (the sorting path "
     "then skips unique), or keep test_elements small (under 10*numel(elements)**0.145 the "
     "brute-force path runs, sync-free)",

@@ -11,10 +11,10 @@ import torch
 
 from .cuda import CudaExtras, StallTimer
 from .events import SyncEvent
-from .modes import mode_of
 from .ops import OpDetector
 from .phases import PhaseTracker
 from .recorder import Recorder
+from .residency_strategy import strategy_for
 from .steps import Steps, after_last_step
 
 MODES = ("auto", "simulate", "cuda")
@@ -81,7 +81,7 @@ class Session:
         self.tracker.steps.position = lambda: len(events)
         real = self.mode == "cuda"
         self.virtual_cuda = virtual_cuda and self.mode == "simulate"
-        self.detector = OpDetector(self.recorder, mode_of(real, self.virtual_cuda),
+        self.detector = OpDetector(self.recorder, strategy_for(real, self.virtual_cuda),
                                    stall_timer=StallTimer() if real else None) if (
             detect or self.virtual_cuda) else None
         self.extras = CudaExtras(self.recorder, self.detector) if real and detect else None

@@ -112,7 +112,7 @@ class ObjectCollectives:
             with det.rec.suppress():
                 out = call(*args, **kwargs)
             for label, detail in syncs:
-                det.record(label, predicted=predicted, detail=detail, fix=c10d.FIX)
+                det.record(label, predicted=predicted, detail=detail, advice=c10d.ADVICE)
             return out
 
         return layer

@@ -46,7 +46,7 @@ from torch.utils._pytree import tree_leaves
 from . import patches
 from .libraries import fbgemm
 from .libraries.ddp import BARRIER, LOG_EVERY, LOGGER, REBUILD, VERIFY
-from .libraries.pytorch import SERIALIZATION_FIX
+from .libraries.pytorch import SERIALIZATION_ADVICE
 from .virtual_collectives import GroupPaths, ObjectCollectives
 from .virtual_device import current_device, gloo_for_nccl, is_cuda_device
 
@@ -335,7 +335,8 @@ class VirtualLibraries:
         det = self.det
         on_device = [t for t in _tensors(obj) if det.host.on_device(t)]
         for _ in range(_storages(on_device)):
-            det.record("D2H copy", detail="torch.save: one per CUDA storage", fix=SERIALIZATION_FIX)
+            det.record("D2H copy", detail="torch.save: one per CUDA storage",
+                       advice=SERIALIZATION_ADVICE)
         path = _path(f)
         if path is not None:
             (self._saved_from_device.add if on_device else self._saved_from_device.discard)(path)
@@ -358,7 +359,8 @@ class VirtualLibraries:
         if loaded:
             det.placed = True
         for _ in range(_storages(loaded)):
-            det.record("H2D copy", detail="torch.load: one per storage", fix=SERIALIZATION_FIX)
+            det.record("H2D copy", detail="torch.load: one per storage",
+                       advice=SERIALIZATION_ADVICE)
         return out
 
     def _jit_load(self, call, f, map_location=None, *args, **kwargs):
@@ -375,7 +377,7 @@ class VirtualLibraries:
             det.placed = True
         for _ in range(_storages(loaded)):
             det.record("H2D copy", detail="torch.jit.load: one per storage",
-                       fix=SERIALIZATION_FIX)
+                       advice=SERIALIZATION_ADVICE)
         return out
 
     def _follow(self, fn, moved: list[bool]):

@@ -115,7 +115,7 @@ def _variants(op, budget: Budget) -> list[tuple[str, Callable, int | None]]:
 
 
 @dataclasses.dataclass
-class Plan:
+class OpPlan:
     """One op under the budget: its samples, made once (seeded) and copied into each world."""
 
     name: str
@@ -127,10 +127,10 @@ class Plan:
     setup_error: str = ""  # the samples could not be made
 
 
-def plan(op, budget: Budget = CI) -> Plan:
+def plan(op, budget: Budget = CI) -> OpPlan:
     dtype = pick_dtype(op)
     grads = dtype == torch.float32 and bool(op.supports_autograd)
-    p = Plan(op_name(op), op, dtype, grads, variants=_variants(op, budget))
+    p = OpPlan(op_name(op), op, dtype, grads, variants=_variants(op, budget))
     if dtype is None:
         p.setup_error = "no dtype both the CPU and CUDA support"
         return p
@@ -298,7 +298,7 @@ def describe_sample(sample, dtype: torch.dtype | None) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _run_world(plans: list[Plan], world, variants: tuple[str, ...] = ()) -> list[list[Call]]:
+def _run_world(plans: list[OpPlan], world, variants: tuple[str, ...] = ()) -> list[list[Call]]:
     """Each plan's calls in `world`, of the `variants` named (all when none is)."""
     out = []
     for p in plans:
@@ -335,7 +335,7 @@ def run(ops: Iterable | None = None, budget: Budget = CI) -> list[OpResult]:
     return [results.get(op_name(op)) or OpResult(op_name(op), cuda=False) for op in ops]
 
 
-def _host_differences(p: Plan, plain: list[Call], host: list[Call]) -> list[str]:
+def _host_differences(p: OpPlan, plain: list[Call], host: list[Call]) -> list[str]:
     """The host world against the plain run: the same calls (the function variant's samples
     come first in each), every output and gradient on the host, no sync."""
     out = []
@@ -348,7 +348,7 @@ def _host_differences(p: Plan, plain: list[Call], host: list[Call]) -> list[str]
     return out
 
 
-def _result(p: Plan, plain: list[Call], virtual: list[Call], host: list[Call]) -> OpResult:
+def _result(p: OpPlan, plain: list[Call], virtual: list[Call], host: list[Call]) -> OpResult:
     r = OpResult(p.name, cuda=True, dtype=str(p.dtype).replace("torch.", ""),
                  samples=[describe_sample(s, p.dtype) for s in p.samples])
     if p.setup_error:

@@ -8,7 +8,7 @@ A scan shows the syncs torchrec and fbgemm make themselves, e.g. KeyedJaggedTens
 and fbgemm's one-off `feature_dims.cpu()`.
 
 On CPU, fbgemm runs its CPU kernels and DDP reduces the dense gradients with gloo: code paths that
-differ from CUDA's are judged as they run here (see README, "Limits of prediction").
+differ from CUDA's are judged as they run here (see docs/commands/scan.md#limits).
 """
 from __future__ import annotations
 

@@ -4,6 +4,6 @@ and run with the original's seeds; sites.py and compare.py judge it); diff.py wr
 write.py applies it."""
 from .engine import fix_script
 from .result import FixResult
-from .runner import Plan
+from .runner import FixPlan
 
-__all__ = ["FixResult", "Plan", "fix_script"]
+__all__ = ["FixResult", "FixPlan", "fix_script"]

@@ -12,7 +12,7 @@ from ..remedies import Proposal, Refusal
 from ..remedies.helpers.source import EditError, Source, apply, check
 from . import compare, sites
 from .result import Check, Dropped, FixResult, Verified
-from .runner import Plan, Run, Runner
+from .runner import FixPlan, FixRun, Runner
 
 OVERLAP = "with the other patches: "
 
@@ -24,17 +24,17 @@ class _Original:
     def __init__(self, runner: Runner):
         self.runner = runner
         self.run = runner.original()
-        self._again: Run | None = None
+        self._again: FixRun | None = None
         self._ran_again = False
 
-    def again(self) -> Run | None:
+    def again(self) -> FixRun | None:
         if not self._ran_again:
             self._ran_again = True
             self._again, _ = self.runner.run({})
         return self._again
 
 
-def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None = None
+def fix_script(plan: FixPlan, only: tuple[str, ...] = (), progress: Progress | None = None
                ) -> FixResult:
     progress = progress or Progress("gpusync fix")
     runner = Runner(plan)
@@ -61,7 +61,7 @@ def fix_script(plan: Plan, only: tuple[str, ...] = (), progress: Progress | None
 
 
 def _round(candidates: list[list[Proposal]], result: FixResult, original: _Original,
-           files: dict[str, Source], plan: Plan, progress: Progress) -> None:
+           files: dict[str, Source], plan: FixPlan, progress: Progress) -> None:
     """Verify each site's proposals (in the remedies' order: the first proved is kept), then
     the kept ones together."""
     for k, group in enumerate(candidates, 1):
@@ -77,7 +77,7 @@ def _round(candidates: list[list[Proposal]], result: FixResult, original: _Origi
 
 
 def _second_round(result: FixResult, overlapped: list[Dropped], files: dict[str, Source],
-                  plan: Plan, only: tuple[str, ...], progress: Progress) -> None:
+                  plan: FixPlan, only: tuple[str, ...], progress: Progress) -> None:
     """The proposals dropped for editing what a kept patch edits, proposed again on the
     patched text (one remedy's edit made, the other's is one more), verified against it."""
     first = {path: after for path, (_, after) in result.texts.items()}
@@ -105,7 +105,7 @@ def _second_round(result: FixResult, overlapped: list[Dropped], files: dict[str,
     result.combined, result.syncs_after = second.combined, second.syncs_after
 
 
-def _propose(original: Run, files: dict[str, Source], only: tuple[str, ...],
+def _propose(original: FixRun, files: dict[str, Source], only: tuple[str, ...],
              result: FixResult, keep=lambda site: True) -> list[list[Proposal]]:
     """Per site that syncs every step, the proposals of the remedies that know it, in the
     remedies' order. A proposal whose edits another site's proposal made already (two copies of
@@ -169,7 +169,7 @@ def patched(proposals: list[Proposal], files: dict[str, Source]) -> dict[str, st
 
 
 def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
-            files: dict[str, Source], plan: Plan) -> Check:
+            files: dict[str, Source], plan: FixPlan) -> Check:
     try:
         texts = patched(proposals, files)
     except EditError as e:
@@ -204,7 +204,7 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
     return Check(run.syncs_per_step, removed, moved, compared, why)
 
 
-def _parity(original: _Original, run: Run, tolerance: compare.Tolerance, output: bool
+def _parity(original: _Original, run: FixRun, tolerance: compare.Tolerance, output: bool
             ) -> tuple[str | None, list[str]]:
     """Losses and final parameters (and what it printed) as the original's: the check tune
     makes too (runs/agree.py)."""
@@ -216,7 +216,7 @@ def _parity(original: _Original, run: Run, tolerance: compare.Tolerance, output:
 
 
 def _combine(result: FixResult, original: _Original, runner: Runner,
-             files: dict[str, Source], plan: Plan, progress: Progress) -> None:
+             files: dict[str, Source], plan: FixPlan, progress: Progress) -> None:
     """Every verified patch at once, verified again; when together they fail, they are added
     one by one, each kept only if the whole still passes."""
     kept = result.patches
@@ -238,7 +238,7 @@ def _combine(result: FixResult, original: _Original, runner: Runner,
 
 
 def _one_by_one(result: FixResult, original: _Original, runner: Runner,
-                files: dict[str, Source], plan: Plan, progress: Progress) -> list[Verified]:
+                files: dict[str, Source], plan: FixPlan, progress: Progress) -> list[Verified]:
     kept: list[Verified] = []
     for v in result.patches:
         progress.stage(f"verifying {v.proposal.remedy} at {v.proposal.site.relative_where} "

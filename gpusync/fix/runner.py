@@ -15,7 +15,7 @@ from . import compare
 
 
 @dataclass(frozen=True)
-class Plan:
+class FixPlan:
     target: str  # the script's path as the user typed it
     script_args: tuple[str, ...]
     mode: str  # "simulate" or "cuda"
@@ -30,7 +30,7 @@ class Plan:
 
 
 @dataclass
-class Run:
+class FixRun:
     sites: list[Site]
     syncs_per_step: float
     record: dict[str, Any]
@@ -38,14 +38,14 @@ class Run:
 
 
 class Runner:
-    def __init__(self, plan: Plan, base: dict[str, str] | None = None, name: str = "run"):
+    def __init__(self, plan: FixPlan, base: dict[str, str] | None = None, name: str = "run"):
         self.plan, self.name = plan, name
         # texts every run has in place of the user's files (a second round: the first's patch)
         self.base = dict(base or {})
         self.count = 0
         self.last: runs.ChildResult | None = None  # the latest run's result
 
-    def run(self, sources: dict[str, str], observe: bool = False) -> tuple[Run | None, str]:
+    def run(self, sources: dict[str, str], observe: bool = False) -> tuple[FixRun | None, str]:
         """(the run, "") or (None, why it failed)."""
         plan = self.plan
         self.count += 1
@@ -61,13 +61,13 @@ class Runner:
         if failure is not None or result.report is None or not os.path.exists(path):
             return None, failure or "it ended before its report was written"
         report = result.report
-        return Run(list(report.sites), report.syncs_per_step, compare.load(path),
+        return FixRun(list(report.sites), report.syncs_per_step, compare.load(path),
                    Facts.from_json(result.facts)), ""
 
-    def original(self) -> Run:
+    def original(self) -> FixRun:
         run, failure = self.run({}, observe=True)
         if run is None:  # as scan says it: where it raised, and what the script printed last
-            last = self.last or runs.ChildResult(runs.Status.RUNNING)
+            last = self.last or runs.ChildResult(runs.ChildStatus.RUNNING)
             where = runs.raised_at(last.traceback)
             hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
             if verbosity.verbose() and last.traceback:

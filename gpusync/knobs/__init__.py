@@ -16,11 +16,11 @@ import contextlib
 from typing import Any, Iterator
 
 from . import fbgemm, pytorch, torchrec, user
-from .knob import Builds, Candidate, Family, Knob, Settings
+from .knob import Builds, Family, Knob, KnobCandidate, Settings
 
 # The order settings are installed and spelled in.
 FAMILIES: tuple[Family, ...] = (torchrec, fbgemm, pytorch, user)
-__all__ = ["FAMILIES", "Builds", "Candidate", "Knob", "Settings", "active", "applied",
+__all__ = ["FAMILIES", "Builds", "KnobCandidate", "Knob", "Settings", "active", "applied",
            "candidates", "combined", "discovered", "emit", "registry", "text"]
 
 
@@ -53,13 +53,13 @@ def discovered(builds: Builds, extra: tuple = ()) -> dict[str, Any]:
     return out
 
 
-def candidates(builds: Builds, cuda: bool, extra: tuple = ()) -> list[Candidate]:
+def candidates(builds: Builds, cuda: bool, extra: tuple = ()) -> list[KnobCandidate]:
     """The baseline (the script as it is), then every setting of each group with the other
     groups as the script has them. Settings of a group that only differ in knobs that do not
     apply to them (the stream of a pipeline that has none) are one candidate."""
     knobs = {k.name: k for k in registry(extra)}
     base = discovered(builds, extra)
-    out = [Candidate("baseline", dict(base))]
+    out = [KnobCandidate("baseline", dict(base))]
     seen = {_key(base, knobs)}
     groups: dict[str, list[Knob]] = {}
     for name in base:
@@ -75,8 +75,8 @@ def candidates(builds: Builds, cuda: bool, extra: tuple = ()) -> list[Candidate]
     return out
 
 
-def combined(chosen: list[Candidate], builds: Builds, cuda: bool,
-             extra: tuple = ()) -> Candidate | None:
+def combined(chosen: list[KnobCandidate], builds: Builds, cuda: bool,
+             extra: tuple = ()) -> KnobCandidate | None:
     """One candidate with every group's winner, when more than one group has one."""
     winners = [c for c in chosen if c.changed]
     if len(winners) < 2:
@@ -89,10 +89,10 @@ def combined(chosen: list[Candidate], builds: Builds, cuda: bool,
     return _candidate(settings, base, knobs, builds, cuda)
 
 
-def _candidate(settings, base, knobs, builds, cuda) -> Candidate:
+def _candidate(settings, base, knobs, builds, cuda) -> KnobCandidate:
     changed = {k: v for k, v in settings.items() if base.get(k) != v and active(k, settings)}
     name = ", ".join(f"{k}={text(v)}" for k, v in changed.items())
-    cand = Candidate(name, settings, changed,
+    cand = KnobCandidate(name, settings, changed,
                      approximate=any(knobs[k].approximate(v) for k, v in changed.items()))
     # only the knobs this candidate changes: another group's knob at the script's own value
     # (a writeback knob on a script without writeback) says nothing of this candidate

@@ -27,7 +27,7 @@ class Knob:
 
 
 @dataclass
-class Candidate:
+class KnobCandidate:
     name: str
     settings: Settings  # the full setting of every discovered knob
     changed: dict = field(default_factory=dict)  # what differs from the script's own

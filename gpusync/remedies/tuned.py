@@ -49,7 +49,7 @@ from .remedy import Proposal, Refusal, Remedy, library
 NAME = "tuned.settings"
 PIPELINE_BUILT, TBE_BUILT, CONFIG_BUILT = "tuned.pipeline", "tuned.tbe", "tuned.config"
 CONFIG_MODULE = "fbgemm_gpu.tbe.config.optimizer_config"
-STAGES = (INPUT_DIST, EMB_LOOKUP, BATCH_COPY)  # the train pipeline's stages (README)
+STAGES = (INPUT_DIST, EMB_LOOKUP, BATCH_COPY)  # train pipeline stages (docs/commands/scan.md)
 
 
 class _Watch:

@@ -72,8 +72,8 @@ def rows(sites):
         yield row
 
 
-def fix_line(site) -> str:
-    """The op, what it was inside, and the fix (the library line beneath the user's)."""
+def advice_line(site) -> str:
+    """The op, what it was inside, and the advice (the library line beneath the user's)."""
     lib = site.library
     inside = (f" in {short_path(lib.file)}:{lib.line} {lib.function}"
               if lib is not None else "")
@@ -82,7 +82,7 @@ def fix_line(site) -> str:
     spawned = (f" [in spawned process {site.process.label}, per its own steps]"
                if site.process is not None else "")
     made = _made_by(site)
-    return f"{site.op}{inside}{made}{detail}{predicted}{spawned}: {site.fix}"
+    return f"{site.op}{inside}{made}{detail}{predicted}{spawned}: {site.advice}"
 
 
 def _made_by(site) -> str:

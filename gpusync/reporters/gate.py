@@ -30,7 +30,7 @@ def gate_text(verdict) -> str:
     out = []
     for p in verdict.problems:
         where = f" ({p.file}:{p.line})" if p.file else ""
-        fix = f"\n  fix: {p.fix}" if p.fix and not p.improvement else ""
+        fix = f"\n  fix: {p.advice}" if p.advice and not p.improvement else ""
         out.append(f"FAIL {p.message}{where}{fix}")
     out += [f"note: {note}" for note in verdict.notes]
     if verdict.suggested_baseline:
@@ -44,9 +44,15 @@ def gate_json(verdict) -> str:
     from ..schemas import document
 
     return json.dumps(document("gpusync-gate", {
-        "status": verdict.status, "exit_code": verdict.exit_code,
-        "problems": [asdict(p) for p in verdict.problems], "notes": verdict.notes,
+        "status": verdict.status.value, "exit_code": verdict.exit_code,
+        "problems": [_problem(p) for p in verdict.problems], "notes": verdict.notes,
         "suggested_baseline": verdict.suggested_baseline}), indent=2) + "\n"
+
+
+def _problem(problem) -> dict:
+    """A problem's JSON form (schemas/gate.schema.json), whose key for the advice is "fix"."""
+    d = {("fix" if k == "advice" else k): v for k, v in asdict(problem).items()}
+    return {**d, "kind": problem.kind.value}
 
 
 @renders("gate", "github")
@@ -54,9 +60,9 @@ def gate_github(verdict) -> str:
     out = []
     for p in verdict.problems:
         level = "warning" if p.improvement else "error"
-        # the fix travels with every annotation: for a site gone, the baseline's
-        message = p.message + (f"\nfix: {p.fix}" if p.fix else "")
-        out.append(_annotation(level, message, f"gpusync: {p.kind}", p.file, p.line))
+        # the advice travels with every annotation: for a site gone, the baseline's
+        message = p.message + (f"\nfix: {p.advice}" if p.advice else "")
+        out.append(_annotation(level, message, f"gpusync: {p.kind.value}", p.file, p.line))
     out += [_annotation("notice", note) for note in verdict.notes]
     if verdict.suggested_baseline:
         out.append(_annotation("notice", "suggested new baseline written to "

@@ -16,7 +16,7 @@ from .common import (
     AFTER_TITLE,
     HEADERS,
     SETUP_TITLE,
-    fix_line,
+    advice_line,
     note_lines,
     parts,
     rows,
@@ -219,7 +219,7 @@ def site_table(report, sites: list) -> str:
             cells[1] = f'<td>{esc(row[1])}<span class="badge">predicted</span></td>'
         out += [f'<tr class="site{mark}">' + "".join(cells) + "</tr>",
                 f'<tr class="fix{mark}"><td></td><td colspan="{len(heads) - 1}">fix: '
-                f"{esc(fix_line(site))}</td></tr>"]
+                f"{esc(advice_line(site))}</td></tr>"]
     return "\n".join(out + ["</tbody></table>"])
 
 
@@ -300,6 +300,8 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
     """A `gpusync tune --format json` document (a script's, or a profile's with its
     `candidates` added: reporters/tune.py). `samples` (candidate -> raw step times) draws
     boxes where the document holds only P50 and P90."""
+    from ..tune import RunStatus
+
     profile = data.get("kind") == "gpusync-tune-profile"
     cands = data["candidates"]
     baseline = data["result"]["baseline"] if profile else data.get("baseline", "baseline")
@@ -320,7 +322,7 @@ def render_tune(data: dict, samples: dict | None = None) -> str:
             continue
         tag = " (chosen)" if c["name"] == chosen else " (baseline)" if c is base else ""
         colour = (GREEN if c["name"] == chosen else GREY if c is base
-                  else RED if c["status"] == "rejected" else BLUE)
+                  else RED if c["status"] == RunStatus.REJECTED.value else BLUE)
         items.append({**c, "samples_ms": c.get("samples_ms") or (samples or {}).get(c["name"]),
                       "p90_ms": c["p50_ms"] if c.get("p90_ms") is None else c["p90_ms"],
                       "label": c["name"] + tag, "colour": colour})

@@ -4,7 +4,7 @@ from . import cost
 from .common import (
     AFTER_TITLE,
     SETUP_TITLE,
-    fix_line,
+    advice_line,
     headers,
     md_cell,
     md_fence,
@@ -36,7 +36,7 @@ def scan_markdown(report) -> str:
     if after:
         out += [f"### After the last step: {AFTER_TITLE}", "", _sites_table(after, report), ""]
     out += ["### Fixes", ""]
-    out += [f"{i}. {md_line(fix_line(s))}" for i, s in steady + setup + after]
+    out += [f"{i}. {md_line(advice_line(s))}" for i, s in steady + setup + after]
     if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
         out += ["", f"### {md_cell(cost.steps_line(report))}", ""]
         if cost.ranked(report):

@@ -18,24 +18,28 @@ UNCHANGED = "baseline"  # the candidate that is the script as it is (JSON: "base
 
 def _status(tune, run) -> str:
     """The candidate's JSON status, read from its typed verdict."""
-    if run.status != "run":
-        return run.status
+    from ..tune import RunStatus
+
+    if run.status is not RunStatus.RUN:
+        return run.status.value
     if tune.decision is not None and run.candidate.name == tune.decision.chosen:
-        return "chosen"
+        return RunStatus.CHOSEN.value
     verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
-    return "rejected" if verdict is not None and verdict.status.rejected else "run"
+    rejected = verdict is not None and verdict.status.rejected
+    return (RunStatus.REJECTED if rejected else RunStatus.RUN).value
 
 
 def _reason(tune, run) -> str:
     """Why: the run's failure, or its verdict (its status already says chosen or rejected)."""
-    from ..tune import Status
+    from ..tune import CandidateStatus
 
     if run.candidate.name == UNCHANGED:
         return "the script as it is"
     verdict = tune.decision.outcomes.get(run.candidate.name) if tune.decision else None
     if run.reason or verdict is None:
         return run.reason
-    if verdict.status in (Status.CHOSEN, Status.REJECTED, Status.DIFFERS):
+    if verdict.status in (CandidateStatus.CHOSEN, CandidateStatus.REJECTED,
+                          CandidateStatus.DIFFERS):
         return verdict.reason
     return verdict.text
 

@@ -1,7 +1,7 @@
 from tabulate import tabulate
 
 from . import cost
-from .common import AFTER_TITLE, SETUP_TITLE, fix_line, headers, note_lines, parts, rows, summary
+from .common import AFTER_TITLE, SETUP_TITLE, advice_line, headers, note_lines, parts, rows, summary
 
 
 def scan_table(report) -> str:
@@ -20,7 +20,7 @@ def scan_table(report) -> str:
             out.append(f"\n{title}:")
             out.append(tabulate(list(rows(sites)), headers=headers(report), tablefmt="simple"))
     out.append("\nfixes:")
-    out += [f"  {i}. {fix_line(s)}" for i, s in steady + setup + after]
+    out += [f"  {i}. {advice_line(s)}" for i, s in steady + setup + after]
     if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
         out.append(cost.cost_table(report))
     return "\n".join(out) + "\n"

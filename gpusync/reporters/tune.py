@@ -51,14 +51,17 @@ def profile_html(tuned) -> str:
 def profile_candidates(tuned) -> list[dict]:
     """The profile's candidates in the script form's spelling (status, reason), raw samples
     kept: each status read from the decision's typed verdict."""
+    from ..tune import RunStatus
+
     _, result, decision = tuned
     out = []
     for v in result.to_dict()["variants"]:
         verdict = decision.outcomes.get(v["name"])
-        status = ("chosen" if v["name"] == decision.chosen
-                  else "rejected" if verdict is not None and verdict.status.rejected else "run")
-        out.append({**v, "status": status, "reason": verdict.text if verdict else ""})
-    return out + [{"name": n, "status": "not_run", "reason": why, "p50_ms": None}
+        status = (RunStatus.CHOSEN if v["name"] == decision.chosen
+                  else RunStatus.REJECTED if verdict is not None and verdict.status.rejected
+                  else RunStatus.RUN)
+        out.append({**v, "status": status.value, "reason": verdict.text if verdict else ""})
+    return out + [{"name": n, "status": RunStatus.NOT_RUN.value, "reason": why, "p50_ms": None}
                   for n, why in result.skipped.items()]
 
 

@@ -17,7 +17,7 @@ from ..errors import BadInput
 from ..progress import Progress
 from . import inprocess, merge, process
 from .jobs import CandidateJob, FixJob, ScanJob, TimingJob
-from .results import ChildResult, ScanOutcome, Status, raised_at
+from .results import ChildResult, ChildStatus, ScanOutcome, raised_at
 from .torchrun import Lockstep, RankEnv, torchrun_env
 
 __all__ = ["CandidateJob", "ChildResult", "FixJob", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
@@ -121,6 +121,6 @@ def candidate(job: CandidateJob | FixJob, timeout: float, progress: Progress | N
         result = runner(job, timeout=timeout, capture=True, on_snapshot=_progress(progress))
         output, failure = result.candidate_failure()
         result = dataclasses.replace(result, output=output)
-    if progress is not None and result.status in (Status.DONE, Status.USER_ERROR):
+    if progress is not None and result.status in (ChildStatus.DONE, ChildStatus.USER_ERROR):
         progress.update(result.steps_run)  # the steps it ran, as it wrote them at its end
     return result, failure

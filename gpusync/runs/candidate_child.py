@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..report import Report
-from .results import Status
+from .results import ChildStatus
 
 PARITY_LOSSES = 5
 
@@ -42,7 +42,7 @@ class RunResult:
     """What a ScriptRun measured, as the child writes it (runs.ChildResult is the parent's
     view of it once decoded)."""
 
-    status: Status
+    status: ChildStatus
     builds: dict[str, Any]
     losses: list[float]
     samples_ms: list[float]
@@ -110,7 +110,7 @@ def run_candidate(job: ScriptRun, live: dict | None = None) -> RunResult:
         record.save(job.record)
     error = result.error
     return RunResult(
-        status=Status.DONE if error is None else Status.USER_ERROR, builds=builds,
+        status=ChildStatus.DONE if error is None else ChildStatus.USER_ERROR, builds=builds,
         losses=[float(t) for t in losses[:PARITY_LOSSES]], samples_ms=clock.samples(),
         steps_run=live["steps"], **_peak_memory(job.mode == "cuda"),
         report=result.report if job.scan else None,

@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar
 
 from .. import verbosity
 from ..errors import GpusyncError
-from .results import Status
+from .results import ChildStatus
 from .writer import Results, failure_of, report_snapshot, saving_on_exit, snapshots
 
 
@@ -77,7 +77,8 @@ class ScanJob(_Job):
             def clean_end() -> dict[str, Any]:  # a script's os._exit(0): its own normal end
                 stop.set()
                 self._write_trace(live["session"], cost)
-                return {"status": Status.DONE.value, "report": report_snapshot(live["session"])}
+                return {"status": ChildStatus.DONE.value,
+                        "report": report_snapshot(live["session"])}
 
             ends = clean_end if parse_target(self.target).exit_zero_is_an_end else None
             with saving_on_exit(results, last_words, ends), self._cost_recording() as cost:
@@ -93,9 +94,9 @@ class ScanJob(_Job):
         if cost is not None:
             report = cost.annotate(report)
         self._write_trace(live["session"], cost)
-        data: dict[str, Any] = {"status": Status.DONE.value, "report": report.encode()}
+        data: dict[str, Any] = {"status": ChildStatus.DONE.value, "report": report.encode()}
         if result.error is not None:
-            data.update(status=Status.USER_ERROR.value, traceback=result.traceback,
+            data.update(status=ChildStatus.USER_ERROR.value, traceback=result.traceback,
                         message=failure_of(result.error)
                         if not isinstance(result.error, SystemExit) else result.report.error)
         results.write(data)
@@ -128,10 +129,10 @@ def run_job(job: Job, results: Results) -> int:
     try:
         job.run(results)
     except GpusyncError as e:
-        results.write({"status": Status.FAILED.value, "message": str(e),
+        results.write({"status": ChildStatus.FAILED.value, "message": str(e),
                        "exit_code": e.exit_code})
     except KeyboardInterrupt:
-        results.write({"status": Status.INTERRUPTED.value})
+        results.write({"status": ChildStatus.INTERRUPTED.value})
         return 130
     return 0
 
@@ -177,8 +178,8 @@ class _Timing:
         job = self.job
         ran = run_candidate(ScriptRun(target=job.target, mode=job.mode, warmup=job.warmup,
                                       steps=job.steps, script_args=job.script_args), self.live)
-        if ran.status is Status.DONE and len(ran.samples_ms) < job.steps:
-            return {"status": Status.USER_ERROR.value, "message": (
+        if ran.status is ChildStatus.DONE and len(ran.samples_ms) < job.steps:
+            return {"status": ChildStatus.USER_ERROR.value, "message": (
                 f"the script ran {ran.steps_run} whole steps; timing needs "
                 f"{job.warmup + job.steps} ({job.warmup} warm-up + {job.steps})")}
         return {**ran.encode(), "samples_ms": ran.samples_ms[:job.steps]}
@@ -195,9 +196,9 @@ class _Timing:
         except GpusyncError:
             raise
         except (Exception, SystemExit) as e:
-            return {"status": Status.USER_ERROR.value, "message": f"{type(e).__name__}: {e}",
+            return {"status": ChildStatus.USER_ERROR.value, "message": f"{type(e).__name__}: {e}",
                     "traceback": "".join(traceback.format_exception(e))}
-        return {"status": Status.DONE.value, "samples_ms": samples.ms}
+        return {"status": ChildStatus.DONE.value, "samples_ms": samples.ms}
 
 
 @dataclass(frozen=True, kw_only=True)

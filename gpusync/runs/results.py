@@ -20,7 +20,7 @@ TIMED_OUT = -999  # the return code of a run stopped past its time limit
 STOPPED = -998  # the return code of a run stopped because another rank failed
 
 
-class Status(enum.Enum):
+class ChildStatus(enum.Enum):
     """What the child wrote last. RUNNING left behind means the child died."""
 
     RUNNING = "running"
@@ -69,7 +69,7 @@ class ChildResult:
     """One child run, decoded: its status and what it measured (the fields a job kind does
     not write keep their defaults)."""
 
-    status: Status
+    status: ChildStatus
     returncode: int = 0
     report: Report | None = None
     message: str = ""
@@ -96,7 +96,7 @@ class ChildResult:
         data = data or {}
         if returncode in (TIMED_OUT, STOPPED):
             data = {"report": data.get("report")}
-        status = Status(data.get("status", Status.RUNNING.value))
+        status = ChildStatus(data.get("status", ChildStatus.RUNNING.value))
         report = data.get("report")
         return cls(status, returncode, Report.decode(report) if report is not None else None,
                    data.get("message", ""),
@@ -115,7 +115,7 @@ class ChildResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChildResult:
         report = data.get("report")
-        return cls(**{**data, "status": Status(data["status"]),
+        return cls(**{**data, "status": ChildStatus(data["status"]),
                       "report": Report.decode(report) if report is not None else None})
 
     @property
@@ -125,24 +125,24 @@ class ChildResult:
 
     @property
     def failed(self) -> bool:
-        return self.status is not Status.DONE
+        return self.status is not ChildStatus.DONE
 
     def raise_for_gpusync(self) -> None:
         """Statuses that are not about the user's code at run time."""
-        if self.status is Status.FAILED:
+        if self.status is ChildStatus.FAILED:
             raise GpusyncError(self.message or "failed", self.exit_code)
-        if self.status is Status.INTERRUPTED:
+        if self.status is ChildStatus.INTERRUPTED:
             raise KeyboardInterrupt
 
     def scan_outcome(self) -> ScanOutcome:
         """What a scan run means: its report, and why the verdict is exit 3 if it is."""
         self.raise_for_gpusync()
         report = self.report
-        if self.status is Status.DONE:
+        if self.status is ChildStatus.DONE:
             return ScanOutcome(report)
-        if self.status is Status.USER_ERROR:
+        if self.status is ChildStatus.USER_ERROR:
             return ScanOutcome(report, self.message or None, self.traceback)
-        if self.status is Status.EARLY_EXIT:
+        if self.status is ChildStatus.EARLY_EXIT:
             failure = (f"the scanned code ended the process with os._exit({self.code}) "
                        "before the scan finished: the report covers what ran until then")
         else:
@@ -155,12 +155,12 @@ class ChildResult:
         """A timing run's samples; a failure raises (UserCodeError), `rank` ("rank 1: ")
         naming where under torchrun."""
         self.raise_for_gpusync()
-        if self.status is Status.DONE:
+        if self.status is ChildStatus.DONE:
             return list(self.samples_ms)
-        if self.status is Status.USER_ERROR:
+        if self.status is ChildStatus.USER_ERROR:
             sys.stderr.write(self.traceback)
             raise errors.UserCodeError(f"{rank}timing the workload: {self.message}")
-        if self.status is Status.EARLY_EXIT:
+        if self.status is ChildStatus.EARLY_EXIT:
             raise errors.UserCodeError(f"{rank}timing the workload: the code ended the "
                                        f"process with os._exit({self.code})")
         raise errors.UserCodeError(f"{rank}timing the workload: the process "
@@ -169,11 +169,11 @@ class ChildResult:
     def candidate_failure(self) -> tuple[str, str | None]:
         """A tune candidate's run: (its output tail, why it failed or None)."""
         self.raise_for_gpusync()
-        if self.status is Status.DONE:
+        if self.status is ChildStatus.DONE:
             return self.output, None
-        if self.status is Status.USER_ERROR:
+        if self.status is ChildStatus.USER_ERROR:
             trace = self.traceback.rstrip().splitlines()[-12:]
             return "\n".join([self.output, *trace]).strip(), f"raised {self.message}"
-        if self.status is Status.EARLY_EXIT:
+        if self.status is ChildStatus.EARLY_EXIT:
             return self.output, f"ended the process with os._exit({self.code})"
         return self.output, f"the process {describe_death(self.returncode)}"

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, NoReturn
 
 from ..errors import one_line
 from ..fileio import replace_json
-from .results import Status
+from .results import ChildStatus
 
 JOB, RESULT = "job.json", "result.json"
 SNAPSHOT_SECONDS = 1.0
@@ -96,7 +96,7 @@ def saving_on_exit(results: Results, last_words: Callable[[], dict[str, Any]],
         if status == 0 and clean_end is not None:
             results.write(clean_end())
         else:
-            results.write({"status": Status.EARLY_EXIT.value, "code": status, **last_words()})
+            results.write({"status": ChildStatus.EARLY_EXIT.value, "code": status, **last_words()})
         results.end_process(status)
 
     os._exit = os_exit
@@ -118,7 +118,7 @@ def snapshots(results: Results, snapshot: Callable[[], dict[str, Any] | None]
         while not stop.wait(SNAPSHOT_SECONDS):
             data = snapshot()
             if data is not None:
-                results.write({"status": Status.RUNNING.value, **data}, final=False)
+                results.write({"status": ChildStatus.RUNNING.value, **data}, final=False)
 
     thread = threading.Thread(target=loop, name="gpusync-snapshots", daemon=True)
     thread.start()

@@ -49,12 +49,12 @@ def test_torchrec_dlrm_shows_syncs_inside_torchrec_at_the_users_line():
     assert ("H2D copy (torch.tensor)", "KJTAllToAllForward.__call__.<locals>.<listcomp>") in found
     assert all("torchrec/" in s.library.file for s in sites)
     step_sites = [s for s in sites if not s.setup]
-    assert all("input distribution" in s.fix for s in step_sites)  # the user-level remedy
+    assert all("input distribution" in s.advice for s in step_sites)  # the user-level remedy
     # the fused splits all-to-all reads through the same _safe_tolist line: a site of its own
     fused = [s for s in step_sites if "FusedKJTListSplitsAwaitable.__init__" in
              [f.function for f in s.frames]]
-    assert fused and all("TORCHREC_OVERFLOW_DEBUG" in s.fix for s in fused)
-    assert any("TrainPipelineSparseDist" in s.fix for s in step_sites if s not in fused)
+    assert fused and all("TORCHREC_OVERFLOW_DEBUG" in s.advice for s in fused)
+    assert any("TrainPipelineSparseDist" in s.advice for s in step_sites if s not in fused)
     # the pipeline distributes the next batch's input: its own phase, not this step's forward
     assert {s.phase for s in step_sites} == {"input_dist"}
     assert result.report.syncs_by_phase == {"input_dist": result.report.syncs_per_step}

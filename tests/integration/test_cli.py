@@ -184,5 +184,5 @@ def test_bench_cuda_without_gpu_is_bad_input():
 
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
-    line = one_line_error(gpusync("bench", "writeback", "--device", "cuda"))
+    line = one_line_error(gpusync("bench", "writeback", "--mode", "cuda"))
     assert "needs a CUDA device" in line

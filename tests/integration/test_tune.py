@@ -112,7 +112,7 @@ def test_fake_clock_picks_the_fastest_candidate_that_keeps_the_results(project):
     (PROFILE.replace("{name: base, args: {}}", "{name: base, args: {silent: true}}"), [],
      "returns no tensor"),
     (PROFILE, ["-o", "no/such/dir/t.yaml"], "does not exist"),
-    (PROFILE, ["--device", "tpu"], "Invalid value for '--device'"),
+    (PROFILE, ["--mode", "tpu"], "Invalid value for '--mode'"),
 ])
 def test_tune_bad_input_is_one_line_exit_2(project, profile, args, message):
     (project / "p.yaml").write_text(profile)
@@ -146,7 +146,7 @@ def test_builtin_tune_profiles_parse():
 def test_builtin_writeback_tune_keeps_parity_across_implementations():
     from gpusync.integrations import fbgemm
 
-    proc = gpusync("tune", "writeback", "--device", "cpu", "--steps", "1", "--repeats", "2",
+    proc = gpusync("tune", "writeback", "--mode", "simulate", "--steps", "1", "--repeats", "2",
                    "--format", "json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -167,7 +167,7 @@ def test_builtin_pipeline_tune_runs_with_parity(tmp_path):
     profile = yaml.safe_load(find_builtin("sparsenn_pipeline").read_text())
     profile["args"].update(batch_size=64, rows=1000, dim=16)
     (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(profile))
-    proc = gpusync("tune", "pipeline.yaml", "--device", "cpu", "--steps", "1", "--repeats", "2",
+    proc = gpusync("tune", "pipeline.yaml", "--mode", "simulate", "--steps", "1", "--repeats", "2",
                    "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -42,7 +42,7 @@ def tuned(tmp_path_factory):
     """One tune of PLAIN (16 steps), shared by the tests that read it."""
     path = tmp_path_factory.mktemp("plain") / "plain.py"
     path.write_text(PLAIN)
-    plan = tune_script.Plan(str(path), (), "simulate", block=1, repeats=5, warmup=2,
+    plan = tune_script.TunePlan(str(path), (), "simulate", block=1, repeats=5, warmup=2,
                             timeout=300)
     rule = {"allow_approximate": False, "tolerance": 0.0, "p_max": 0.01, "min_gain": 0.02}
     with pytest.MonkeyPatch.context() as mp:

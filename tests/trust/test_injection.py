@@ -15,7 +15,7 @@ from gpusync.knobs import user
 from gpusync.report import build_report
 from gpusync.reporters import render, render_as
 from gpusync.reporters.bench import technique_table
-from gpusync.tune import Decision
+from gpusync.tune import Decision, RunStatus
 from tests.conftest import run_main, stderr_lines
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -27,8 +27,10 @@ HOSTILE = ["$(touch PWNED) a b", "`touch PWNED`", "x; touch PWNED", "it's \"quot
 def tuned(base: dict, chosen: dict) -> tune_script.ScriptTune:
     """A tune whose decision chose `chosen` over the script's own `base` settings."""
     changed = {k: v for k, v in chosen.items() if base.get(k) != v}
-    runs = [tune_script.Run(knobs.Candidate("baseline", base), status="run"),
-            tune_script.Run(knobs.Candidate("the chosen one", chosen, changed), status="run")]
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate("baseline", base),
+                                     status=RunStatus.RUN),
+            tune_script.CandidateRun(knobs.KnobCandidate("the chosen one", chosen, changed),
+                                     status=RunStatus.RUN)]
     return tune_script.ScriptTune("x.py", "gpusync tune x.py", "cpu", {}, runs,
                                   decision=Decision("the chosen one"))
 
@@ -143,7 +145,7 @@ def test_a_scanned_script_named_with_a_pipe_keeps_the_markdown_table(tmp_path):
 
 def test_markdown_cells_show_file_names_literally():
     event = SyncEvent(op="item", frames=(Frame("/x/__init__.py", 3, "step"),), phase="other",
-                      step=0, stall_ms=None, fix="fix it")
+                      step=0, stall_ms=None, advice="fix it")
     report = build_report([event], steps=1, warmup=0, mode="simulate", target="t.py")
     site = dataclasses.replace(report.sites[0], module="a|b", per_rank={"0": 1.0, "1": 2.0})
     text = render(dataclasses.replace(report, sites=[site], ranks=2), "markdown")

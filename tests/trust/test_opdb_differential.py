@@ -19,7 +19,7 @@ from gpusync.devtools.opdb_known import HOST_OUTPUTS, KNOWN, SHAPE_ONLY
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """One run for the module, with the compiled observer scans use (the Python dispatch
-    mode's known gap, composite ops' allocations, is in README's "Without a GPU"). Under
+    mode's known gap, composite ops' allocations, is in docs/commands/scan.md#without-a-gpu). Under
     pytest-xdist (scripts/test.sh) the module's tests may land on several workers: the first
     to get here makes the run (about 25 s) and the others read it from the folder the workers
     of this pytest run share."""

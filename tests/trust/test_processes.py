@@ -1,8 +1,8 @@
-"""Nothing gpusync starts outlives it (README "Isolation"): `kill` of gpusync (a cancelled CI
-job, `timeout`, a scheduler's SIGTERM), Ctrl-C, `tune --timeout` and a normal end leave no
-process of the user's code running and no gpusync-* folder in TMPDIR; a script's own SIGTERM
-handler still runs. Subprocesses: the process boundary is what is tested (the real CLI, signals
-sent as a shell or a scheduler sends them)."""
+"""Nothing gpusync starts outlives it (docs/commands/common.md#isolation): `kill` of gpusync
+(a cancelled CI job, `timeout`, a scheduler's SIGTERM), Ctrl-C, `tune --timeout` and a normal
+end leave no process of the user's code running and no gpusync-* folder in TMPDIR; a script's
+own SIGTERM handler still runs. Subprocesses: the process boundary is what is tested (the real
+CLI, signals sent as a shell or a scheduler sends them)."""
 import os
 import signal
 import subprocess

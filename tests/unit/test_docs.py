@@ -259,6 +259,29 @@ def test_links_reach_a_file_and_heading(path):
             assert anchor in anchors, f"{path.name}: {target}: no such heading"
 
 
+# a docs page named in code, a message or a script's manifest: docs/commands/scan.md#steps
+DOCS_POINTER = re.compile(r"\bdocs/[\w./-]+?\.md(?:#[\w-]+)?")
+
+
+def test_every_docs_page_named_in_code_or_a_message_exists():
+    """gpusync's messages and comments, the scripts and the tests point at docs pages (and
+    their headings) by path: each must reach one, as README sections once moved away."""
+    sources = [p for folder in ("gpusync", "scripts", "tests") for p in (ROOT / folder).rglob("*")
+               if p.suffix in (".py", ".sh", ".yaml", ".cpp") and p.is_file()]
+    named = 0
+    for source in sources:
+        for pointer in DOCS_POINTER.findall(source.read_text(errors="replace")):
+            file, _, anchor = pointer.partition("#")
+            page = ROOT / file
+            assert page.is_file(), f"{source.relative_to(ROOT)} names missing {pointer}"
+            if anchor:
+                _, text = _fenced(page.read_text())
+                anchors = {_anchor(h) for h in re.findall(r"^#+ (.*)$", text, re.M)}
+                assert anchor in anchors, f"{source.relative_to(ROOT)}: {pointer}: no such heading"
+            named += 1
+    assert named  # the pattern still finds what the code names
+
+
 def test_readme_is_short_and_links_every_page():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 150

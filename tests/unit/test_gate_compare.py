@@ -1,7 +1,7 @@
 """The count gate and its GitHub annotations on fabricated baselines and reports."""
 import dataclasses
 
-from gpusync.gate import Problem, Verdict, combine, compare_counts
+from gpusync.gate import GateStatus, Problem, ProblemKind, Verdict, combine, compare_counts
 from gpusync.report import Process, Report, Site
 from gpusync.reporters import render_as
 
@@ -13,9 +13,9 @@ def render(verdict: Verdict, fmt: str) -> str:
 KEY = "item | other | - | train.py | <module>"
 
 
-def site(line, per_step, fix="keep the value on the device", setup=False):
+def site(line, per_step, advice="keep the value on the device", setup=False):
     return Site(op="item", phase="other", module=None, file="train.py", function="<module>",
-                line=line, per_step=per_step, fix=fix, setup=setup, hook=None)
+                line=line, per_step=per_step, advice=advice, setup=setup, hook=None)
 
 
 def base(per_step=1.0, margin=0.0, lines=(8,), fix="baseline fix"):
@@ -33,57 +33,59 @@ def report(*sites, measured_steps=2, syncs_per_step=0.5, max_syncs_per_step=1):
 def test_a_margin_tolerates_more_syncs_never_fewer():
     assert compare_counts(base(per_step=2.0, margin=1.0), report(site(8, 3.0))) == []
     [problem] = compare_counts(base(per_step=3.0, margin=2.0), report(site(8, 1.0)))
-    assert problem.kind == "fewer syncs" and "update the baseline" in problem.message
+    assert problem.kind is ProblemKind.FEWER_SYNCS and "update the baseline" in problem.message
 
 
 def test_more_syncs_point_at_the_line_the_baseline_did_not_have():
     [problem] = compare_counts(base(lines=(8,)), report(site(8, 1.0), site(12, 1.0, "now fix")))
-    assert (problem.kind, problem.file, problem.line, problem.fix) == (
-        "more syncs", "train.py", 12, "now fix")
-    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    assert (problem.kind, problem.file, problem.line, problem.advice) == (
+        ProblemKind.MORE_SYNCS, "train.py", 12, "now fix")
+    line = render(Verdict(GateStatus.REGRESSION, [problem]), "github").splitlines()[0]
     assert line.startswith("::error file=train.py,line=12,title=gpusync%3A more syncs::")
     assert line.endswith("%0Afix: now fix")
 
 
 def test_a_site_gone_is_annotated_at_the_baselines_line_with_its_fix():
     [problem] = compare_counts(base(lines=(8, 9)), report())
-    assert (problem.kind, problem.file, problem.line, problem.fix) == (
-        "site gone", "train.py", 8, "baseline fix")
-    line = render(Verdict("regression", [problem]), "github").splitlines()[0]
+    assert (problem.kind, problem.file, problem.line, problem.advice) == (
+        ProblemKind.SITE_GONE, "train.py", 8, "baseline fix")
+    line = render(Verdict(GateStatus.REGRESSION, [problem]), "github").splitlines()[0]
     assert line == ("::warning file=train.py,line=8,title=gpusync%3A site gone::fewer syncs "
                     "(update the baseline): item | other | - | train.py | <module>: 1 -> 0/step"
                     "%0Afix: baseline fix")
 
 
 def test_a_suggestion_only_for_wins():
-    win = Problem("fewer syncs", "fewer")
-    assert combine([win, Problem("site gone", "gone")], None).only_improvements
-    assert not combine([win, Problem("new site", "new")], None).only_improvements
-    assert not combine([win], ("regression", "slower: 1.3x")).only_improvements
+    win = Problem(ProblemKind.FEWER_SYNCS, "fewer")
+    assert combine([win, Problem(ProblemKind.SITE_GONE, "gone")], None).only_improvements
+    assert not combine([win, Problem(ProblemKind.NEW_SITE, "new")], None).only_improvements
+    assert not combine([win], (GateStatus.REGRESSION, "slower: 1.3x")).only_improvements
     assert not combine([], None).only_improvements
 
 
 def test_fewer_syncs_fail_the_gate_as_an_unrecorded_improvement_not_a_regression():
-    win = combine([Problem("fewer syncs", "fewer syncs: k 2 -> 1 per step", "a.py", 3)], None)
-    assert win.status == "regression" and win.exit_code == 1  # still fails: record the win
+    win = combine([Problem(ProblemKind.FEWER_SYNCS, "fewer syncs: k 2 -> 1 per step", "a.py",
+                           3)], None)
+    assert win.status is GateStatus.REGRESSION and win.exit_code == 1  # still fails: record the win
     text = render(win, "text")
     assert text.endswith("gate: unrecorded improvement (fewer syncs than the baseline records: "
                          "commit the suggested baseline to record it)\n")
-    worse = combine([Problem("fewer syncs", "f"), Problem("new site", "n")], None)
+    worse = combine([Problem(ProblemKind.FEWER_SYNCS, "f"), Problem(ProblemKind.NEW_SITE, "n")],
+                    None)
     assert render(worse, "text").endswith("gate: regression\n")
 
 
 def test_annotations_without_a_line_or_file():
-    verdict = Verdict("regression", [Problem("new site", "x", "a.py", 0),
-                                     Problem("slower", "slower: 1.3x, p=0.001")])
+    verdict = Verdict(GateStatus.REGRESSION, [Problem(ProblemKind.NEW_SITE, "x", "a.py", 0),
+                                     Problem(ProblemKind.SLOWER, "slower: 1.3x, p=0.001")])
     assert render(verdict, "github").splitlines() == [
         "::error file=a.py,title=gpusync%3A new site::x",
         "::error title=gpusync%3A slower::slower: 1.3x, p=0.001"]
 
 
 def test_text_and_json_formats_are_unchanged():
-    verdict = Verdict("regression", [Problem("new site", "new sync site: k (1/step)", "a.py", 3,
-                                             "k", "do this")])
+    verdict = Verdict(GateStatus.REGRESSION, [Problem(
+        ProblemKind.NEW_SITE, "new sync site: k (1/step)", "a.py", 3, "k", "do this")])
     assert render(verdict, "text") == ("FAIL new sync site: k (1/step) (a.py:3)\n  fix: do this\n"
                                        "gate: regression\n")
     import json
@@ -97,7 +99,8 @@ def test_text_and_json_formats_are_unchanged():
 
 def test_annotations_escape_what_workflow_commands_require():
     # data: % CR LF; properties (file, title): also : and ,
-    verdict = Verdict("regression", [Problem("new site", "50% a\r\nb", "a,b:c.py", 3)])
+    verdict = Verdict(GateStatus.REGRESSION,
+                      [Problem(ProblemKind.NEW_SITE, "50% a\r\nb", "a,b:c.py", 3)])
     assert render(verdict, "github").splitlines()[0] == (
         "::error file=a%2Cb%3Ac.py,line=3,title=gpusync%3A new site::50%25 a%0D%0Ab")
 
@@ -115,7 +118,7 @@ def test_the_same_run_gives_the_baselines_figure_exactly():
 
 def test_a_new_site_is_shown_at_its_line_not_at_a_setup_site_with_its_key():
     [problem] = compare_counts({"sites": []}, report(site(213, 0.0, setup=True), site(316, 1.0)))
-    assert (problem.kind, problem.line) == ("new site", 316)
+    assert (problem.kind, problem.line) == (ProblemKind.NEW_SITE, 316)
 
 
 def test_a_spawned_processs_site_is_keyed_on_its_own_by_the_processs_name():

@@ -89,7 +89,7 @@ def report(tmp_path_factory):
 def test_scan_page_shows_sites_fixes_setup_and_plots(report):
     page = render_scan(report)
     text = check_page(page).joined
-    from gpusync.reporters.common import fix_line, numbered, short_path, summary
+    from gpusync.reporters.common import advice_line, numbered, short_path, summary
 
     assert summary(report) in text
     steady = [(i, s) for i, s in numbered(report) if not s.setup]
@@ -98,9 +98,9 @@ def test_scan_page_shows_sites_fixes_setup_and_plots(report):
     for i, s in steady:  # the site bars are labelled "#n op file:line"
         assert f"#{i} {s.op} {short_path(s.file)}:{s.line}" in text
     for _, s in steady + setup:
-        assert fix_line(s) in text
+        assert advice_line(s) in text
     assert text.index("Sites, per step") < text.index("Setup: ") < text.index(
-        fix_line(setup[0][1]))
+        advice_line(setup[0][1]))
     assert "syncs/step" in text and page.count("<svg") == 2  # phases, sites
     for phase in report.syncs_by_phase:
         assert phase in text
@@ -117,7 +117,7 @@ def test_predicted_sites_are_marked(report):
 
 
 def test_user_strings_are_escaped(report):
-    site = dataclasses.replace(report.sites[0], op=EVIL, fix=EVIL, module=EVIL)
+    site = dataclasses.replace(report.sites[0], op=EVIL, advice=EVIL, module=EVIL)
     evil = dataclasses.replace(report, target=EVIL, notes=[EVIL], error=EVIL,
                                sites=[site, *report.sites[1:]])
     page = render_scan(evil)
@@ -221,16 +221,17 @@ def test_tune_page_highlights_the_chosen_candidate():
 
 
 def test_tune_profile_document_is_drawn_from_its_samples(bench_result):
-    from gpusync.profiles import Candidate, Profile
+    from gpusync.profiles import Profile, ProfileCandidate
     from gpusync.reporters import render_as
-    from gpusync.tune import CandidateVerdict, Decision, ProfileTune, Status
+    from gpusync.tune import CandidateStatus, CandidateVerdict, Decision, ProfileTune
 
     profile = Profile("demo", "demo.py:make", candidates=[
-        Candidate("naive", {}), Candidate("fast", {"pipeline": "fast"}), Candidate(EVIL, {})])
+        ProfileCandidate("naive", {}), ProfileCandidate("fast", {"pipeline": "fast"}),
+        ProfileCandidate(EVIL, {})])
     decision = Decision("fast", {
-        "naive": CandidateVerdict(Status.REFERENCE),
-        "fast": CandidateVerdict(Status.CHOSEN, "median 10% faster"),
-        EVIL: CandidateVerdict(Status.DIFFERS, "results differ from the baseline (n/a)")})
+        "naive": CandidateVerdict(CandidateStatus.REFERENCE),
+        "fast": CandidateVerdict(CandidateStatus.CHOSEN, "median 10% faster"),
+        EVIL: CandidateVerdict(CandidateStatus.DIFFERS, "results differ from the baseline (n/a)")})
     tuned = ProfileTune(profile, bench_result, decision)
     validator("gpusync-tune-profile").validate(json.loads(render_as("tune", tuned, "json")))
     page = render_as("tune", tuned, "html")

@@ -80,17 +80,18 @@ def test_a_script_tunes_statuses_come_from_the_typed_verdicts():
     are both `rejected`, a candidate not clearly faster only `run`, and the choice `chosen`."""
     from gpusync import knobs, tune_script
     from gpusync.reporters import render_as
-    from gpusync.tune import CandidateVerdict, Decision, Status
+    from gpusync.tune import CandidateStatus, CandidateVerdict, Decision, RunStatus
 
     names = ["baseline", "fast", "differs", "approximate", "slow"]
-    runs = [tune_script.Run(knobs.Candidate(name, {"env:X": name}), status="run")
-            for name in names]
+    runs = [tune_script.CandidateRun(knobs.KnobCandidate(name, {"env:X": name}),
+                                     status=RunStatus.RUN) for name in names]
     decision = Decision("fast", {
-        "baseline": CandidateVerdict(Status.REFERENCE),
-        "fast": CandidateVerdict(Status.CHOSEN, "median 20.0% faster than the baseline"),
-        "differs": CandidateVerdict(Status.DIFFERS, "results differ from the baseline (x)"),
-        "approximate": CandidateVerdict(Status.NOT_CONSIDERED, "approximate (x)"),
-        "slow": CandidateVerdict(Status.NOT_FASTER, "median 1.0% faster")})
+        "baseline": CandidateVerdict(CandidateStatus.REFERENCE),
+        "fast": CandidateVerdict(CandidateStatus.CHOSEN, "median 20.0% faster than the baseline"),
+        "differs": CandidateVerdict(CandidateStatus.DIFFERS,
+                                    "results differ from the baseline (x)"),
+        "approximate": CandidateVerdict(CandidateStatus.NOT_CONSIDERED, "approximate (x)"),
+        "slow": CandidateVerdict(CandidateStatus.NOT_FASTER, "median 1.0% faster")})
     tune = tune_script.ScriptTune("x.py", "gpusync tune x.py", "cpu", {}, runs,
                                   decision=decision)
     data = json.loads(render_as("tune-script", tune, "json"))

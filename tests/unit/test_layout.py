@@ -95,7 +95,7 @@ def test_detection_core_imports_nothing_above_it():
     assert not upward, "\n".join(sorted(upward))
 
 
-# README's Layout, top to bottom: a module imports only from its own layer or those below it.
+# docs/design.md's Layout, top to bottom: a module imports only from its own layer or below.
 # (gpusync.errors, _version, api and pytest_plugin, the package's face, stand outside.)
 LAYERS = [
     "cli", "commands", "reporters", "fix", "tune_script", "tune", "gate", "baseline", "bench",

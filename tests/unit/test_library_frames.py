@@ -8,7 +8,7 @@ import torch
 from gpusync import baseline
 from gpusync.detect.events import Frame, SyncEvent
 from gpusync.detect.frames import user_frames
-from gpusync.detect.libraries import library_fix
+from gpusync.detect.libraries import library_advice
 from gpusync.report import build_report
 from gpusync.reporters import render
 
@@ -65,12 +65,12 @@ def test_setup_only_sites_are_apart_and_out_of_baselines():
 def test_known_library_syncs_get_the_remedy_at_the_users_level():
     scaler = Frame(os.path.join(TORCH, "amp", "grad_scaler.py"), 371, "GradScaler._maybe_opt_step",
                    True)
-    assert "fused=True" in library_fix((scaler, USER_A))
+    assert "fused=True" in library_advice((scaler, USER_A))
     wb = Frame("/x/site-packages/fbgemm_gpu/utils/writeback_util.py", 40,
                "compute_writeback_indices", True)
-    assert "precompute_writeback=True" in library_fix((wb, USER_A))
-    assert library_fix((LIB_X, USER_A)) is None  # unknown library: the op's own fix
-    assert library_fix((USER_A, scaler)) is None  # only the path beneath the user's line
+    assert "precompute_writeback=True" in library_advice((wb, USER_A))
+    assert library_advice((LIB_X, USER_A)) is None  # unknown library: the op's own fix
+    assert library_advice((USER_A, scaler)) is None  # only the path beneath the user's line
 
 
 def test_torchrec_pipeline_stages_are_phases_of_their_own():

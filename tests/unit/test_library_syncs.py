@@ -10,8 +10,8 @@ import torch
 
 import gpusync
 from gpusync.detect.events import Frame
-from gpusync.detect.libraries import ENTRIES, FRAMEWORKS, library_fix
-from gpusync.detect.rules import DISPATCH_RULES, FIXES, NAMED_RULES, QUIET
+from gpusync.detect.libraries import ENTRIES, FRAMEWORKS, library_advice
+from gpusync.detect.rules import ADVICE, DISPATCH_RULES, NAMED_RULES, QUIET
 from tests.conftest import run_main
 
 pytestmark = pytest.mark.usefixtures("in_process")
@@ -79,10 +79,10 @@ def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_p
         16: ("bool()", "Distribution.__init__", "validate_args=False"),
         18: ("bool()", "_detect_is_causal_mask", "is_causal=True"),
         23: ("float()", "ReduceLROnPlateau.step", "host float"),
-        24: ("sparse_coo_tensor size", None, FIXES["sparse_coo_tensor size"]),
-        26: ("ctc_loss lengths", None, FIXES["ctc_loss lengths"]),
-        27: ("ctc_loss (CUDA kernel)", None, FIXES["ctc_loss (CUDA kernel)"]),
-        30: ("isin", None, FIXES["isin"]),
+        24: ("sparse_coo_tensor size", None, ADVICE["sparse_coo_tensor size"]),
+        26: ("ctc_loss lengths", None, ADVICE["ctc_loss lengths"]),
+        27: ("ctc_loss (CUDA kernel)", None, ADVICE["ctc_loss (CUDA kernel)"]),
+        30: ("isin", None, ADVICE["isin"]),
     }
     assert sorted(lines) == sorted(expect), lines  # the remedied lines and quantile: nothing
     for line, (op, beneath, fix) in expect.items():
@@ -168,7 +168,7 @@ def test_fbgemm_ops_sync_without_their_size_argument(tmp_path, observer):
               17: "fbgemm jagged_index_select"}
     assert {line: [o for o, _, _ in v] for line, v in lines.items()} == {
         line: [op] for line, op in expect.items()}
-    assert all(v[0][2] == FIXES[v[0][0]] for v in lines.values())
+    assert all(v[0][2] == ADVICE[v[0][0]] for v in lines.values())
     # called directly: no library path beneath (torch.library's autograd glue is plumbing)
     assert all(beneath is None for v in lines.values() for _, beneath, _ in v)
 
@@ -201,12 +201,13 @@ def test_kjt_per_key_lengths_get_the_construct_with_length_per_key_remedy(tmp_pa
     pytest.importorskip("torchrec")
     lines = by_line(scan_sites(tmp_path, KJT_SCRIPT))
     assert sorted(lines) == [13, 14, 15, 16, 17], lines  # length_per_key given: nothing
-    kjt_fix = next(e.fix for e in ENTRIES if "_maybe_compute_length_per_key" in e.functions)
-    permute_fix = next(e.fix for e in ENTRIES if e.functions == ("KeyedJaggedTensor.permute",))
+    kjt_advice = next(e.advice for e in ENTRIES if "_maybe_compute_length_per_key" in e.functions)
+    permute_advice = next(e.advice for e in ENTRIES
+                          if e.functions == ("KeyedJaggedTensor.permute",))
     for line in (13, 14, 15, 16):
-        assert {fix for _, _, fix in lines[line]} == {kjt_fix}, lines[line]
+        assert {fix for _, _, fix in lines[line]} == {kjt_advice}, lines[line]
     # a permute without indices_tensor also copies its indices up
-    assert {fix for _, _, fix in lines[17]} == {kjt_fix, permute_fix}
+    assert {fix for _, _, fix in lines[17]} == {kjt_advice, permute_advice}
 
 
 A2A_SCRIPT = textwrap.dedent("""\
@@ -250,9 +251,9 @@ def test_kjt_inside_input_dist_keeps_the_input_dist_remedy():
     inner = (lib("torchrec/sparse/jagged_tensor.py", "_safe_tolist"),
              lib("torchrec/sparse/jagged_tensor.py", "_maybe_compute_length_per_key"),
              lib("torchrec/sparse/jagged_tensor.py", "KeyedJaggedTensor.length_per_key"))
-    alone = library_fix(inner + (USER,))
+    alone = library_advice(inner + (USER,))
     assert alone is not None and "length_per_key=" in alone
-    sharded = library_fix(inner + (lib("torchrec/distributed/embeddingbag.py",
+    sharded = library_advice(inner + (lib("torchrec/distributed/embeddingbag.py",
                                        "ShardedEmbeddingBagCollection.input_dist"), USER))
     assert sharded is not None and "train pipeline" in sharded
 
@@ -275,7 +276,7 @@ def test_torchrec_and_fbgemm_entries_win_over_the_input_dist_one(path, function,
     # innermost: torchrec's _safe_tolist; outermost: the pipeline's data-dist stage
     frames = (lib("torchrec/sparse/jagged_tensor.py", "_safe_tolist"), lib(path, function),
               lib("torchrec/distributed/train_pipeline/utils.py", "_start_data_dist"), USER)
-    fix = library_fix(frames)
+    fix = library_advice(frames)
     assert fix is not None and phrase in fix
 
 
@@ -286,8 +287,8 @@ def test_tbe_iteration_counter_entry_needs_its_line():
     src = open(tbe.__file__).read().splitlines()
     at = next(i for i, s in enumerate(src, 1) if "self.iter.cpu().item()" in s)
     fwd = "SplitTableBatchedEmbeddingBagsCodegen.forward"
-    assert "iter_cpu" in library_fix((Frame(tbe.__file__, at, fwd, True), USER))
-    assert library_fix((Frame(tbe.__file__, 1, fwd, True), USER)) is None  # another line
+    assert "iter_cpu" in library_advice((Frame(tbe.__file__, at, fwd, True), USER))
+    assert library_advice((Frame(tbe.__file__, 1, fwd, True), USER)) is None  # another line
 
 
 def test_every_entry_names_a_function_its_installed_library_has():
@@ -348,4 +349,4 @@ def test_every_new_label_has_its_fix():
     labels = {"isin", "ctc_loss lengths", "ctc_loss (CUDA kernel)", "sparse_coo_tensor size",
               "nested tensor from mask", "fbgemm permute", "fbgemm dense_to_jagged",
               "fbgemm jagged_index_select"}
-    assert labels <= set(FIXES)
+    assert labels <= set(ADVICE)

@@ -263,8 +263,8 @@ def test_fix_pins_the_loader_of_non_blocking_copies_verified(tmp_path):
 
 def test_the_scans_advice_for_a_pageable_non_blocking_copy_is_the_loaders_pinning():
     """Not tensor.pin_memory() on the main thread, which is itself a copy the step waits for."""
-    from gpusync.detect.rules import FIXES
+    from gpusync.detect.rules import ADVICE
 
-    advice = FIXES[dataloader.PAGEABLE]
+    advice = ADVICE[dataloader.PAGEABLE]
     assert "DataLoader(..., pin_memory=True)" in advice
     assert "tensor.pin_memory()" not in advice

@@ -10,7 +10,7 @@ from gpusync.reporters import render
 
 def ev(op, step, line=10, phase="other", stall=None):
     return SyncEvent(op=op, frames=(Frame("/x/train.py", line, "step"),), phase=phase,
-                     step=step, stall_ms=stall, fix="fix it")
+                     step=step, stall_ms=stall, advice="fix it")
 
 
 def test_per_step_counts_skip_warmup_and_tail():
@@ -21,6 +21,13 @@ def test_per_step_counts_skip_warmup_and_tail():
     assert by_op["item"].count == 4 and by_op["item"].per_step == 1.0  # steps 1 and 2
     assert by_op["nonzero"].per_step == 1.0
     assert r.max_syncs_per_step == 3 and r.syncs_per_step == 2.0
+
+
+def test_a_sites_advice_is_still_read_as_fix_for_one_release():
+    """gpusync.Site is public API: its old name for the advice warns, and still answers."""
+    [site] = build_report([ev("item", 0)], steps=1, warmup=0, mode="simulate").sites
+    with pytest.warns(DeprecationWarning, match="read Site.advice"):
+        assert site.fix == site.advice == "fix it"
 
 
 def test_sites_ranked_by_stall_then_count():
@@ -41,6 +48,7 @@ def test_json_round_trip_and_schema():
     assert d["sites"][0]["frames"][0] == {"file": "/x/train.py", "line": 10, "function": "step",
                                           "library": False}
     assert d == r.to_dict()
+    assert "advice" not in d["sites"][0] and d["sites"][0]["fix"] == r.sites[0].advice == "fix it"
     # how a report crosses to another gpusync process: every field, typed ones as objects
     assert Report.decode(json.loads(json.dumps(r.encode()))) == r
 
@@ -78,7 +86,7 @@ def test_one_site_key_for_events_ranks_baselines_fix_and_the_cost_model():
     assert spawned.key != first.key
     assert spawned.key == dataclasses.replace(spawned, process=Process(8, "SpawnProcess-1")).key
     assert spawned.key.stable("0").endswith(" | rank 0 | spawned SpawnProcess-1")
-    moved = dataclasses.replace(first, phase="forward", fix="another")
+    moved = dataclasses.replace(first, phase="forward", advice="another")
     assert moved.key != first.key and moved.key.place == first.key.place
 
 

@@ -1,7 +1,7 @@
 """Rule decisions on arguments, without running anything."""
 import torch
 
-from gpusync.detect.rules import DISPATCH_RULES, FIXES
+from gpusync.detect.rules import ADVICE, DISPATCH_RULES
 
 aten = torch.ops.aten
 ON = lambda t: isinstance(t, torch.Tensor)  # noqa: E731  everything on the device
@@ -58,4 +58,4 @@ def test_every_label_has_a_fix():
               "bincount", "histc", "equal", "coalesce", "tolist", "numpy", "repr", "D2H copy",
               "H2D copy", "H2D copy (torch.tensor)", "pageable non_blocking copy",
               "cuda.synchronize", "Event.synchronize", "Stream.synchronize", "sync"}
-    assert labels <= set(FIXES)
+    assert labels <= set(ADVICE)

@@ -12,7 +12,7 @@ from gpusync import scan, verbosity
 from gpusync.report import build_report
 from gpusync.runs import CandidateJob, ChildResult, FixJob, ScanJob, TimingJob, inprocess
 from gpusync.runs.jobs import load_job
-from gpusync.runs.results import STOPPED, TIMED_OUT, Status
+from gpusync.runs.results import STOPPED, TIMED_OUT, ChildStatus
 
 SCRIPT = textwrap.dedent('''
     import os, sys, warnings
@@ -51,7 +51,7 @@ def test_a_run_stopped_from_outside_keeps_only_its_report():
     written = {"status": "done", "report": report.encode(), "samples_ms": [1.0]}
     for code in (TIMED_OUT, STOPPED):
         result = ChildResult.decode(written, code)
-        assert result.status is Status.RUNNING and result.report == report
+        assert result.status is ChildStatus.RUNNING and result.report == report
         assert not result.samples_ms
     assert "time limit" in ChildResult.decode(written, TIMED_OUT).candidate_failure()[1]
     assert ChildResult.decode(None, -9).scan_outcome().failure == (
@@ -72,7 +72,7 @@ def test_an_in_process_scan_leaves_the_process_as_it_found_it(tmp_path):
                                               warmup=1, mode="simulate", script_args=("7",),
                                               verbosity=verbosity.QUIET))
     assert _state() == before
-    assert result.status is Status.EARLY_EXIT and result.code == 7 and result.returncode == 7
+    assert result.status is ChildStatus.EARLY_EXIT and result.code == 7 and result.returncode == 7
     outcome = result.scan_outcome()
     assert "os._exit(7)" in outcome.failure and outcome.report.steps == 3
     assert [(s.op, s.line) for s in outcome.report.sites if not s.setup] == [("item", 10)]
@@ -88,7 +88,7 @@ def test_in_process_and_in_a_child_a_scan_has_one_outcome(tmp_path):
     job = ScanJob(target=str(tmp_path / "train.py"), steps=None, warmup=1, mode="simulate",
                   script_args=("0",))
     here, there = inprocess.run_in_process(job), process.run_child(job)
-    assert here.status is there.status is Status.DONE
+    assert here.status is there.status is ChildStatus.DONE
     sites = [[(s.op, s.line, s.count) for s in r.report.sites] for r in (here, there)]
     assert sites[0] == sites[1] and sites[0]
 
@@ -106,7 +106,7 @@ def test_a_candidate_that_raises_fails_with_its_reason_and_last_lines(tmp_path, 
     job = CandidateJob(target=str(tmp_path / "toy.py"), mode="simulate", warmup=1, steps=3,
                        settings={"env:TOY": "crash"})
     result, failure = runs.candidate(job, timeout=60)
-    assert result.status is Status.USER_ERROR
+    assert result.status is ChildStatus.USER_ERROR
     assert failure == "raised RuntimeError: toy crash"
     assert result.output.startswith("TOY is crash\nTraceback")
     assert result.output.endswith("RuntimeError: toy crash") and "TOY" not in os.environ

@@ -4,7 +4,7 @@ import pytest
 
 from gpusync.bench.harness import Measurement, TechniqueResult
 from gpusync.errors import BadInput
-from gpusync.profiles import Candidate, parse_profile
+from gpusync.profiles import ProfileCandidate, parse_profile
 from gpusync.tune import decide
 
 
@@ -28,7 +28,7 @@ def result(*variants, noise=0.0):
 
 def cands(**approximate):
     names = ["base", "fast", "faster", "wrong", "stale", "noisy"]
-    return {n: Candidate(n, {}, approximate.get(n, False)) for n in names}
+    return {n: ProfileCandidate(n, {}, approximate.get(n, False)) for n in names}
 
 
 def choose(res, allow=False, tolerance=0.0, candidates=None):
@@ -96,13 +96,14 @@ def test_tune_block_parses_into_candidates():
     profile = parse_profile({**PROFILE, "tune": {"candidates": [
         {"name": "a", "args": {"x": 1}}, {"name": "b", "approximate": True, "note": "n"}]}},
         "p.yaml")
-    assert profile.candidates == [Candidate("a", {"x": 1}), Candidate("b", {}, True, "n")]
+    assert profile.candidates == [ProfileCandidate("a", {"x": 1}),
+                                  ProfileCandidate("b", {}, True, "n")]
 
 
 def test_fit_shrinks_the_block_to_the_steps_a_script_runs():
-    from gpusync.tune_script import Plan, _fit
+    from gpusync.tune_script import TunePlan, _fit
 
-    plan = Plan("t.py", (), "simulate", block=20, repeats=10, warmup=2, timeout=60)
+    plan = TunePlan("t.py", (), "simulate", block=20, repeats=10, warmup=2, timeout=60)
     assert _fit(plan, 199).block == 19
     assert _fit(plan, 12).block == 1
     assert _fit(plan, 11) is None  # not even one-step samples fit: the baseline fails

@@ -123,7 +123,7 @@ def test_an_nccl_groups_object_collectives_are_predicted_at_the_users_line(group
     assert [g[:3] for g in got] == [x[:3] for x in expected]
     assert all(f"torch.distributed.{x[3]} " in g[3] and "NCCL" in g[3]
                for g, x in zip(got, expected, strict=True))
-    assert {e.fix for e in s.events} == {c10d.FIX}
+    assert {e.advice for e in s.events} == {c10d.ADVICE}
     # all_gather and gather of one: 2 copies up, max().item(), 1 copy back and its trim;
     # the broadcast source: 2 copies up per object; scatter's source adds a resize_ read and
     # a torch.tensor

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from gpusync.detect.rules import FIXES
+from gpusync.detect.rules import ADVICE
 from gpusync.detect.session import Session
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
@@ -56,7 +56,7 @@ def test_empty_cache_waits_for_the_device_and_peak_stats_do_not():
         torch.cuda.reset_peak_memory_stats()
         torch.cuda.empty_cache()
         assert ops(s) == ["empty_cache"]
-        assert s.events[0].fix == FIXES["empty_cache"]
+        assert s.events[0].advice == ADVICE["empty_cache"]
 
 
 def test_a_cuda_profiler_profiles_the_cpu_and_waits_on_exit(capfd):

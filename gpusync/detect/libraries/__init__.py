@@ -1,7 +1,7 @@
 """What gpusync knows of each library, one module per library (pytorch, ddp, torchrec, fbgemm,
 and the training frameworks: transformers, accelerate, lightning, timm):
 its known syncs and their remedies, the files and functions that mark its phases, the facts its
-virtual stand-ins and gpusync's knobs (gpusync/knobs/) rely on. The scan (library_fix), the
+virtual stand-ins and gpusync's knobs (gpusync/knobs/) rely on. The scan (library_advice), the
 phases, the frames, virtual_libs.py and the knobs all read them here; how to patch and how to
 virtualize stay with them.
 
@@ -16,7 +16,7 @@ with `inside` applies only when a frame of that path lies in one of those.
 
 A framework's entries (FRAMEWORKS) also name the step of the framework's loop that makes the
 sync (`step`: "Trainer NaN/Inf loss filter"), since every sync of `trainer.train()` lands on
-that one line of the user's; their fix is the framework's own lever (an argument, a flag),
+that one line of the user's; their advice is the framework's own lever (an argument, a flag),
 not advice aimed at the framework's code. They are asked first, along the whole library path
 from its outermost frame in: a checkpoint's torch.save is the framework's checkpoint (its
 `_save_checkpoint` calls `save_model`) before it is torch's serialization. So an entry names
@@ -35,7 +35,7 @@ from ..events import Frame, FrameworkStep
 class Entry:
     path: str  # part of the file path, "/" separators: "torchrec/sparse/jagged_tensor.py"
     functions: tuple[str, ...]  # a frame's (qualified) function name contains one of these
-    fix: str
+    advice: str
     source: str  # where the sync is: "file.py function"
     checked: str  # the library version whose source this was read in
     outside: tuple[str, ...] = ()  # not when the library path goes through these
@@ -77,13 +77,14 @@ def _entries() -> tuple[tuple[Entry, ...], tuple[Entry, ...], tuple[Entry, ...]]
     # a TrainingArguments field (its entries there are `inside` the Trainer)
     return (pytorch.ENTRIES + torchrec.ENTRIES + fbgemm.ENTRIES + ddp.ENTRIES
             + torchmetrics.ENTRIES,
-            fbgemm.REMEDIES + torchrec.REMEDIES + pytorch.REMEDIES + ddp.REMEDIES,
+            fbgemm.LIBRARY_ADVICE + torchrec.LIBRARY_ADVICE + pytorch.LIBRARY_ADVICE
+            + ddp.LIBRARY_ADVICE,
             transformers.ENTRIES + accelerate.ENTRIES + lightning.ENTRIES + timm.ENTRIES)
 
 
-# ENTRIES: a sync at one place; REMEDIES: broader, for any sync under a library path, asked
+# ENTRIES: a sync at one place; LIBRARY_ADVICE: broader, for any sync under a library path, asked
 # after the entries of each frame; FRAMEWORKS: a framework's step, asked before both.
-ENTRIES, REMEDIES, FRAMEWORKS = _entries()
+ENTRIES, LIBRARY_ADVICE, FRAMEWORKS = _entries()
 
 
 def match(frame: Frame, path: tuple[Frame, ...]) -> Entry | None:
@@ -94,26 +95,26 @@ def match(frame: Frame, path: tuple[Frame, ...]) -> Entry | None:
     return None
 
 
-def library_fix(frames: tuple[Frame, ...]) -> str | None:
-    """The user-level remedy for a sync whose stack goes through a known library path."""
+def library_advice(frames: tuple[Frame, ...]) -> str | None:
+    """The user-level advice for a sync whose stack goes through a known library path."""
     return known(frames)[0]
 
 
 def known(frames: tuple[Frame, ...]) -> tuple[str | None, FrameworkStep | None]:
-    """(the user-level remedy, the framework's step) for a sync whose stack goes through a
+    """(the user-level advice, the framework's step) for a sync whose stack goes through a
     known library path; (None, None) when none is known."""
     path = _library_path(frames)
     for frame in reversed(path):
         for step in FRAMEWORKS:
             if step.matches(frame, path):
-                return step.fix, _step(step, frame)
+                return step.advice, _step(step, frame)
     for frame in path:
         entry = match(frame, path)
         if entry is not None:
-            return entry.fix, None
-        for remedy in REMEDIES:
-            if remedy.matches(frame, path):
-                return remedy.fix, None
+            return entry.advice, None
+        for broad in LIBRARY_ADVICE:
+            if broad.matches(frame, path):
+                return broad.advice, None
     return None, None
 
 

@@ -10,7 +10,7 @@ Step = tuple[str, str]
 PREDICTED = ("made by torch.distributed.{name} when its group is NCCL "
              "(distributed_c10d.py): the pickled objects and their sizes go through the GPU "
              "and each size is read back on the host; the group runs gloo here")
-FIX = ("pass a host group for objects, made once: group=dist.new_group(backend=\"gloo\") "
+ADVICE = ("pass a host group for objects, made once: group=dist.new_group(backend=\"gloo\") "
        "(the objects then stay on the host), or exchange tensors (all_gather_into_tensor) "
        "instead of pickled objects; keep object collectives out of the step")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import Entry
 
 ENTRIES: tuple[Entry, ...] = ()
-REMEDIES: tuple[Entry, ...] = ()
+LIBRARY_ADVICE: tuple[Entry, ...] = ()
 
 # What each predicted sync is, as its report says it.
 VERIFY = ("made in C++ by DDP's verify_params_across_processes (reducer.cpp) on CUDA "

@@ -40,7 +40,7 @@ ENTRIES = (
           "(actions_count_gpu.item())", V),
 )
 
-REMEDIES = (
+LIBRARY_ADVICE = (
     Entry("fbgemm_gpu/", ("writeback",),
           "fbgemm's EXACT_SGD writeback dedup (unique, nonzero) runs on the host in its "
           "backward hook: set UserEnabledConfigDefinition(use_writeback_bwd_prehook=True, "

@@ -16,7 +16,7 @@ SCALER_FILE = os.path.join("torch", "amp", "grad_scaler.py")
 PLUMBING = ("functional.py", "_tensor.py", "nn/functional.py", "overrides.py",
             "_jit_internal.py", "utils/_device.py", "nn/modules/module.py", "_ops.py",
             "_compile.py", "_dynamo/", "_library/")
-SERIALIZATION_FIX = ("torch.save / torch.load copy CUDA tensors to and from the host, one "
+SERIALIZATION_ADVICE = ("torch.save / torch.load copy CUDA tensors to and from the host, one "
                      "blocking copy per storage: checkpoint less often, or copy the state to "
                      "pinned host memory with non_blocking=True and save it from there")
 
@@ -50,7 +50,7 @@ ENTRIES = (
           "torch/optim/lr_scheduler.py ReduceLROnPlateau.step", V),
 )
 
-REMEDIES = (
+LIBRARY_ADVICE = (
     Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
           # no class named: the sync's frames do not say which optimizer it steps, and an
           # SGD user told "AdamW(..., fused=True)" would change the algorithm
@@ -64,7 +64,7 @@ REMEDIES = (
           "clip_grad_norm_(error_if_nonfinite=True) reads the norm on the host: drop "
           "error_if_nonfinite, or check with torch._assert_async(torch.isfinite(norm))",
           "torch/nn/utils/clip_grad.py clip_grad_norm_", V),
-    Entry("torch/serialization.py", (), SERIALIZATION_FIX, "torch/serialization.py save, load",
+    Entry("torch/serialization.py", (), SERIALIZATION_ADVICE, "torch/serialization.py save, load",
           V),
 )
 
@@ -85,16 +85,16 @@ DATALOADER_ITER = ("torch.utils.data.dataloader", "_BaseDataLoaderIter")
 # A module's .to(device) / .cuda() copies each parameter and buffer up once, through
 # Module._apply (torch/nn/modules/module.py): it is no batch, so DataLoader advice is wrong there.
 MODULE_MOVE_FILE = os.path.join("torch", "nn", "modules", "module.py")
-MODULE_MOVE_FIX = ("a module's .to(device) / .cuda() copies each parameter and buffer to the "
+MODULE_MOVE_ADVICE = ("a module's .to(device) / .cuda() copies each parameter and buffer to the "
                    "device once: not per step, nothing to pin; to skip the copy, build the "
                    "module on the device (with torch.device('cuda'): ... or device=...)")
 
 
-def module_move_fix(label: str, raw: list[tuple[str, int, str]]) -> str | None:
-    """MODULE_MOVE_FIX for a host-to-device copy made inside Module._apply."""
+def module_move_advice(label: str, raw: list[tuple[str, int, str]]) -> str | None:
+    """MODULE_MOVE_ADVICE for a host-to-device copy made inside Module._apply."""
     if label != "H2D copy":
         return None
     for file, _, function in raw:
         if function.endswith("_apply") and file.endswith(MODULE_MOVE_FILE):
-            return MODULE_MOVE_FIX
+            return MODULE_MOVE_ADVICE
     return None

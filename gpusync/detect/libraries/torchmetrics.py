@@ -21,4 +21,4 @@ ENTRIES = (
           "torchmetrics/functional/classification/stat_scores.py "
           "_multiclass_stat_scores_tensor_validation (torch.unique)", V),
 )
-REMEDIES: tuple[Entry, ...] = ()
+LIBRARY_ADVICE: tuple[Entry, ...] = ()

@@ -27,7 +27,7 @@ PIPELINE_MODULES = ("torchrec.distributed.train_pipeline",
 FUSED_DEFAULTS = {"emb_lookup_stream": "data_dist", "embedding_lookup_after_data_dist": False}
 KJT = "torchrec/sparse/jagged_tensor.py"
 # The same KJT methods inside a sharded module's input distribution (or its first-batch
-# validator) get that entry's remedy (REMEDIES).
+# validator) get that entry's remedy (LIBRARY_ADVICE).
 _SHARDED = ("torchrec/distributed/", "torchrec/sparse/jagged_tensor_validator.py")
 
 ENTRIES = (
@@ -75,7 +75,7 @@ ENTRIES = (
           "_compute_sequence_vbe_context", V),
 )
 
-REMEDIES = (
+LIBRARY_ADVICE = (
     Entry("torchrec/sparse/jagged_tensor_validator.py", (),
           "torchrec validates the first KJT a sharded module sees (ids in range, lengths) on "
           "the host, once, while it builds its input distribution: setup, not per step",

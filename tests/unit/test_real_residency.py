@@ -1,12 +1,13 @@
-"""The GPU ("cuda") mode's op-level paths, exercised on CPU with a stand-in residency: tensors
-registered as "on CUDA" play the device's part, and a fake stall timer plays the stream drain."""
+"""The GPU residency strategy's (--mode cuda) op-level paths, exercised on CPU with a stand-in
+residency: tensors registered as "on CUDA" play the device's part, and a fake stall timer plays
+the stream drain."""
 import pytest
 import torch
 
 from gpusync.detect import ops, residency
-from gpusync.detect.modes import Real
 from gpusync.detect.phases import PhaseTracker
 from gpusync.detect.recorder import Recorder
+from gpusync.detect.residency_strategy import RealResidency
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def real(monkeypatch):
                         lambda self, t: isinstance(t, torch.Tensor) and id(t) in on_cuda)
     tracker = PhaseTracker()
     rec = Recorder(tracker)
-    det = ops.OpDetector(rec, Real(), stall_timer=lambda: 1.5)
+    det = ops.OpDetector(rec, RealResidency(), stall_timer=lambda: 1.5)
     tracker.install()
     det.install()
     try:

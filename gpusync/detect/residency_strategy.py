@@ -1,14 +1,15 @@
-"""The three ways a scan knows where tensors live, one strategy each, chosen once by the session
-(detect/session.py) instead of flags asked on every op:
+"""The residency strategies: the three ways a scan knows where tensors live, chosen once by the
+session (detect/session.py) instead of flags asked on every op. Not the CLI's --mode: its
+"simulate" gives VirtualResidency on the virtual device and SimulatedResidency without it.
 
-- Real: a GPU run; residency is `t.is_cuda`, a copy is judged as CUDA makes it, stalls are
+- RealResidency: a GPU run; residency is `t.is_cuda`, a copy is judged as CUDA makes it, stalls are
   timed (detect/cuda.py StallTimer).
-- Simulated: a CPU run judged as if its tensors lived on the device (a host table, see
+- SimulatedResidency: a CPU run judged as if its tensors lived on the device (a host table, see
   residency.py). `.to(device)` cannot tell "to the device" from "to the host" (both say cpu),
   so the call decides: `.cpu()` and a literal "cpu" on the calling line mean host, any other
   target (a `device` variable, `x.device`) means the device.
-- Virtual: the code runs on a virtual CUDA device (detect/virtual_cuda.py) and takes the path
-  a GPU run takes; residency is what the code asked for.
+- VirtualResidency: the code runs on a virtual CUDA device (detect/virtual_cuda.py) and takes
+  the path a GPU run takes; residency is what the code asked for.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ _CPU = torch.device("cpu")
 
 
 class Judge(Protocol):
-    """What a mode asks of the op detector (detect/ops.py OpDetector)."""
+    """What a residency strategy asks of the op detector (detect/ops.py OpDetector)."""
 
     host: Table
     placed: bool
@@ -46,7 +47,8 @@ class Judge(Protocol):
 
     def run(self, recorded: bool, func, args, kwargs) -> Any: ...
 
-    def record(self, label: str, predicted: str = "", detail: str = "", fix: str = "") -> bool: ...
+    def record(self, label: str, predicted: str = "", detail: str = "",
+               advice: str = "") -> bool: ...
 
     def record_times(self, label: str, times: int, detail: str = "") -> bool: ...
 
@@ -56,7 +58,7 @@ class Judge(Protocol):
     def copies_host_data(self, args, kwargs, data_at: int | None) -> bool: ...
 
 
-class Real:
+class RealResidency:
     """On a GPU: where a tensor lives is a fact, each copy is judged as CUDA makes it."""
 
     real, virtual = True, False
@@ -94,11 +96,11 @@ class Real:
         return device.type == "cuda"
 
     def install(self, det) -> list[Callable[[], None]]:
-        """The mode's own layers and parts; what it returns undoes each."""
+        """The strategy's own layers and parts; what it returns undoes each."""
         return []
 
 
-class Simulated(Real):
+class SimulatedResidency(RealResidency):
     """A CPU run judged as if its tensors lived on the device: the call site names the host."""
 
     real, virtual = False, False
@@ -141,7 +143,7 @@ class Simulated(Real):
         return undo
 
 
-class Virtual(Real):
+class VirtualResidency(RealResidency):
     """The code runs on the virtual CUDA device: residency is what it asked for."""
 
     real, virtual = False, True
@@ -212,7 +214,7 @@ class Virtual(Real):
 
 COPY_BACK = ("in backward of the copy on this forward line: its gradient is copied back "
              "with a blocking copy (ToCopyBackward0)")
-COPY_BACK_FIX = ("keep both sides of the graph on one device: whatever uses the gradient on "
+COPY_BACK_ADVICE = ("keep both sides of the graph on one device: whatever uses the gradient on "
                  "the other side (a host table's optimizer step) waits for it to come back")
 
 
@@ -236,7 +238,7 @@ def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
         for g in grad_inputs:
             if isinstance(g, Tensor) and det.host.on_device(g) != src_on_device:
                 for _ in range(bus_copies(g)):
-                    det.record(label, detail=COPY_BACK, fix=COPY_BACK_FIX)
+                    det.record(label, detail=COPY_BACK, advice=COPY_BACK_ADVICE)
                 g = copy_of(g)
                 (det.host.mark_device if src_on_device else det.host.mark_host)(g)
             moved.append(g)
@@ -245,9 +247,9 @@ def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:
     node.register_hook(hook)
 
 
-Mode = Real | Simulated | Virtual
+ResidencyStrategy = RealResidency | SimulatedResidency | VirtualResidency
 
 
-def mode_of(real: bool, virtual: bool) -> Mode:
-    return Real() if real else Virtual() if virtual else Simulated()
+def strategy_for(real: bool, virtual: bool) -> ResidencyStrategy:
+    return RealResidency() if real else VirtualResidency() if virtual else SimulatedResidency()
 
