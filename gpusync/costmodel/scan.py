@@ -194,7 +194,8 @@ class CostScan:
         user's)."""
         self.session = session
         detector = getattr(session, "detector", None)
-        observer = getattr(detector, "observer", None)
+        # the C++ observer's table (residency.NativeTable); none where a Python mode sees ops
+        observer = getattr(getattr(detector, "host", None), "observer", None)
         if observer is not None and self.observer is None:
             native_log.configure(native.load())
             self.baseline = gap_baseline(observer_module=native.load())

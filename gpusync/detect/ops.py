@@ -101,11 +101,6 @@ class OpDetector:
         self._followed = threading.local()  # this thread's ops are followed (follow_thread)
         self.libraries: VirtualLibraries | None = None  # virtual CUDA: set by its install
 
-    @property
-    def observer(self):
-        """The C++ observer (observer.cpp); None where a Python dispatch mode sees the ops."""
-        return self._observer
-
     # -- install / uninstall ---------------------------------------------------------------
     def install(self) -> None:
         import torch.autograd as autograd

@@ -105,6 +105,7 @@ class NativeTable:
     TensorImpl: the same questions, asked of the table the observer updates on every op."""
 
     def __init__(self, observer):
+        self.observer = observer  # `scan --gpu` turns on its op log (costmodel/native_log.py)
         self.tracks_device = observer.tracks_device
         on_device = observer.on_device
         self.on_device = lambda t: isinstance(t, Tensor) and on_device(t)
