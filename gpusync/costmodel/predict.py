@@ -14,7 +14,7 @@ from gpusync.costmodel.blocks import Block, blocks_for
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel, calibrate_host
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
-from gpusync.costmodel.timeline import StepTimeline, simulate
+from gpusync.costmodel.timeline import StepTimeline, simulate, steady
 
 _MS = 1e3
 
@@ -100,7 +100,8 @@ class Prediction:
 
 def _step_prediction(step: StepTrace, timeline: StepTimeline, gpu: GPU,
                      host: HostModel) -> StepPrediction:
-    sync_free = simulate(step, gpu, host, drop_sites=frozenset(s.site for s in step.syncs))
+    sync_free = simulate(step, gpu, host, drop_sites=frozenset(s.site for s in step.syncs),
+                         carry_in_s=timeline.carry_in_s)
     return StepPrediction(index=step.index, predicted_step_ms=_ms(timeline.step_s),
                           gpu_busy=round(timeline.gpu_busy, 4), bound=timeline.bound,
                           predicted_stall_ms=_ms(sum(s.stall_s for s in timeline.stalls)),
@@ -130,7 +131,8 @@ def _site_prediction(site: str, op: str, steps: Sequence[StepTrace],
             continue
         reads += len(mine)
         stall += sum(mine)
-        without = simulate(step, gpu, host, drop_sites=frozenset({site}))
+        without = simulate(step, gpu, host, drop_sites=frozenset({site}),
+                           carry_in_s=timeline.carry_in_s)
         payoff += timeline.step_s - without.step_s
     n = max(1, len(steps))
     return SitePrediction(site=site, op=op, reads_per_step=round(reads / n, 4),
@@ -143,7 +145,7 @@ def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
     """Predict every step and site; `host` defaults to this machine's cached calibration."""
     gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
     host = host or calibrate_host()
-    timelines = [simulate(step, gpu, host) for step in steps]
+    timelines = steady(steps, gpu, host)
     sites = [_site_prediction(site, op, steps, timelines, gpu, host)
              for site, op in _site_ops(steps).items()]
     sites.sort(key=lambda s: (-s.payoff_ms, -s.predicted_stall_ms))

@@ -42,13 +42,11 @@ _ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
 
 @dataclass(frozen=True)
 class ColdCost:
-    """What a long CPU kernel that touched `nbytes` costs the Python run after it on the
-    scanning machine, measured on a probe of framework Python (an optimizer step): the time it
-    added (`added_s`, cold less warm) and the ratio (`factor`, cold over warm)."""
+    """What a long CPU kernel that touched `nbytes` adds to the code run after it on the
+    scanning machine (`added_s`: cold less warm), measured on a probe of framework code."""
 
     nbytes: int
     added_s: float
-    factor: float
 
 
 @dataclass(frozen=True)
@@ -71,16 +69,14 @@ class GapBaseline:
 
     def warm(self, gap: float, nbytes: int) -> float:
         """The user's Python in a gap measured after a long kernel of `nbytes` (or after the
-        thread lost its core: nbytes PREEMPTED), as it would run with warm caches.  The cold
-        caches add at most what they added to the probe, and at most make Python `factor`
-        times slower: the larger of the two estimates (the smaller penalty) is taken, never
-        more than the gap less the no-Python baseline after a kernel."""
+        thread lost its core: nbytes PREEMPTED), as it would run with warm caches: the cold
+        caches refill what the code touches once, which costs about what they added to the
+        probe; never more than the gap less the no-Python baseline after a kernel."""
         upper = max(0.0, gap - self.heavy_s)
         cost = self.cold_at(nbytes)
         if cost is None:
             return upper
-        base = max(0.0, gap - self.light_s)
-        return min(upper, max(base - cost.added_s, base / max(cost.factor, 1.0), 0.0))
+        return min(upper, max(0.0, gap - self.light_s - cost.added_s))
 
 
 def _cpu(event: Event) -> tuple[float, float] | None:

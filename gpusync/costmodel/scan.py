@@ -136,17 +136,22 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
     return GapBaseline(light_s=light, heavy_s=max(light, heavy), cold=tuple(cold))
 
 
-def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 6) -> list[ColdCost]:
-    """What a long CPU kernel costs the Python after it on this machine: an optimizer step's
-    Python (framework code, as most of a training step's Python is) timed warm, and right after
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 9) -> list[ColdCost]:
+    """What a long CPU kernel costs the code after it on this machine: a tiny training step
+    (four 4x4 matmuls, zero_grad, backward, an SGD step: the framework code a step's Python
+    mostly is, and the code that runs after a step's long kernels) timed warm, and right after
     an fp32 matmul of each size (which touches 3 x size^2 x 4 bytes).  Its own tensors only."""
-    params = [torch.zeros(4, requires_grad=True) for _ in range(8)]
-    for p in params:
-        p.grad = torch.zeros(4)
-    optimizer = torch.optim.SGD(params, lr=0.1, foreach=True)
+    weights = [torch.zeros(4, 4, requires_grad=True) for _ in range(4)]
+    x = torch.ones(2, 4)
+    optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
 
     def probe() -> float:
         start = time.thread_time()
+        h = x
+        for w in weights:
+            h = h @ w
+        optimizer.zero_grad()
+        h.sum().backward()
         optimizer.step()
         return time.thread_time() - start
 
@@ -161,8 +166,7 @@ def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 6) -> list[C
             torch.mm(big, big)
             times.append(probe())
         cold = statistics.median(times)
-        out.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, cold - warm),
-                            factor=max(1.0, cold / warm) if warm > 0 else 1.0))
+        out.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, cold - warm)))
     return out
 
 

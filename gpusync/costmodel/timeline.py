@@ -10,6 +10,7 @@ queue.  Times are seconds from the step's start.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Union
 
@@ -50,6 +51,8 @@ class StepTimeline:
     device_spans: tuple[Span, ...]
     stall_spans: tuple[Span, ...]
     python_s: float = 0.0  # of host_work_s, the user's own Python (the rest issues ops)
+    carry_out_s: float = 0.0  # device work still queued when the host ends the step
+    carry_in_s: float = 0.0  # device work the step began with (simulate)
 
     @property
     def gpu_busy(self) -> float:
@@ -72,11 +75,11 @@ def ordered(step: StepTrace) -> list[Event]:
 class _Lanes:
     """The simulation's state: host clock, device queue end, and what happened so far."""
 
-    def __init__(self, gpu: GPU, host: HostModel, start_s: float):
+    def __init__(self, gpu: GPU, host: HostModel, start_s: float, carry_in_s: float = 0.0):
         self.gpu, self.host_model = gpu, host
         self.cursor = start_s  # the scanning machine's clock, up to which time is accounted for
         self.host = 0.0  # the predicted host clock
-        self.queue_end = 0.0  # when the device finishes everything queued so far
+        self.queue_end = carry_in_s  # when the device finishes everything queued so far
         self.busy = 0.0
         self.stalled = 0.0
         self.python = 0.0
@@ -123,9 +126,13 @@ class _Lanes:
 
 
 def simulate(step: StepTrace, gpu: GPU, host: HostModel,
-             drop_sites: frozenset[str] = frozenset()) -> StepTimeline:
-    """The step's predicted timeline; reads at `drop_sites` are left out (as if removed)."""
-    lanes = _Lanes(gpu, host, step.first_s())
+             drop_sites: frozenset[str] = frozenset(), carry_in_s: float = 0.0) -> StepTimeline:
+    """The step's predicted timeline; reads at `drop_sites` are left out (as if removed).
+    `carry_in_s`: device work the previous step left queued when the host began this one (a
+    step's boundary is where the host's step begins; the ops queued at its end, a script's
+    forward before the backward that marks its next step, run on into it).  The step lasts
+    until the host ends it or the device has run its own work, whichever is later."""
+    lanes = _Lanes(gpu, host, step.first_s(), carry_in_s)
     for event in ordered(step):
         if isinstance(event, OpRecord):
             lanes.op(event)
@@ -133,8 +140,25 @@ def simulate(step: StepTrace, gpu: GPU, host: HostModel,
             lanes.read(event, event.site in drop_sites)
     if step.end_s is not None:
         lanes.python_until(step.end_s, step.end_s, step.tail_python_s)
-    step_s = max(lanes.host, lanes.queue_end)
+    step_s = max(lanes.host, lanes.queue_end - carry_in_s)
     return StepTimeline(step_s=step_s, device_busy_s=lanes.busy,
                         host_work_s=lanes.host - lanes.stalled, stalls=tuple(lanes.stalls),
                         device_spans=tuple(lanes.device_spans),
-                        stall_spans=tuple(lanes.stall_spans), python_s=lanes.python)
+                        stall_spans=tuple(lanes.stall_spans), python_s=lanes.python,
+                        carry_out_s=max(0.0, lanes.queue_end - lanes.host),
+                        carry_in_s=carry_in_s)
+
+
+def steady(steps: Sequence[StepTrace], gpu: GPU, host: HostModel) -> list[StepTimeline]:
+    """Each step simulated with what the one before it left queued (the first as if it had
+    run after itself: the run's steady state), and that carry (for the same step without some
+    of its reads)."""
+    out: list[StepTimeline] = []
+    carry: float | None = None
+    for step in steps:
+        if carry is None:
+            carry = simulate(step, gpu, host).carry_out_s
+        timeline = simulate(step, gpu, host, carry_in_s=carry)
+        out.append(timeline)
+        carry = timeline.carry_out_s
+    return out
