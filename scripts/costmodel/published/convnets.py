@@ -1,7 +1,8 @@
 """The image classifiers of ryujaehun/pytorch-gpu-benchmark, written here from the published
-architectures (the layer tables of the ResNet, VGG, MobileNetV2 and SqueezeNet 1.1 papers as
-torchvision builds them: same modules, same order, so the same ops reach the GPU), and the
-benchmark's timed loop as its README and benchmark_models.py describe it.
+architectures (the layer tables of the ResNet, VGG, MobileNetV2, SqueezeNet 1.1 and DenseNet
+papers as torchvision builds them: same modules, same order, so the same ops reach the GPU; the
+parameter counts equal torchvision's), and the benchmark's timed loop as its README and
+benchmark_models.py describe it.
 
 The loop: batch 12 of 3x224x224 float32 images already on the host, `torch.cuda.synchronize()`,
 `model.zero_grad()`, `model(img.to("cuda"))` (a pageable host-to-device copy inside the timed
@@ -197,6 +198,60 @@ class SqueezeNet11(nn.Module):
 
     def forward(self, x):
         return torch.flatten(self.classifier(self.features(x)), 1)
+
+
+class DenseLayer(nn.Module):
+    """BN-ReLU-1x1 conv (4 x growth) - BN-ReLU-3x3 conv (growth) over the concatenation of
+    every earlier feature map of its block."""
+
+    def __init__(self, cin: int, growth: int = 32):
+        super().__init__()
+        self.norm1, self.relu1 = nn.BatchNorm2d(cin), nn.ReLU(inplace=True)
+        self.conv1 = nn.Conv2d(cin, 4 * growth, 1, bias=False)
+        self.norm2, self.relu2 = nn.BatchNorm2d(4 * growth), nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(4 * growth, growth, 3, padding=1, bias=False)
+
+    def forward(self, features: list[torch.Tensor]) -> torch.Tensor:
+        x = self.conv1(self.relu1(self.norm1(torch.cat(features, 1))))
+        return self.conv2(self.relu2(self.norm2(x)))
+
+
+class DenseBlock(nn.ModuleDict):
+    def __init__(self, layers: int, cin: int, growth: int = 32):
+        super().__init__({f"denselayer{i + 1}": DenseLayer(cin + i * growth, growth)
+                          for i in range(layers)})
+
+    def forward(self, x):
+        features = [x]
+        for layer in self.values():
+            features.append(layer(features))
+        return torch.cat(features, 1)
+
+
+class DenseNet121(nn.Module):
+    """Growth 32, blocks of 6, 12, 24 and 16 layers, transitions halving the channels."""
+
+    def __init__(self):
+        super().__init__()
+        layers: list[nn.Module] = [*_conv_bn(3, 64, 7, 2), nn.ReLU(inplace=True),
+                                   nn.MaxPool2d(3, 2, 1)]
+        channels = 64
+        for i, depth in enumerate((6, 12, 24, 16)):
+            layers.append(DenseBlock(depth, channels))
+            channels += depth * 32
+            if i < 3:
+                layers += [nn.BatchNorm2d(channels), nn.ReLU(inplace=True),
+                           nn.Conv2d(channels, channels // 2, 1, bias=False),
+                           nn.AvgPool2d(2, 2)]
+                channels //= 2
+        layers.append(nn.BatchNorm2d(channels))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(channels, CLASSES)
+
+    def forward(self, x):
+        x = nn.functional.relu(self.features(x), inplace=True)
+        x = nn.functional.adaptive_avg_pool2d(x, (1, 1))
+        return self.classifier(torch.flatten(x, 1))
 
 
 def _sync() -> None:
