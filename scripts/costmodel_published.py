@@ -7,10 +7,13 @@ docs/benchmarks/cost-model.md: the table with its sources, the median absolute e
 model's host/device breakdown per workload.  The text between the doc's `reading` markers is
 written by hand and kept on regeneration.  Nothing here is asserted: tests never time things.
 
-    PYTHONPATH=. .venv/bin/python scripts/costmodel_published.py [--repeats N] [NAME_SUBSTRING ...]
+    PYTHONPATH=. .venv/bin/python scripts/costmodel_published.py [--repeats N] [--save FILE]
+        [--render FILE] [NAME_SUBSTRING ...]
 
 Each workload is scanned N times (default 2); its prediction is the mean of the scans'.  With
 names, only the matching workloads are scanned and the doc is not written (a dry look).
+--save FILE keeps the scans as JSON; --render FILE rewrites the doc from such a file without
+scanning (when only the doc's text changed).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import yaml
@@ -102,7 +105,9 @@ def scan(workload: dict) -> Scan:
 
 
 def _prose(text: str) -> list[str]:
-    return textwrap.wrap(" ".join(text.split()), 100, break_on_hyphens=False)
+    """Wrapped at 100 columns; a list item's lines indented under it."""
+    return textwrap.wrap(" ".join(text.split()), 100, break_on_hyphens=False,
+                         subsequent_indent="  " if text.startswith("- ") else "")
 
 
 def _pct(x: float) -> str:
@@ -150,9 +155,10 @@ def sources_section(table: dict) -> list[str]:
         lines += [f"**{src['title']}** ({key}): {src['url']}", "", *_prose(src["what"]), "",
                   *_prose(f"Assumptions: {src['assumptions']}"), "", "Figures read from it:",
                   ""]
-        lines += [f"- {w['name']}: {w['published']['quote']} -> {w['published']['ms']} ms, "
-                  f"{w['published']['statistic']}"
-                  for w in table["workloads"] if w["source"] == key]
+        for w in table["workloads"]:
+            if w["source"] == key:
+                lines += _prose(f"- {w['name']}: {w['published']['quote']} -> "
+                                f"{w['published']['ms']} ms, {w['published']['statistic']}")
         lines.append("")
     lines += ["## Before/after figures of removed syncs", "",
               *_prose("None usable yet: the model's payoff per site (`payoff_ms`) is not "
@@ -218,15 +224,44 @@ def render(results: list[Result], table: dict, wall_s: float) -> str:
          "## Reading", "", *kept_reading(), "", *sources_section(table)])
 
 
+def _option(args: list[str], name: str) -> str | None:
+    if name not in args:
+        return None
+    i = args.index(name)
+    value = args[i + 1]
+    del args[i:i + 2]
+    return value
+
+
 def main(args: list[str]) -> None:
-    repeats = int(args.pop(args.index("--repeats") + 1)) if "--repeats" in args else 2
-    names = [a for a in args if a != "--repeats"]
+    repeats = int(_option(args, "--repeats") or 2)
+    save, render_from = _option(args, "--save"), _option(args, "--render")
     with open(TABLE, encoding="utf-8") as f:
         table = yaml.safe_load(f)
-    chosen = [w for w in table["workloads"]
-              if not names or any(n in w["name"] for n in names)]
+    by_name = {w["name"]: w for w in table["workloads"]}
+    if render_from:  # re-render a saved run (the doc's text changed, not the scans)
+        with open(render_from, encoding="utf-8") as f:
+            saved = json.load(f)
+        results = [Result(by_name[n], [Scan(**s) for s in scans])
+                   for n, scans in saved["scans"].items()]
+        wall = saved["wall_s"]
+    else:
+        results, wall = scan_all([w for w in table["workloads"]
+                                  if not args or any(n in w["name"] for n in args)], repeats)
+    if save:
+        with open(save, "w", encoding="utf-8") as f:
+            json.dump({"wall_s": wall, "scans": {r.workload["name"]: [asdict(s) for s in r.scans]
+                                                 for r in results}}, f, indent=1)
+    if args:
+        return
+    with open(DOC, "w", encoding="utf-8") as f:
+        f.write(render(results, table, wall))
+    print(f"wrote {os.path.relpath(DOC, ROOT)}")
+
+
+def scan_all(workloads: list[dict], repeats: int) -> tuple[list[Result], float]:
     start, results = time.monotonic(), []
-    for w in chosen:
+    for w in workloads:
         r = Result(w, [scan(w) for _ in range(repeats)])
         results.append(r)
         shown = "; ".join(s.error or f"{s.step_ms:.2f} ms [load {s.load:.1f}, {s.seconds:.0f} s]"
@@ -235,11 +270,7 @@ def main(args: list[str]) -> None:
         print(f"{w['name']}: {shown}{verdict if r.ok else ''}", flush=True)
     wall = time.monotonic() - start
     print(f"wall time {wall / 60:.1f} min")
-    if names:
-        return
-    with open(DOC, "w", encoding="utf-8") as f:
-        f.write(render(results, table, wall))
-    print(f"wrote {os.path.relpath(DOC, ROOT)}")
+    return results, wall
 
 
 if __name__ == "__main__":
