@@ -188,7 +188,8 @@ def commit() -> str:
     return git("rev-parse", "--short", "HEAD") + (" (with uncommitted changes)" if dirty else "")
 
 
-def render(results: list[Result], table: dict, wall_s: float) -> str:
+def render(results: list[Result], table: dict, run: dict) -> str:
+    """`run`: when the scans ended, at which commit, and their wall time in seconds."""
     ok = [r for r in results if r.ok]
     errors = [abs(r.relative_error) for r in ok]
     median = (f"**Median absolute error on step time: {statistics.median(errors) * 100:.0f}%** "
@@ -204,11 +205,11 @@ def render(results: list[Result], table: dict, wall_s: float) -> str:
         "mean `predicted_step_ms` of the measured steps, averaged over the scans of the "
         "workload (each scan is listed).  Error: predicted / published - 1.  Regenerate (it "
         "takes about the wall time below):")
-    run = _prose(
-        f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit()}, "
+    machine = _prose(
+        f"Run: {run['when']}, commit {run['commit']}, "
         f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} "
         f"cores, Python {platform.python_version()}, torch {torch.__version__}; wall time of "
-        f"the whole run {wall_s / 60:.1f} min.  The machine is shared: the load average (1 "
+        f"the whole run {run['wall_s'] / 60:.1f} min.  The machine is shared: the load average (1 "
         "minute) before each scan is in the table.")
     why = _prose(
         "Means over the measured steps and the scans (docs/cost-model.md: `host_ms` is the "
@@ -218,7 +219,7 @@ def render(results: list[Result], table: dict, wall_s: float) -> str:
         "each side alone.")
     return "\n".join(
         ["# `scan --gpu` against published step times (issue #34)", "", *intro, "",
-         "    PYTHONPATH=. .venv/bin/python scripts/costmodel_published.py", "", *run, "",
+         "    PYTHONPATH=. .venv/bin/python scripts/costmodel_published.py", "", *machine, "",
          "## Predicted vs published", "", *results_table(results), "", *_prose(median), "",
          "## Why: the model's breakdown per step", "", *why, "", *breakdown_table(results), "",
          "## Reading", "", *kept_reading(), "", *sources_section(table)])
@@ -243,19 +244,21 @@ def main(args: list[str]) -> None:
         with open(render_from, encoding="utf-8") as f:
             saved = json.load(f)
         results = [Result(by_name[n], [Scan(**s) for s in scans])
-                   for n, scans in saved["scans"].items()]
-        wall = saved["wall_s"]
+                   for n, scans in saved.pop("scans").items()]
+        run = saved
     else:
         results, wall = scan_all([w for w in table["workloads"]
                                   if not args or any(n in w["name"] for n in args)], repeats)
+        run = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit(),
+               "wall_s": wall}
     if save:
         with open(save, "w", encoding="utf-8") as f:
-            json.dump({"wall_s": wall, "scans": {r.workload["name"]: [asdict(s) for s in r.scans]
-                                                 for r in results}}, f, indent=1)
+            json.dump({**run, "scans": {r.workload["name"]: [asdict(s) for s in r.scans]
+                                        for r in results}}, f, indent=1)
     if args:
         return
     with open(DOC, "w", encoding="utf-8") as f:
-        f.write(render(results, table, wall))
+        f.write(render(results, table, run))
     print(f"wrote {os.path.relpath(DOC, ROOT)}")
 
 
