@@ -1,7 +1,8 @@
 """The image classifiers of ryujaehun/pytorch-gpu-benchmark, written here from the published
 architectures (the layer tables of the ResNet, VGG, MobileNetV2, SqueezeNet 1.1 and DenseNet
-papers as torchvision builds them: same modules, same order, so the same ops reach the GPU; the
-parameter counts equal torchvision's), and the benchmark's timed loop as its README and
+papers as torchvision builds them: the same modules, so the same ops reach the GPU, and parameter
+counts equal to torchvision's; a ResNet block computes its shortcut before its main branch, where
+torchvision computes it after), and the benchmark's timed loop as its README and
 benchmark_models.py describe it.
 
 The loop: batch 12 of 3x224x224 float32 images already on the host, `torch.cuda.synchronize()`,
