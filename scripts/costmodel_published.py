@@ -257,8 +257,9 @@ def main(args: list[str]) -> None:
                                         for r in results}}, f, indent=1)
     if args:
         return
+    text = render(results, table, run)  # before opening DOC for writing: it keeps the reading
     with open(DOC, "w", encoding="utf-8") as f:
-        f.write(render(results, table, run))
+        f.write(text)
     print(f"wrote {os.path.relpath(DOC, ROOT)}")
 
 
