@@ -136,11 +136,12 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
     return GapBaseline(light_s=light, heavy_s=max(light, heavy), cold=tuple(cold))
 
 
-def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 9) -> list[ColdCost]:
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> list[ColdCost]:
     """What a long CPU kernel costs the code after it on this machine: a tiny training step
     (four 4x4 matmuls, zero_grad, backward, an SGD step: the framework code a step's Python
     mostly is, and the code that runs after a step's long kernels) timed warm, and right after
-    an fp32 matmul of each size (which touches 3 x size^2 x 4 bytes).  Its own tensors only."""
+    an fp32 addition of two size x size matrices (which touches 3 x size^2 x 4 bytes, as a
+    matmul of that size does, at a fraction of its CPU time).  Its own tensors only."""
     weights = [torch.zeros(4, 4, requires_grad=True) for _ in range(4)]
     x = torch.ones(2, 4)
     optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
@@ -163,7 +164,7 @@ def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 9) -> list[C
         big = torch.ones(n, n)
         times = []
         for _ in range(repeats):
-            torch.mm(big, big)
+            torch.add(big, big)
             times.append(probe())
         cold = statistics.median(times)
         out.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, cold - warm)))
@@ -202,10 +203,11 @@ class CostScan:
         observer = getattr(getattr(detector, "host", None), "observer", None)
         if observer is not None and self.observer is None:
             native_log.configure(native.load())
-            self.baseline = gap_baseline(observer_module=native.load())
+            self._calibrate(native.load())
             self.observer = observer
             observer.log_ops(True)
         elif observer is None and self.observer is None and not self._streaming:
+            self._calibrate(None)
             if detector is not None:
                 self.stream.on_device = detector.host.on_device
             self._pushed.enter_context(self.stream)
@@ -218,6 +220,11 @@ class CostScan:
         if tracker is not None:
             self.own.layer(tracker, TRACKER_HOOKS)
             self.own.layer(tracker.steps, STEP_CALLS)
+
+    def _calibrate(self, observer_module: Any) -> None:
+        """The recorder's own gaps (gap_baseline), measured by the recorder the scan uses."""
+        self.baseline = gap_baseline(observer_module=observer_module)
+        self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s)
 
     def ops(self) -> list[OpRecord]:
         """Every op recorded: the observer's log (taken once, at the end) or the stream's."""
@@ -276,13 +283,11 @@ class CostScan:
 
 @contextlib.contextmanager
 def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan]:
-    """While inside, every op is recorded; attach the scan's session with CostScan.attach.
-    The recorder's own gaps are measured here, before the session patches anything."""
+    """While inside, every op is recorded; attach the scan's session with CostScan.attach,
+    which measures the recorder's own gaps before the session patches anything."""
     gpu = get_gpu(gpu_name)
     with cheap_frees():
-        baseline = gap_baseline()  # the op stream's; the observer's is measured at attach
-        scan = CostScan(gpu, dataclasses.replace(host or HostModel(),
-                                                 gap_overhead_s=baseline.light_s), baseline)
+        scan = CostScan(gpu, host or HostModel())
         try:
             with timing_layers(scan.own):
                 yield scan
