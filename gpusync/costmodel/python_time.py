@@ -60,12 +60,15 @@ class GapBaseline:
     cold: tuple[ColdCost, ...] = ()
 
     def cold_at(self, nbytes: int) -> ColdCost | None:
-        """The calibration point for a kernel of `nbytes`: the largest one no bigger (the
-        smallest where all are bigger); None without calibration."""
+        """The calibration point for a kernel of `nbytes`: the largest one no bigger; below the
+        smallest, its added time in proportion to the bytes; None without calibration."""
         if not self.cold:
             return None
         fitting = [c for c in self.cold if c.nbytes <= nbytes]
-        return fitting[-1] if fitting else self.cold[0]
+        if fitting:
+            return fitting[-1]
+        least = self.cold[0]
+        return ColdCost(nbytes, least.added_s * nbytes / least.nbytes)
 
     def warm(self, gap: float, nbytes: int) -> float:
         """The user's Python in a gap measured after a long kernel of `nbytes` (or after the
@@ -87,10 +90,18 @@ def _cpu(event: Event) -> tuple[float, float] | None:
 
 # The cold size of a gap after the thread lost its core: other processes' data, of any size.
 PREEMPTED = 1 << 62
+# A kernel that touches less than this evicts little, however long it keeps the thread (an
+# OpenMP barrier spinning while its worker waits for a core on a loaded machine).
+COLD_BYTES = 256 * 1024
+# How long after a lost core the caches are still being refilled (CPU seconds): a few hundred
+# microseconds, what a long kernel's eviction added to the cold-cache probe on the 2-core VM.
+AFTER_LOST_CORE_S = 300e-6
 
 
 def heavy(event: Event | None) -> bool:
-    return isinstance(event, OpRecord) and event.kernel_s >= HEAVY_S
+    """A long CPU kernel that touched enough memory to leave the caches cold."""
+    return (isinstance(event, OpRecord) and event.kernel_s >= HEAVY_S
+            and event.nbytes >= COLD_BYTES)
 
 
 def _cold_bytes(event: Event) -> int:
@@ -122,6 +133,21 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, flo
             last_end, last_switches = end, event.switches_end
         switched = PREEMPTED if _switched(event.switches_start, event.switches_end) else 0
         cold = max(cold, _cold_bytes(event), switched)
+    return out
+
+
+def after_lost_core(events: Sequence[Event], own: OwnTime | None = None) -> set[int]:
+    """The ids of the events whose gap began within AFTER_LOST_CORE_S of CPU time after the
+    thread lost its core: the caches refill over more than the first gap, so their estimates
+    are the least trustworthy, and steps that ran alike give better ones (steadied)."""
+    out: set[int] = set()
+    lost_at: float | None = None
+    for event, _gap, cold in _gaps(events, own):
+        start = event.cpu_start_s or 0.0
+        if cold == PREEMPTED:
+            lost_at = start
+        if lost_at is not None and start - lost_at <= AFTER_LOST_CORE_S:
+            out.add(id(event))
     return out
 
 
@@ -203,5 +229,8 @@ def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
 
 
 def _least(events) -> float | None:
-    known = [e.python_s for e in events if e.python_s is not None]
+    """The least estimate, of those not taken soon after a lost core where there are any."""
+    events = list(events)
+    clean = [e.python_s for e in events if e.python_s is not None and e.python_clean]
+    known = clean or [e.python_s for e in events if e.python_s is not None]
     return min(known) if known else None

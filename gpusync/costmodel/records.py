@@ -68,6 +68,8 @@ class OpRecord:
     the wall-clock gap since the previous event is taken instead (demos, hand-made traces).
     switches_start / switches_end: the recording thread's involuntary context switches so far
     at the two CPU-clock readings (a gap with one in it starts with cold caches).
+    python_clean: False where the gap before it began soon after the thread lost its core (its
+    estimate is kept only where no step that ran alike has a clean one: python_time.steadied).
     """
 
     name: str
@@ -85,6 +87,7 @@ class OpRecord:
     python_s: float | None = None
     switches_start: int | None = None
     switches_end: int | None = None
+    python_clean: bool = True
 
     @property
     def end_s(self) -> float:
@@ -108,8 +111,8 @@ class SyncPoint:
     nothing (torch.cuda.synchronize, Event/Stream.synchronize, a copy from pageable host memory:
     that copy is itself an OpRecord, queued before the wait).
     Ops whose host_start_s is <= host_s were queued before the read.
-    cpu_start_s / cpu_end_s, python_s, switches_start / switches_end: as OpRecord's (the
-    scan's own work recording the read lies between the two clocks' readings).
+    cpu_start_s / cpu_end_s, python_s, switches_start / switches_end, python_clean: as
+    OpRecord's (the scan's own work recording the read lies between the two clocks' readings).
     """
 
     site: str
@@ -122,6 +125,7 @@ class SyncPoint:
     python_s: float | None = None
     switches_start: int | None = None
     switches_end: int | None = None
+    python_clean: bool = True
 
     @property
     def end_s(self) -> float:

@@ -38,7 +38,13 @@ from gpusync.costmodel.own_time import (
     timing_layers,
 )
 from gpusync.costmodel.predict import Prediction, predict_steps
-from gpusync.costmodel.python_time import ColdCost, GapBaseline, python_by_event, steadied
+from gpusync.costmodel.python_time import (
+    ColdCost,
+    GapBaseline,
+    after_lost_core,
+    python_by_event,
+    steadied,
+)
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 from gpusync.detect import native
 from gpusync.report import Report, SiteKey
@@ -375,6 +381,7 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
     reads = sorted((sync_point(e, clocks=clocks) for e in events), key=lambda s: s.host_s)
     # estimated for the whole run (gaps need every event), given to the measured steps' only
     python = python_by_event([*ops, *reads], baseline, own)[0] if baseline is not None else None
+    lost = after_lost_core([*ops, *reads], own) if baseline is not None else set()
     read_times = [s.host_s for s in reads]
     ordered = sorted(ops, key=lambda o: o.host_start_s)
     op_times = [o.host_start_s - t0 for o in ordered]
@@ -387,9 +394,10 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
             bisect.bisect_left(op_times, end) if end is not None else len(op_times))
         rlo, rhi = bisect.bisect_left(read_times, start), (
             bisect.bisect_left(read_times, end) if end is not None else len(read_times))
-        step_ops = tuple(_shifted(o, t0, python) for o in ordered[lo:hi])
+        step_ops = tuple(_shifted(o, t0, python, id(o) not in lost) for o in ordered[lo:hi])
         step_reads = tuple(reads[rlo:rhi]) if python is None else tuple(
-            dataclasses.replace(r, python_s=python.get(id(r), 0.0)) for r in reads[rlo:rhi])
+            dataclasses.replace(r, python_s=python.get(id(r), 0.0),
+                                python_clean=id(r) not in lost) for r in reads[rlo:rhi])
         # estimated: the Python after a step's last event is the next event's
         traces.append(StepTrace(ops=step_ops, syncs=step_reads, start_s=start,
                                 end_s=end, index=k,
@@ -397,10 +405,11 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
     return steadied(traces) if baseline is not None else traces
 
 
-def _shifted(op: OpRecord, t0: float, python: dict[int, float] | None = None) -> OpRecord:
+def _shifted(op: OpRecord, t0: float, python: dict[int, float] | None = None,
+             clean: bool = True) -> OpRecord:
     """An op on the session's clock, with its Python where it was estimated."""
     end = op.end_s - t0
     if python is None:
         return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end)
     return dataclasses.replace(op, host_start_s=op.host_start_s - t0, host_end_s=end,
-                               python_s=python.get(id(op), 0.0))
+                               python_s=python.get(id(op), 0.0), python_clean=clean)

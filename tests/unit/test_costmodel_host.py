@@ -15,6 +15,7 @@ from gpusync.costmodel.python_time import HEAVY_S, GapBaseline, steadied, with_p
 US = 1e-6
 H100 = get_gpu("h100")
 TINY = TensorMeta((4,))
+BIG = TensorMeta((256, 256))  # 256 KiB: an op over three of them leaves the caches cold
 
 
 def op(name: str, cpu: float, took: float = 5 * US, kernel_s: float = 1 * US,
@@ -30,11 +31,14 @@ def python_of(events) -> list[float]:
 
 
 def test_gaps_lose_gpusync_work_engine_gaps_and_the_cold_start_after_a_long_kernel():
+    import dataclasses
+
     base = GapBaseline(light_s=2 * US, heavy_s=60 * US)
     own = OwnTime()
     events = [op("a", 0.0),                                   # ends at 5
               op("b", 20 * US),                               # 15 gap, 6 of it the scan's
-              op("mm", 40 * US, took=50 * US, kernel_s=HEAVY_S),  # 15 gap; ends at 90
+              dataclasses.replace(op("mm", 40 * US, took=50 * US, kernel_s=HEAVY_S),
+                                  inputs=(BIG, BIG), outputs=(BIG,)),  # 15 gap; ends at 90
               op("t", 100 * US, engine=True),                 # backward: not the user's
               op("c", 200 * US),                              # first gap after: cold
               SyncPoint("x.py:3", 0.0, cpu_start_s=230 * US, cpu_end_s=400 * US),
@@ -384,7 +388,8 @@ def test_python_after_a_long_kernel_is_taken_warm_by_what_the_cold_probe_showed(
     # the probe ran 60 us longer right after a 1 MiB kernel, 380 us after a 12 MiB one
     base = GapBaseline(light_s=2 * US, heavy_s=50 * US,
                        cold=(ColdCost(1 << 20, 60 * US), ColdCost(12 << 20, 380 * US)))
-    assert base.cold_at(1 << 10) == base.cold[0]  # smaller than any: the smallest
+    # smaller than any: the smallest's added time, in proportion to the bytes
+    assert base.cold_at(1 << 10) == ColdCost(1 << 10, 60 * US / 1024)
     assert base.cold_at(4 << 20) == base.cold[0]
     assert base.cold_at(1 << 30) == base.cold[1]
     # 2 ms of Python after a 12 MiB kernel: the refill (380 us) and the way in (2) taken out
@@ -409,7 +414,35 @@ def test_a_gap_is_as_cold_as_the_largest_kernel_since_the_last_users_gap():
                   kernel_s=8000 * US)
     after = op("step", 8400 * US)  # 400 us later: cold by the 12 MiB entry
     small = OpRecord("aten.mm.default", (TINY,), (TINY,), cpu_start_s=8500 * US,
-                     cpu_end_s=8800 * US, kernel_s=HEAVY_S)  # long, but 48 bytes: the 1 MiB one
-    last = op("end", 8900 * US)
-    timed, _ = with_python([mm, after, small, last], base)
-    assert python_of(timed) == [0.0, 100.0, 95.0, 60.0]  # 400-300; 95 - 0 (warm); 100-40
+                     cpu_end_s=8800 * US, kernel_s=HEAVY_S)  # long, but 48 bytes: not cold
+    half = OpRecord("aten.add.Tensor", (BIG, BIG), (BIG,), cpu_start_s=8900 * US,
+                    cpu_end_s=9200 * US, kernel_s=HEAVY_S)  # 768 KiB: cold by 3/4 of 1 MiB's
+    last = op("end", 9300 * US)
+    timed, _ = with_python([mm, after, small, half, last], base)
+    # 400-300; 95 (warm); 100 (warm: 48 bytes evict nothing); 100 - 30
+    assert python_of(timed) == [0.0, 100.0, 95.0, 100.0, 70.0]
+
+
+def test_estimates_soon_after_a_lost_core_give_way_to_a_clean_step():
+    import dataclasses
+
+    from gpusync.costmodel.python_time import AFTER_LOST_CORE_S, after_lost_core
+
+    # the thread loses its core in the gap before b; c starts within the refill window, d after
+    a = dataclasses.replace(op("a", 0.0), switches_start=0, switches_end=0)
+    b = dataclasses.replace(op("b", 100 * US), switches_start=1, switches_end=1)
+    c = dataclasses.replace(op("c", 100 * US + AFTER_LOST_CORE_S / 2), switches_start=1,
+                            switches_end=1)
+    d = dataclasses.replace(op("d", 200 * US + AFTER_LOST_CORE_S), switches_start=1,
+                            switches_end=1)
+    assert after_lost_core([a, b, c, d]) == {id(b), id(c)}
+
+    def step(index: int, python: float, clean: bool) -> StepTrace:
+        return StepTrace(ops=(OpRecord("a", python_s=python, python_clean=clean),), index=index)
+
+    # the preempted step's estimate is lowest (its cold correction took too much), but a clean
+    # step ran the same op: its estimate wins; with none clean, the least is kept
+    steps = steadied([step(0, 5 * US, False), step(1, 20 * US, True), step(2, 30 * US, True)])
+    assert [s.ops[0].python_s for s in steps] == [20 * US] * 3
+    steps = steadied([step(0, 5 * US, False), step(1, 9 * US, False)])
+    assert [s.ops[0].python_s for s in steps] == [5 * US] * 2
