@@ -338,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                          "runs, none with --only; '' for none)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--scan-option", action="append", default=[], metavar="OPTION",
+                    help="one more option for every scan (repeat it; e.g. --scan-option=--gpu "
+                         "--scan-option=h100: the same checks with the cost model recording)")
     args = ap.parse_args(argv)
     root = Path(args.root)
     manifest = yaml.safe_load(Path(args.manifest).read_text())
@@ -346,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         entries = [e for e in entries if e["name"] in args.only]
     results = []
     for entry in entries:
+        if args.scan_option:
+            entry = {**entry, "scan_options": [*entry.get("scan_options", []),
+                                               *args.scan_option]}
         print(f"== {entry['name']}", file=sys.stderr, flush=True)
         results.append(run_one(root, entry, args.python, args.timeout))
     sys.stderr.flush()

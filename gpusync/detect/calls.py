@@ -63,19 +63,21 @@ def factory_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-_DETECT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# gpusync's package: its layers (detect/), and what times them under `scan --gpu`
+# (costmodel/own_time.py), put frames of theirs between the user's line and torch's C++
+_GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _user_line(call, msg):
     """A warning torch's C++ raises inside a wrapped call (torch.tensor's TracerWarning, its
-    copy-construct advice) names the innermost Python frame, which is gpusync's: shown at the
-    calling line instead, as it is plainly."""
-    if msg.filename.startswith(_DETECT_DIR):
+    copy-construct advice, sparse_coo_tensor's invariant checks) names the innermost Python
+    frame, which is gpusync's: shown at the calling line instead, as it is plainly."""
+    if msg.filename.startswith(_GPUSYNC_DIR):
         frame: FrameType | None = sys._getframe(1)
         while frame is not None and not (frame.f_code.co_filename == msg.filename
                                          and frame.f_lineno == msg.lineno):
             frame = frame.f_back
-        while frame is not None and (frame.f_code.co_filename.startswith(_DETECT_DIR)
+        while frame is not None and (frame.f_code.co_filename.startswith(_GPUSYNC_DIR)
                                      or frame.f_code.co_filename == warnings.__file__):
             frame = frame.f_back
         if frame is not None:
