@@ -65,16 +65,23 @@ def launches_kernel(func: Any) -> bool:
     return not all(a is not None and not a.is_write for a in aliases)
 
 
-def tf32_allowed(func: Any) -> bool:
-    """Whether a float32 op with FLOPs would use TF32 tensor cores under PyTorch's current flags."""
-    if getattr(func, "_overloadpacket", None) in _CONV:
+def tf32_allowed(func: Any, logged: int | None = None) -> bool:
+    """Whether a float32 op with FLOPs would use TF32 tensor cores under PyTorch's flags: as
+    they are now, or as the C++ observer logged them when the op ran (`logged`: bit 0 for
+    matmuls and attention, bit 1 for cuDNN convolutions)."""
+    conv = getattr(func, "_overloadpacket", None) in _CONV
+    if logged is not None:
+        return bool(logged & (2 if conv else 1))
+    if conv:
         return bool(torch.backends.cudnn.allow_tf32)
     return bool(torch.backends.cuda.matmul.allow_tf32) or (
         torch.get_float32_matmul_precision() != "highest")
 
 
-def math_mode(func: Any, inputs: tuple[TensorMeta, ...], flops: int) -> str:
-    """The math mode CUDA would run the op's FLOPs in, from its first floating input's dtype."""
+def math_mode(func: Any, inputs: tuple[TensorMeta, ...], flops: int,
+              tf32_flags: int | None = None) -> str:
+    """The math mode CUDA would run the op's FLOPs in, from its first floating input's dtype
+    (float32: TF32 where tf32_allowed(func, tf32_flags) says so)."""
     if flops <= 0:
         return "none"
     floating = [t.dtype for t in inputs if t.dtype.startswith(("float", "bfloat"))]
@@ -87,7 +94,7 @@ def math_mode(func: Any, inputs: tuple[TensorMeta, ...], flops: int) -> str:
         return "bf16"
     if dtype == "float16":
         return "fp16"
-    return "tf32" if tf32_allowed(func) else "fp32"
+    return "tf32" if tf32_allowed(func, tf32_flags) else "fp32"
 
 
 def count_flops(func: Any, args: tuple, kwargs: dict, out: Any) -> int:

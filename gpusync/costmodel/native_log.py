@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import flop_registry
 
-from gpusync.costmodel.adapter import _CONV, launches_kernel, math_mode
+from gpusync.costmodel.adapter import launches_kernel, math_mode
 from gpusync.costmodel.records import OpRecord, TensorMeta
 
 
@@ -51,10 +51,10 @@ def _meta(entry: tuple) -> TensorMeta:
 
 
 def _flops(func: Any, args: tuple | None, inputs: Sequence[TensorMeta],
-           outputs: Sequence[TensorMeta]) -> tuple[int, bool | None]:
+           outputs: Sequence[TensorMeta]) -> tuple[int, int | None]:
     """FLOPs by the op's formula, called with shapes where it takes tensors (flop_counter's
-    shape_wrapper turns tensors into their shapes first: the same numbers), and whether TF32
-    was allowed (None: no formula)."""
+    shape_wrapper turns tensors into their shapes first: the same numbers), and the TF32 flags
+    logged with them (adapter.tf32_allowed; None: no formula)."""
     formula = flop_registry.get(getattr(func, "_overloadpacket", None))
     if formula is None or args is None or getattr(formula, "_get_raw", False):
         return 0, None
@@ -74,8 +74,7 @@ def _flops(func: Any, args: tuple | None, inputs: Sequence[TensorMeta],
         count = int(formula(*positional, **keywords, out_val=out))
     except Exception:  # a formula that cannot read these arguments: no FLOPs, never fail
         count = 0
-    conv = getattr(func, "_overloadpacket", None) in _CONV
-    return count, bool(tf32 & (2 if conv else 1))
+    return count, tf32
 
 
 def records(entries: Iterable[tuple]) -> list[OpRecord]:
@@ -87,7 +86,7 @@ def records(entries: Iterable[tuple]) -> list[OpRecord]:
         ins = tuple(_meta(t) for t in inputs)
         outs = tuple(_meta(t) for t in outputs)
         flops, tf32 = _flops(func, args, ins, outs) if func is not None else (0, None)
-        math = math_mode(func, ins, flops) if tf32 is None else _math(ins, flops, tf32)
+        math = math_mode(func, ins, flops, tf32)
         out.append(OpRecord(
             name=str(func) if func is not None else name.replace("::", ".") + "." + (
                 overload or "default"),
@@ -96,14 +95,6 @@ def records(entries: Iterable[tuple]) -> list[OpRecord]:
             from_engine=bool(from_engine), cpu_start_s=cpu_start, cpu_end_s=cpu_end,
             kernel_s=kernel_s, switches_start=switches_start, switches_end=switches_end))
     return out
-
-
-def _math(inputs: Sequence[TensorMeta], flops: int, tf32: bool) -> str:
-    """adapter.math_mode with the TF32 flags as they were when the op ran."""
-    mode = math_mode(None, tuple(inputs), flops)  # tf32_allowed reads today's flags ...
-    if mode in ("tf32", "fp32"):  # ... so the float32 case is decided by the logged ones
-        return "tf32" if tf32 else "fp32"
-    return mode
 
 
 def logged(compiled: Any, run: Callable[[], None]) -> list[OpRecord]:
