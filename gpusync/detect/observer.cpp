@@ -480,11 +480,7 @@ class Observer {
     }
     std::lock_guard<std::mutex> guard(table_->lock);
     for (const c10::IValue& value : inputs) {
-      int slot = -1;
-      each_tensor(value, [&](const at::Tensor& t) {
-        if (value.isTensor()) slot = static_cast<int>(op.inputs.size());
-        op.inputs.push_back(logged_tensor(t, !host(t)));
-      });
+      int slot = log_tensors(value, op.inputs);
       if (op.has_args) {
         op.tensor_at.push_back(slot);
         op.args.push_back(value.isTensor() || holds_tensors(value) ? c10::IValue() : value);
@@ -499,17 +495,24 @@ class Observer {
     {
       std::lock_guard<std::mutex> guard(table_->lock);
       for (const c10::IValue& value : outputs) {
-        int slot = -1;
-        each_tensor(value, [&](const at::Tensor& t) {
-          if (value.isTensor()) slot = static_cast<int>(op.outputs.size());
-          op.outputs.push_back(logged_tensor(t, !host(t)));
-        });
+        int slot = log_tensors(value, op.outputs);
         if (op.has_args) op.output_at.push_back(slot);
       }
     }
     op.switches_end = switches_now();
     op.wall_end = wall_now();
     op.cpu_end = cpu_now();
+  }
+
+  // The value's tensors appended to `to`, each with its side of the bus (the table's lock
+  // held): the index of its tensor where the value is one tensor, else -1.
+  int log_tensors(const c10::IValue& value, std::vector<LoggedTensor>& to) const {
+    int slot = -1;
+    each_tensor(value, [&](const at::Tensor& t) {
+      if (value.isTensor()) slot = static_cast<int>(to.size());
+      to.push_back(logged_tensor(t, !host(t)));
+    });
+    return slot;
   }
 
   static py::tuple tensor_tuple(const LoggedTensor& m) {
