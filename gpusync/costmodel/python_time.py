@@ -106,9 +106,7 @@ def heavy(event: Event | None) -> bool:
 
 def _cold_bytes(event: Event) -> int:
     """How much a long kernel evicted (the bytes it touched); 0 for a short one."""
-    if not heavy(event):
-        return 0
-    return max(1, event.nbytes) if isinstance(event, OpRecord) else 1
+    return event.nbytes if isinstance(event, OpRecord) and heavy(event) else 0
 
 
 def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, float, int]]:
@@ -136,19 +134,19 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, flo
     return out
 
 
-def after_lost_core(events: Sequence[Event], own: OwnTime | None = None) -> set[int]:
+def _after_lost_core(gaps: list[tuple[Event, float, int]]) -> frozenset[int]:
     """The ids of the events whose gap began within AFTER_LOST_CORE_S of CPU time after the
     thread lost its core: the caches refill over more than the first gap, so their estimates
     are the least trustworthy, and steps that ran alike give better ones (steadied)."""
     out: set[int] = set()
     lost_at: float | None = None
-    for event, _gap, cold in _gaps(events, own):
+    for event, _gap, cold in gaps:
         start = event.cpu_start_s or 0.0
         if cold == PREEMPTED:
             lost_at = start
         if lost_at is not None and start - lost_at <= AFTER_LOST_CORE_S:
             out.add(id(event))
-    return out
+    return frozenset(out)
 
 
 def _switched(before: int | None, after: int | None) -> bool:
@@ -180,26 +178,37 @@ def _in_engine(event: Event) -> bool:
     return isinstance(event, OpRecord) and event.from_engine
 
 
-def python_by_event(events: Sequence[Event], baseline: GapBaseline,
-                    own: OwnTime | None = None) -> tuple[dict[int, float], GapBaseline]:
-    """The user's Python before each event, by id(event), and the baseline used.  An event
-    without CPU times (another thread's) is absent: its thread's Python is not the recording
-    thread's; an op autograd's engine dispatches between two of its own gets 0 (backward runs
-    no Python of the user's but for hooks, which are not counted)."""
+@dataclass(frozen=True)
+class PythonEstimate:
+    """The user's Python before each event, by id(event); the ids of the events whose estimate
+    was taken soon after a lost core (`lost`); the baseline used."""
+
+    python: dict[int, float]
+    lost: frozenset[int]
+    baseline: GapBaseline
+
+
+def estimate(events: Sequence[Event], baseline: GapBaseline,
+             own: OwnTime | None = None) -> PythonEstimate:
+    """The user's Python before each event.  An event without CPU times (another thread's) is
+    absent: its thread's Python is not the recording thread's; an op autograd's engine
+    dispatches between two of its own gets 0 (backward runs no Python of the user's but for
+    hooks, which are not counted)."""
     gaps = _gaps(events, own)
     base = fitted(gaps, baseline)
     python: dict[int, float] = {}
     for event, gap, cold in gaps:
         python[id(event)] = 0.0 if _in_engine(event) else (
             base.warm(gap, cold) if cold else max(0.0, gap - base.light_s))
-    return python, base
+    return PythonEstimate(python, _after_lost_core(gaps), base)
 
 
 def with_python(events: Sequence[Event], baseline: GapBaseline,
                 own: OwnTime | None = None) -> tuple[list[Event], GapBaseline]:
-    """Every event given its python_s (python_by_event; 0 where it has none), and the
-    baseline used."""
-    python, base = python_by_event(events, baseline, own)
+    """Every event given its python_s (estimate; 0 where it has none), and the baseline
+    used."""
+    found = estimate(events, baseline, own)
+    python, base = found.python, found.baseline
     return [dataclasses.replace(e, python_s=python.get(id(e), 0.0)) for e in events], base
 
 

@@ -1,10 +1,12 @@
 """`gpusync scan --gpu NAME`: the cost model wired into a scan (docs/cost-model.md).
 
-In the scan's child, `recording(gpu)` calibrates the host (before the session installs, so
-the calibration times plain eager ops), measures this recorder's own per-op gap, and pushes
-OpStream: a TorchDispatchMode that turns every aten op the scanned code queues into an
-OpRecord (shapes, dtypes, FLOPs, perf_counter times).  After the run, `step_traces` cuts the
-op stream and the session's SyncEvents into the measured steps at the session's step
+In the scan's child, `recording(gpu)` makes a CostScan; `CostScan.attach` (before the
+session installs) picks the recorder, measures its own gaps and the cold-cache probe
+(`gap_baseline`), and starts it: the session's C++ observer logging every op
+(native_log.py), or, where ops go through a Python dispatch mode, OpStream, a
+TorchDispatchMode that turns every aten op the scanned code queues into an OpRecord (shapes,
+dtypes, FLOPs, CPU-clock and perf_counter times).  After the run, `step_traces` cuts the
+ops and the session's SyncEvents into the measured steps at the session's step
 boundaries, `predict_steps` predicts them, and `annotate` adds the prediction to the
 report: per site `predicted_stall_ms`, `payoff_ms`, `blocks`; top-level `gpu` and `cost`
 (per step `predicted_step_ms`, `gpu_busy`, ...; one step's lanes for the HTML report).
@@ -38,13 +40,7 @@ from gpusync.costmodel.own_time import (
     timing_layers,
 )
 from gpusync.costmodel.predict import Prediction, predict_steps
-from gpusync.costmodel.python_time import (
-    ColdCost,
-    GapBaseline,
-    after_lost_core,
-    python_by_event,
-    steadied,
-)
+from gpusync.costmodel.python_time import ColdCost, GapBaseline, estimate, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 from gpusync.detect import native
 from gpusync.report import Report, SiteKey
@@ -196,7 +192,7 @@ class CostScan:
         # pushed at attach (below the session's own dispatch mode, as before it)
         self.observer: Any = None
         self._pushed = contextlib.ExitStack()
-        self._streaming = False
+        self._recording = False  # the recorder chosen and calibrated (the first attach)
         self._ops: list[OpRecord] | None = None
 
     def attach(self, session: Any) -> None:
@@ -207,17 +203,19 @@ class CostScan:
         detector = getattr(session, "detector", None)
         # the C++ observer's table (residency.NativeTable); none where a Python mode sees ops
         observer = getattr(getattr(detector, "host", None), "observer", None)
-        if observer is not None and self.observer is None:
-            native_log.configure(native.load())
-            self._calibrate(native.load())
-            self.observer = observer
-            observer.log_ops(True)
-        elif observer is None and self.observer is None and not self._streaming:
-            self._calibrate(None)
-            if detector is not None:
-                self.stream.on_device = detector.host.on_device
-            self._pushed.enter_context(self.stream)
-            self._streaming = True
+        if not self._recording:
+            self._recording = True
+            if observer is not None:
+                compiled = native.load()
+                native_log.configure(compiled)
+                self._calibrate(compiled)
+                self.observer = observer
+                observer.log_ops(True)
+            else:
+                self._calibrate(None)
+                if detector is not None:
+                    self.stream.on_device = detector.host.on_device
+                self._pushed.enter_context(self.stream)
         recorder = getattr(session, "recorder", None)
         if recorder is not None and self._timed is None:
             self._timed = recorder
@@ -374,14 +372,15 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
     step_starts: when step k+1 began, on the session's clock (Steps.times).  Step k runs from
     starts[k] (0 for the first) to starts[k+1] (open for the last).
     With a `baseline`, each event's Python is estimated from the CPU clocks
-    (python_time.with_python; `clocks` as for sync_point; `own`: gpusync's own work, left
+    (python_time.estimate; `clocks` as for sync_point; `own`: gpusync's own work, left
     out) and steps that ran alike are steadied; without one, the timeline takes the wall-clock
     gaps."""
     starts = [0.0, *step_starts]
     reads = sorted((sync_point(e, clocks=clocks) for e in events), key=lambda s: s.host_s)
     # estimated for the whole run (gaps need every event), given to the measured steps' only
-    python = python_by_event([*ops, *reads], baseline, own)[0] if baseline is not None else None
-    lost = after_lost_core([*ops, *reads], own) if baseline is not None else set()
+    found = estimate([*ops, *reads], baseline, own) if baseline is not None else None
+    python = found.python if found is not None else None
+    lost = found.lost if found is not None else frozenset()
     read_times = [s.host_s for s in reads]
     ordered = sorted(ops, key=lambda o: o.host_start_s)
     op_times = [o.host_start_s - t0 for o in ordered]

@@ -426,7 +426,7 @@ def test_a_gap_is_as_cold_as_the_largest_kernel_since_the_last_users_gap():
 def test_estimates_soon_after_a_lost_core_give_way_to_a_clean_step():
     import dataclasses
 
-    from gpusync.costmodel.python_time import AFTER_LOST_CORE_S, after_lost_core
+    from gpusync.costmodel.python_time import AFTER_LOST_CORE_S, estimate
 
     # the thread loses its core in the gap before b; c starts within the refill window, d after
     a = dataclasses.replace(op("a", 0.0), switches_start=0, switches_end=0)
@@ -435,7 +435,7 @@ def test_estimates_soon_after_a_lost_core_give_way_to_a_clean_step():
                             switches_end=1)
     d = dataclasses.replace(op("d", 200 * US + AFTER_LOST_CORE_S), switches_start=1,
                             switches_end=1)
-    assert after_lost_core([a, b, c, d]) == {id(b), id(c)}
+    assert estimate([a, b, c, d], GapBaseline()).lost == {id(b), id(c)}
 
     def step(index: int, python: float, clean: bool) -> StepTrace:
         return StepTrace(ops=(OpRecord("a", python_s=python, python_clean=clean),), index=index)
