@@ -15,8 +15,6 @@ import subprocess
 from collections import defaultdict
 from typing import Iterator
 
-import torch
-
 from ._version import __version__
 from .errors import BadInput, one_line
 from .fileio import read_user_file, write_atomic
@@ -83,7 +81,7 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
             "margin": 0.0, "fix": s.advice}
     data = {
         "schema_version": BASELINE_SCHEMA, "kind": KIND, "target": report.target,
-        "mode": report.mode, "device": report.device, "torch": torch.__version__,
+        "mode": report.mode, "device": report.device, "torch": report.torch_version,
         "gpusync": __version__, "commit": _git_commit(),
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "steps": steps, "warmup": report.warmup, "measured_steps": report.measured_steps,

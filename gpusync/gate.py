@@ -18,6 +18,7 @@ from typing import Callable
 
 from . import errors
 from .baseline import keyed_sites
+from .modes import check_mode
 from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
 
@@ -176,6 +177,14 @@ class Rule:
     timing: bool | None = None
 
 
+def _has_gpu() -> bool:
+    try:
+        check_mode("cuda")  # torch is imported only here: a CPU baseline's gate runs without it
+        return True
+    except ValueError:
+        return False
+
+
 def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: Rule,
              steps: int | None, warmup: int | None, mode: str | None, scan: Callable,
              world: int = 1, lead=None) -> Verdict:
@@ -183,8 +192,6 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     returns its report or raises for a failure) and judge it against the baseline file: its
     counts, then (on a GPU) its step times; a verdict of wins only comes with the suggested
     new baseline written beside the old one."""
-    import torch
-
     from . import baseline
 
     data = baseline.load(baseline_path)
@@ -193,7 +200,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
                               f"{data.get('ranks', 1)} rank(s), this run has {world}: record "
                               "it again with as many")
     mode = mode or data.get("mode", "auto")
-    if mode == "cuda" and not torch.cuda.is_available():
+    if mode == "cuda" and not _has_gpu():
         return Verdict(status=GateStatus.CANNOT_JUDGE,
                        notes=["the baseline was measured on a GPU; this machine has none"])
     recorded = data.get("target") or None

@@ -10,8 +10,6 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import torch
-
 from ._version import __version__
 from .cost import Cost
 from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent, package_path
@@ -248,7 +246,7 @@ class Report:
     syncs_by_phase: dict[str, float]
     sites: tuple[Site, ...]
     target: str = ""
-    torch_version: str = torch.__version__
+    torch_version: str = field(default_factory=lambda: _torch().__version__)
     gpusync_version: str = __version__
     created: str = ""
     error: str | None = None  # set when the scanned code raised part-way
@@ -303,9 +301,17 @@ class Report:
         return replace(self, error=error)
 
 
+def _torch() -> Any:
+    """torch, imported where a report is made (in the scan's process): a report is read and
+    rendered by the `gpusync` command's own process, which never imports torch."""
+    import torch
+
+    return torch
+
+
 def _device_name(mode: str) -> str:
     if mode == "cuda":
-        return torch.cuda.get_device_name()
+        return _torch().cuda.get_device_name()
     return "cpu"
 
 

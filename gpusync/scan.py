@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from . import _spawned
-from .detect.session import NOTHING_ON_GPU, Session, resolve_mode
+from .detect.session import NOTHING_ON_GPU, Session
 from .errors import BadInput
+from .modes import resolve_mode
 from .report import Report, report_of
 from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
 

@@ -8,7 +8,8 @@ import platform
 
 import torch
 
-from ..detect.session import Session, resolve_mode
+from ..detect.session import Session
+from ..modes import resolve_mode
 from ..runs.timing import build
 from ..stats import BlockTimer, Samples
 

@@ -58,7 +58,8 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
     The patch's paths are relative to the current directory (`git apply` takes it).
     """
     from .. import outputs
-    from ..fix import FixPlan, fix_script
+    from ..fix.engine import fix_script
+    from ..fix.runner import FixPlan
     from ..targets import ScriptTarget, parse_target
 
     if torchrun.env is not None:

@@ -10,8 +10,8 @@ import click
 from click.core import ParameterSource
 
 from .. import verbosity
-from ..detect.session import MODES
 from ..errors import BadInput
+from ..modes import MODES
 from ..reporters import formats
 
 # tune's and bench's old --device, as the --mode it meant: on the CPU a scanned run is
@@ -89,7 +89,7 @@ def _device_alias(fn):
 def resolved_mode(mode: str) -> str:
     """--mode as a run resolves it ("simulate" or "cuda"; auto: cuda when torch sees a GPU);
     --mode cuda without a GPU is bad input."""
-    from ..detect.session import resolve_mode
+    from ..modes import resolve_mode
 
     try:
         return resolve_mode(mode)

@@ -51,6 +51,11 @@ EVAL = "eval"
 INPUT_DIST, EMB_LOOKUP, BATCH_COPY = "input_dist", "emb_lookup", "batch_copy"
 PHASES = (FORWARD, BACKWARD, OPTIMIZER, HOOK, EVAL, INPUT_DIST, EMB_LOOKUP, BATCH_COPY, OTHER)
 
+# a blocking copy from pinned memory: what to add at the copy's call; a framework's copy
+# (accelerate's send_to_device) is not the user's to edit: its lever says how instead
+PINNED_SOURCE = "the source is pinned already"
+PINNED_DETAIL = PINNED_SOURCE + ": add non_blocking=True"
+
 
 @dataclass
 class SyncEvent:

@@ -5,18 +5,27 @@
 - user: everything else, where a site is placed, with the library path beneath it."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 import sysconfig
 from dataclasses import dataclass
 from types import CodeType, FrameType
 
-import torch
-
 from .events import Frame
 from .libraries import pytorch
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+def _package_dir(name: str) -> str:
+    """An installed package's folder, found without importing it: the `gpusync` command's
+    process judges frames without importing torch."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ImportError(f"{name} is not installed")
+    return os.path.dirname(spec.origin) + os.sep
+
+
+_TORCH_DIR = _package_dir("torch")
 _GPUSYNC_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Code shipped inside gpusync that plays the part of user code: its syncs are what we report.
 _GPUSYNC_USER_DIRS = tuple(_GPUSYNC_DIR + d + os.sep for d in ("examples", "techniques"))

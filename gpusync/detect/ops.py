@@ -31,6 +31,7 @@ from .dispatch import (
     configure,
     python_kernels,
 )
+from .events import PINNED_DETAIL
 from .frames import capture
 from .phases import remember_forward
 from .recorder import Recorder
@@ -45,7 +46,7 @@ from .residency import (
     target_of_to,
 )
 from .residency_strategy import ResidencyStrategy
-from .rules import PINNED_DETAIL, QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
+from .rules import QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
 from .virtual_device import current_device
 from .virtual_libs import VirtualLibraries
 

@@ -1,12 +1,12 @@
 """Turns "a sync happened here" into a SyncEvent: stack, phase, module path, step, advice."""
 from __future__ import annotations
 
-from .events import BACKWARD, HOOK, SyncEvent
+from .events import BACKWARD, HOOK, PINNED_DETAIL, PINNED_SOURCE, SyncEvent
 from .frames import capture
 from .libraries import known
 from .libraries.pytorch import module_move_advice
 from .phases import PhaseTracker
-from .rules import PINNED_DETAIL, PINNED_SOURCE, advice_for
+from .rules import advice_for
 
 
 class Recorder:

@@ -89,10 +89,6 @@ SCALAR_LABELS = {
 }
 
 
-# a blocking copy from pinned memory: what to add at the copy's call; a framework's copy
-# (accelerate's send_to_device) is not the user's to edit: its lever says how instead
-PINNED_SOURCE = "the source is pinned already"
-PINNED_DETAIL = PINNED_SOURCE + ": add non_blocking=True"
 
 
 def advice_for(label: str, detail: str = "") -> str:

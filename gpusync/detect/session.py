@@ -9,6 +9,7 @@ from typing import TypeVar
 
 import torch
 
+from ..modes import MODES, resolve_mode
 from .cuda import CudaExtras, StallTimer
 from .events import SyncEvent
 from .ops import OpDetector
@@ -17,21 +18,10 @@ from .recorder import Recorder
 from .residency_strategy import strategy_for
 from .steps import Steps, after_last_step
 
-MODES = ("auto", "simulate", "cuda")
 NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
                   "device='cuda' while torch.cuda.is_available() said True): on a GPU machine "
                   "it would run on the CPU and make no syncs; scan with --no-virtual-cuda to "
                   "judge it as if its tensors lived on the device")
-
-
-def resolve_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "auto":
-        return "cuda" if torch.cuda.is_available() else "simulate"
-    if mode == "cuda" and not torch.cuda.is_available():
-        raise ValueError("mode 'cuda' needs a CUDA device, and torch sees none")
-    return mode
 
 
 @dataclass(frozen=True)

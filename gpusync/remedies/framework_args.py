@@ -32,8 +32,8 @@ from __future__ import annotations
 import ast
 import os
 
+from ..detect.events import PINNED_SOURCE
 from ..detect.libraries import lightning, transformers
-from ..detect.rules import PINNED_SOURCE
 from ..report import Site
 from .helpers.observe import Facts
 from .helpers.source import Source, callee_name

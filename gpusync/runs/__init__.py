@@ -70,12 +70,12 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
     reaches a verdict here. Bad targets and modes are refused before it starts. Progress
     (whole steps done) shows on stderr once it has run for a few seconds. Under torchrun
     (`lead`), every rank scans and the outcome is the merged one."""
-    from ..detect.session import resolve_mode
+    from ..modes import check_mode
     from ..targets import parse_target
 
     parse_target(target)
     try:
-        resolve_mode(mode)
+        check_mode(mode)
     except ValueError as e:
         raise BadInput(str(e)) from None
     total = None if steps is None else steps + (1 if warmup is None else warmup)

@@ -4,17 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpusync.costmodel import (
-    HostModel,
-    OpRecord,
-    StepTrace,
-    SyncPoint,
-    TensorMeta,
-    get_gpu,
-    predict,
-    predict_steps,
-    record_op,
-)
+from gpusync.costmodel.adapter import record_op
+from gpusync.costmodel.gpus import get_gpu
+from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.predict import predict, predict_steps
+from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint, TensorMeta
 
 H100 = get_gpu("h100")
 HOST = HostModel(dispatch_s=5e-6, launch_api_s=3e-6)  # 8 us to launch a kernel
@@ -115,7 +109,7 @@ def test_fp32_matmul_runs_at_fp32_rate_unless_tf32_is_allowed():
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     assert (plain.math, tf32.math) == ("fp32", "tf32")
-    from gpusync.costmodel import device_time_s
+    from gpusync.costmodel.roofline import device_time_s
     assert device_time_s(plain, H100) == pytest.approx(2 * 4096**3 / 67e12 + 2.5 * US)
     assert device_time_s(tf32, H100) == pytest.approx(2 * 4096**3 / (989e12 / 2) + 2.5 * US)
 

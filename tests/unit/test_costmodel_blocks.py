@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpusync.costmodel import blocks_for
+from gpusync.costmodel.blocks import blocks_for
 
 dynamo = pytest.importorskip("torch._dynamo", reason="torch._dynamo is not available")
 

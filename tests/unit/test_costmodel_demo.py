@@ -6,8 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-from gpusync.costmodel import HostModel, StepTrace, predict_steps
 from gpusync.costmodel.demo import record_step, recorder_gap_s
+from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.predict import predict_steps
+from gpusync.costmodel.records import StepTrace
 
 HOST = HostModel(dispatch_s=5e-6, launch_api_s=3e-6)
 US = 1e-6

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from gpusync.costmodel import HostModel, OpRecord, StepTrace, SyncPoint, TensorMeta, get_gpu
+from gpusync.costmodel.gpus import get_gpu
+from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.own_time import OwnTime
 from gpusync.costmodel.predict import predict_steps
 from gpusync.costmodel.python_time import HEAVY_S, GapBaseline, steadied, with_python
+from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint, TensorMeta
 
 US = 1e-6
 H100 = get_gpu("h100")
@@ -370,7 +372,7 @@ def test_a_step_prediction_reports_its_host_python_device_and_sync_free_length()
 def test_recording_finds_the_tensors_in_lists_and_keyword_arguments():
     import torch
 
-    from gpusync.costmodel import record_op
+    from gpusync.costmodel.adapter import record_op
 
     a, b = torch.ones(2, 3), torch.ones(4, 3)
     cat = torch.ops.aten.cat.default

@@ -7,8 +7,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpusync.costmodel import GPUS, HostModel, calibrate_host, get_gpu, record_op
 from gpusync.costmodel import host as host_module
+from gpusync.costmodel.adapter import record_op
+from gpusync.costmodel.gpus import GPUS, get_gpu
+from gpusync.costmodel.host import HostModel, calibrate_host
 from gpusync.costmodel.roofline import device_time_s, is_transfer
 from gpusync.errors import BadInput
 

@@ -6,8 +6,11 @@ import json
 
 import pytest
 
-from gpusync.costmodel import HostModel, OpRecord, TensorMeta, get_gpu, predict_steps
 from gpusync.costmodel.annotate import annotate
+from gpusync.costmodel.gpus import get_gpu
+from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.predict import predict_steps
+from gpusync.costmodel.records import OpRecord, TensorMeta
 from gpusync.costmodel.scan import measured_steps, step_traces
 from gpusync.detect.events import Frame, SyncEvent
 from gpusync.report import Report, SiteKey, build_report

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from gpusync.cli import cli
-from gpusync.detect.session import MODES
+from gpusync.modes import MODES
 from tests.conftest import run_main
 from tests.unit.test_json_contract import _fake_technique
 

@@ -1,0 +1,28 @@
+"""Where a run's code runs, `--mode`: on the GPU ("cuda") or simulated on the CPU ("simulate";
+"auto" picks cuda when torch sees a GPU). Imports torch only to ask about the GPU, so that the
+`gpusync` command's own process can check a mode without it."""
+from __future__ import annotations
+
+MODES = ("auto", "simulate", "cuda")
+
+
+def check_mode(mode: str) -> None:
+    """Raises ValueError for an unknown mode, and for "cuda" where torch sees no GPU; "auto"
+    and "simulate" are checked without importing torch."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("mode 'cuda' needs a CUDA device, and torch sees none")
+
+
+def resolve_mode(mode: str) -> str:
+    """"simulate" or "cuda": auto is cuda when torch sees a GPU; ValueError as check_mode."""
+    check_mode(mode)
+    if mode == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "simulate"
+    return mode
