@@ -45,6 +45,14 @@ class Cost:
     engine_op_us: float
     steps: tuple[StepCost, ...]
     timeline: StepLanes | None
+    # the framework probe's least CPU time on the scanning machine; with --host, the named
+    # host class's (host_name, host_probe_us) and the factor the user's Python was scaled by
+    probe_us: float = 0.0
+    host_name: str | None = None
+    host_probe_us: float | None = None
+    python_scale: float = 1.0
+    # the share of the steps' Python timed soon after the scan lost its core (a busy machine)
+    lost_core_share: float = 0.0
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Cost:

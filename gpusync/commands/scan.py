@@ -36,9 +36,12 @@ from .options import Finite, format_option, mode_option, verbosity_options
 @click.option("--gpu", metavar="NAME",
               help="Predict each sync's stall and payoff per step on this GPU (h100, h200, "
                    "a100, l4, ...): docs/cost-model.md.")
+@click.option("--host", "host_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --gpu: count your code's Python at the GPU machine's pace, from a host "
+                   "file written there by `gpusync host-probe` (default: this CPU's pace).")
 @under_torchrun
 def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
-            trace, rank_timeout, virtual_cuda, gpu, torchrun):
+            trace, rank_timeout, virtual_cuda, gpu, host_file, torchrun):
     """Report every host<-device sync of TARGET's training steps.
 
     TARGET: a script (train.py, run as __main__; arguments after --), file.py:factory,
@@ -52,9 +55,18 @@ def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_
         from ..costmodel.gpus import get_gpu
 
         gpu = get_gpu(gpu).key
+    host = None
+    if host_file is not None:  # read and checked before the scan, as the GPU's name
+        if gpu is None:
+            raise errors.BadInput("--host needs --gpu: it sets the GPU machine's host pace")
+        from dataclasses import asdict
+
+        from ..costmodel.host_class import read
+
+        host = asdict(read(host_file))
     with outputs.trace_file(trace) as child_trace, torchrun.lead(rank_timeout) as lead:
         outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
-                            command="scan", trace=child_trace, lead=lead, gpu=gpu)
+                            command="scan", trace=child_trace, lead=lead, gpu=gpu, host=host)
         if outcome.report is not None:
             text = render(outcome.report, fmt, show)
             if output:

@@ -10,14 +10,35 @@ with no read in the measured steps (set-up, or a spawned process's) gets nulls. 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from gpusync.cost import Cost, StepCost, StepLanes
 from gpusync.costmodel.gpus import GPU
 from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.host_class import HostClass
 from gpusync.costmodel.predict import Prediction, StepPrediction
 from gpusync.report import Report
 
 _MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
+# A share of the steps' Python timed soon after a lost core past which the machine was busy:
+# 0-7% in quiet scans of docs/benchmarks/cost-model-load.md, 40-60% beside two busy loops.
+BUSY_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class HostPace:
+    """Whose pace the user's Python was counted at: a named host class, or this machine's
+    (None); the framework probe's least CPU time here."""
+
+    host_class: HostClass | None = None
+    probe_s: float = 0.0
+
+
+def busy_note(share: float) -> str:
+    return (f"the scanning machine was busy: {share:.0%} of the measured steps' Python was "
+            "timed soon after the scan lost its CPU core to another process, and the "
+            "predicted host time reads high on a busy machine (up to 40% in docs/benchmarks/"
+            "cost-model-load.md); scan again on a quiet machine for a stable prediction")
 
 
 def _ms(seconds: float) -> float:
@@ -25,9 +46,9 @@ def _ms(seconds: float) -> float:
 
 
 def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
-             host: HostModel) -> Report:
+             host: HostModel, pace: HostPace = HostPace()) -> Report:
     """`report` with the prediction added: a new report. Sites are matched to the model's by
-    SiteKey.named (place and op)."""
+    SiteKey.named (place and op); a note when the scanning machine was busy."""
     by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
     sites = []
     for site in report.sites:
@@ -39,13 +60,19 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
             payoff_ms=found.payoff_ms if found else None,
             blocks=tuple(b.name for b in found.blocks) if found else None))
     steps = list(prediction.steps) if prediction is not None else []
-    return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, cost=Cost(
+    lost = prediction.lost_core_share if prediction is not None else 0.0
+    named = pace.host_class
+    notes = (*report.notes, busy_note(lost)) if lost > BUSY_SHARE else report.notes
+    return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),
         engine_op_us=round(host.engine_op_s * 1e6, 3),
         gap_overhead_us=round(host.gap_overhead_s * 1e6, 3),
         steps=tuple(StepCost(**s.to_dict()) for s in steps),
-        timeline=timeline(steps[-1]) if steps else None))
+        timeline=timeline(steps[-1]) if steps else None,
+        probe_us=round(pace.probe_s * 1e6, 2), host_name=named.name if named else None,
+        host_probe_us=named.probe_us if named else None,
+        python_scale=round(host.python_scale, 4), lost_core_share=round(lost, 4)))
 
 
 def _merged(spans: list[list[float]], limit: int) -> list[list[float]]:

@@ -42,16 +42,21 @@ class HostModel:
     gap_overhead_s: what the recording itself adds to each measured gap between two ops (the
     way into and out of the scan's dispatch hook, and the eager call's own Python before it,
     which dispatch_s already counts); taken off every gap, never below zero.
+    python_scale: the user's Python is counted at this factor (a named host class's pace).
     """
 
     dispatch_s: float = PYTHON_OP_S
     launch_api_s: float = CUDA_LAUNCH_API_S
     gap_overhead_s: float = 0.0
     engine_op_s: float = ENGINE_OP_S
+    # the user's Python on the GPU machine per second of it here: a named host class's
+    # framework probe over this machine's (host_class.py); 1.0 counts it at this CPU's pace
+    python_scale: float = 1.0
 
     def python_s(self, measured_gap_s: float) -> float:
-        """The user's own Python in a measured gap between two recorded events."""
-        return max(0.0, measured_gap_s - self.gap_overhead_s)
+        """The user's own Python in a measured gap between two recorded events, at the GPU
+        machine's pace."""
+        return max(0.0, measured_gap_s - self.gap_overhead_s) * self.python_scale
 
     def op_cost_s(self, op: OpRecord, runs_on_host: bool) -> float:
         """Host time to issue one op; a host-only op costs what its CPU kernel took on this

@@ -74,6 +74,9 @@ class Prediction:
     host: HostModel
     sites: tuple[SitePrediction, ...]
     steps: tuple[StepPrediction, ...]
+    # of the steps' ops and reads, the share whose Python was timed soon after the scan lost
+    # its core (python_time.py): how busy the scanning machine was
+    lost_core_share: float = 0.0
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu.key, "gpu_name": self.gpu.name,
@@ -151,7 +154,11 @@ def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
     sites.sort(key=lambda s: (-s.payoff_ms, -s.predicted_stall_ms))
     per_step = tuple(_step_prediction(st, tl, gpu, host)
                      for st, tl in zip(steps, timelines, strict=True))
-    return Prediction(gpu=gpu, host=host, sites=tuple(sites), steps=per_step)
+    clean = [e.python_clean for st in steps for e in st.ops] + [
+        s.python_clean for st in steps for s in st.syncs]
+    lost = clean.count(False) / len(clean) if clean else 0.0
+    return Prediction(gpu=gpu, host=host, sites=tuple(sites), steps=per_step,
+                      lost_core_share=lost)
 
 
 def predict(ops: Sequence[OpRecord], syncs: Sequence[SyncPoint], gpu: GPU | str, *,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import dataclasses
-import statistics
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,11 +26,12 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpusync.costmodel import native_log
+from gpusync.costmodel import native_log, probe
 from gpusync.costmodel.adapter import record_op
-from gpusync.costmodel.annotate import annotate, trace_events
+from gpusync.costmodel.annotate import HostPace, annotate, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel
+from gpusync.costmodel.host_class import HostClass
 from gpusync.costmodel.own_time import (
     STEP_CALLS,
     TRACKER_HOOKS,
@@ -123,7 +123,7 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
         for _ in range(long_kernels):
             torch.mm(big, big)
             torch.add(a, a)
-        cold.extend(cold_costs())
+        cold.extend(probe.measure().cold)
 
     if observer_module is not None:
         ops = native_log.logged(observer_module, run)
@@ -138,47 +138,14 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
     return GapBaseline(light_s=light, heavy_s=max(light, heavy), cold=tuple(cold))
 
 
-def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> list[ColdCost]:
-    """What a long CPU kernel costs the code after it on this machine: a tiny training step
-    (four 4x4 matmuls, zero_grad, backward, an SGD step: the framework code a step's Python
-    mostly is, and the code that runs after a step's long kernels) timed warm, and right after
-    an fp32 addition of two size x size matrices (which touches 3 x size^2 x 4 bytes, as a
-    matmul of that size does, at a fraction of its CPU time).  Its own tensors only."""
-    weights = [torch.zeros(4, 4, requires_grad=True) for _ in range(4)]
-    x = torch.ones(2, 4)
-    optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
-
-    def probe() -> float:
-        start = time.thread_time()
-        h = x
-        for w in weights:
-            h = h @ w
-        optimizer.zero_grad()
-        h.sum().backward()
-        optimizer.step()
-        return time.thread_time() - start
-
-    for _ in range(10):
-        probe()
-    warm = statistics.median(probe() for _ in range(20))
-    out = []
-    for n in sizes:
-        big = torch.ones(n, n)
-        times = []
-        for _ in range(repeats):
-            torch.add(big, big)
-            times.append(probe())
-        cold = statistics.median(times)
-        out.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, cold - warm)))
-    return out
-
-
 class CostScan:
     """One scan's recording: the GPU, the host model, the op stream and, once attached, the
     session (its clock, events and step boundaries)."""
 
-    def __init__(self, gpu: GPU, host: HostModel, baseline: GapBaseline | None = None):
-        self.gpu, self.host = gpu, host
+    def __init__(self, gpu: GPU, host: HostModel, baseline: GapBaseline | None = None,
+                 host_class: HostClass | None = None):
+        self.gpu, self.host, self.host_class = gpu, host, host_class
+        self.probe_s = 0.0  # the framework probe's least CPU time here (_calibrate)
         self.baseline = baseline or GapBaseline(light_s=host.gap_overhead_s,
                                                 heavy_s=host.gap_overhead_s)
         self.stream = OpStream()
@@ -226,9 +193,13 @@ class CostScan:
             self.own.layer(tracker.steps, STEP_CALLS)
 
     def _calibrate(self, observer_module: Any) -> None:
-        """The recorder's own gaps (gap_baseline), measured by the recorder the scan uses."""
+        """The recorder's own gaps (gap_baseline), measured by the recorder the scan uses; the
+        framework probe, unrecorded (as `gpusync host-probe` times it), for a host class."""
+        self.probe_s = probe.warm_s()
         self.baseline = gap_baseline(observer_module=observer_module)
-        self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s)
+        scale = self.host_class.scale_from(self.probe_s) if self.host_class is not None else 1.0
+        self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s,
+                                        python_scale=scale)
 
     def ops(self) -> list[OpRecord]:
         """Every op recorded: the observer's log (taken once, at the end) or the stream's."""
@@ -278,7 +249,8 @@ class CostScan:
         return self.prediction
 
     def annotate(self, report: Report) -> Report:
-        return annotate(report, self.predict(report), self.gpu, self.host)
+        return annotate(report, self.predict(report), self.gpu, self.host,
+                        HostPace(self.host_class, self.probe_s))
 
     def trace_events(self, pid: int = 2) -> list[dict]:
         """The predicted lanes for `--trace`, as a process of their own."""
@@ -286,12 +258,14 @@ class CostScan:
 
 
 @contextlib.contextmanager
-def recording(gpu_name: str, host: HostModel | None = None) -> Iterator[CostScan]:
+def recording(gpu_name: str, host: HostModel | None = None,
+              host_class: HostClass | None = None) -> Iterator[CostScan]:
     """While inside, every op is recorded; attach the scan's session with CostScan.attach,
-    which measures the recorder's own gaps before the session patches anything."""
+    which measures the recorder's own gaps before the session patches anything.  With a
+    `host_class`, the user's Python is counted at that machine's pace."""
     gpu = get_gpu(gpu_name)
     with cheap_frees():
-        scan = CostScan(gpu, host or HostModel())
+        scan = CostScan(gpu, host or HostModel(), host_class=host_class)
         try:
             with timing_layers(scan.own):
                 yield scan

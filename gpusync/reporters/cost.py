@@ -62,11 +62,18 @@ def host_line(report) -> str:
     cost = report.cost
     if cost is None:
         return ""
+    if cost.host_name is not None:
+        pace = (f"your code's Python at {cost.host_name}'s pace (--host: its framework probe "
+                f"{cost.host_probe_us:g} us, this machine's {cost.probe_us:g} us: "
+                f"x{cost.python_scale:.2f})")
+    else:
+        pace = ("your code's Python as this CPU ran it (--host FILE, written on the GPU "
+                "machine by `gpusync host-probe`, counts it at that machine's pace)")
     return (f"host: {cost.host_dispatch_us:g} us per op called from Python, "
             f"{cost.engine_op_us:g} us per op of backward, "
             f"+ {cost.launch_api_us:g} us per kernel launch (published eager-PyTorch "
-            "figures: docs/cost-model.md); your code's Python as this CPU ran it, on its CPU "
-            "clock, gpusync's own work left out.  stall ms above: ~ predicted per step")
+            f"figures: docs/cost-model.md); {pace}, on its CPU clock, gpusync's own work "
+            "left out.  stall ms above: ~ predicted per step")
 
 
 def rows(report) -> list[list]:

@@ -65,7 +65,8 @@ def _progress(progress: Progress | None) -> Callable[[ChildResult], None] | None
 
 
 def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command="scan",
-         trace=None, lead: Lockstep | None = None, gpu: str | None = None) -> ScanOutcome:
+         trace=None, lead: Lockstep | None = None, gpu: str | None = None,
+         host: dict | None = None) -> ScanOutcome:
     """The scan runs in a child process: whatever the code does to its process, gpusync
     reaches a verdict here. Bad targets and modes are refused before it starts. Progress
     (whole steps done) shows on stderr once it has run for a few seconds. Under torchrun
@@ -80,7 +81,7 @@ def scan(target, steps, warmup, mode, script_args=(), virtual_cuda=True, command
         raise BadInput(str(e)) from None
     total = None if steps is None else steps + (1 if warmup is None else warmup)
     job = ScanJob(target=target, steps=steps, warmup=warmup, mode=mode,
-                  script_args=tuple(script_args), virtual_cuda=virtual_cuda, gpu=gpu)
+                  script_args=tuple(script_args), virtual_cuda=virtual_cuda, gpu=gpu, host=host)
     with Progress(f"gpusync {command}", delay=5.0) as progress:
         progress.stage(f"scanning {target or 'sparsenn'}", total=total)
         own = dataclasses.replace(job, trace=trace)

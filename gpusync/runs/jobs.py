@@ -58,6 +58,7 @@ class ScanJob(_Job):
     trace: str | None = None
     verbosity: int = field(default_factory=_level)
     gpu: str | None = None  # --gpu: the cost model records the op stream (costmodel/scan.py)
+    host: dict[str, Any] | None = None  # --host: the GPU machine's HostClass, as fields
 
     def run(self, results: Results) -> None:
         from ..scan import run_scan
@@ -106,9 +107,10 @@ class ScanJob(_Job):
         is imported (the scan's overhead is unchanged)."""
         if not self.gpu:
             return contextlib.nullcontext()
+        from ..costmodel.host_class import HostClass
         from ..costmodel.scan import recording
 
-        return recording(self.gpu)
+        return recording(self.gpu, host_class=HostClass(**self.host) if self.host else None)
 
     def _write_trace(self, session, cost=None) -> None:
         if self.trace and session is not None:

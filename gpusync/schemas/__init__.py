@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 VERSIONS = {
-    "gpusync-scan": 6,
+    "gpusync-scan": 7,
     "gpusync-baseline": 5,
     "gpusync-gate": 1,
     "gpusync-bench": 1,

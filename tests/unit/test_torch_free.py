@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 # The commands in one process, then whether torch was imported: rc per command, and the flag.
 _DRIVER = textwrap.dedent("""
     import json, sys
@@ -24,11 +26,15 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_scan_baseline_gate_and_help_never_import_torch(tmp_path):
-    script, base = tmp_path / "train.py", tmp_path / "base.json"
+    """scan --gpu --host included: the host file is read in the parent too."""
+    from gpusync.costmodel.host_class import HostClass
+
+    script, base, host = tmp_path / "train.py", tmp_path / "base.json", tmp_path / "host.yaml"
     script.write_text(_SCRIPT)
+    host.write_text(HostClass(name="gpu-box", probe_us=150.0).to_yaml())
     commands = [["--help"], ["bench", "--help"],
-                ["scan", str(script), "--gpu", "h100", "--format", "json", "-o",
-                 str(tmp_path / "r.json")],
+                ["scan", str(script), "--gpu", "h100", "--host", str(host), "--format", "json",
+                 "-o", str(tmp_path / "r.json")],
                 ["baseline", str(script), "-o", str(base)],
                 ["gate", str(script), "--baseline", str(base)]]
     env = {k: v for k, v in os.environ.items() if k != "GPUSYNC_IN_PROCESS"}
@@ -40,6 +46,9 @@ def test_scan_baseline_gate_and_help_never_import_torch(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["gpu"] == "h100" and report["torch_version"]  # the child's torch
     assert [s["op"] for s in report["sites"]] == ["item"]
+    cost = report["cost"]  # --host: the user's Python at gpu-box's pace
+    assert cost["host_name"] == "gpu-box" and cost["host_probe_us"] == 150.0
+    assert cost["python_scale"] == pytest.approx(150.0 / cost["probe_us"], rel=1e-3)
 
 
 def test_bench_subcommands_name_every_technique():

@@ -1,0 +1,109 @@
+"""A named host class: how fast the GPU machine's CPU runs framework code, for `scan --gpu
+NAME --host FILE` (docs/cost-model.md, "The GPU machine's host").
+
+`gpusync host-probe` runs the framework probe (probe.py: a tiny training step on CPU tensors)
+on the machine it is run on, which needs no GPU, and writes a host file.  A scan given that
+file measures the same probe on the scanning machine before the run and counts the scanned
+code's Python at the GPU machine's pace: times `python_scale` = the host's probe / this
+machine's.  Only the user's Python is scaled; the per-op figures are published ones already
+(host.py), and the device side is the GPU's.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from gpusync.errors import BadInput
+
+KIND = "gpusync-host"
+SCHEMA_VERSION = 1
+# Fields a host file must give, and those it may; anything else is a misspelling.
+_REQUIRED = ("kind", "schema_version", "name", "probe_us")
+_OPTIONAL = ("cpu", "cores", "python", "torch", "measured")
+
+
+@dataclass(frozen=True)
+class HostClass:
+    """The GPU machine's host: its name, and the framework probe's least CPU time on it
+    (microseconds, warm); where it was measured, for the reader."""
+
+    name: str
+    probe_us: float
+    cpu: str = ""
+    cores: int = 0
+    python: str = ""
+    torch: str = ""
+    measured: str = ""
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        body = {"kind": KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        header = ("# gpusync host file: the framework probe's least CPU time on this machine\n"
+                  "# (gpusync host-probe); scan --gpu NAME --host FILE scales the scanned\n"
+                  "# code's Python to it (docs/cost-model.md)\n")
+        return header + yaml.safe_dump(body, sort_keys=False)
+
+    def scale_from(self, scanned_probe_s: float) -> float:
+        """The factor from the scanning machine's Python to this host's: the probes' ratio."""
+        return (self.probe_us * 1e-6) / scanned_probe_s if scanned_probe_s > 0 else 1.0
+
+
+def measure(name: str | None = None) -> HostClass:
+    """This machine's HostClass (the probe timed here; named after the machine by default)."""
+    import os
+
+    import torch
+
+    from gpusync.costmodel import probe
+
+    return HostClass(name=name or platform.node() or "this machine",
+                     probe_us=round(probe.warm_s(samples=50) * 1e6, 2),
+                     cpu=platform.processor() or platform.machine(),
+                     cores=os.cpu_count() or 0, python=platform.python_version(),
+                     torch=str(torch.__version__),
+                     measured=_dt.datetime.now(_dt.timezone.utc).replace(
+                         microsecond=0).isoformat())
+
+
+def parse(data: Any, what: str) -> HostClass:
+    """A host file's data as a HostClass; BadInput (one line, naming `what`) when it is not
+    one."""
+    if not isinstance(data, dict) or data.get("kind") != KIND:
+        raise BadInput(f"{what} is not a gpusync host file (kind: {KIND}; write one with "
+                       "`gpusync host-probe -o FILE` on the GPU machine)")
+    missing = [k for k in _REQUIRED if k not in data]
+    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    if missing or unknown:
+        why = f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(unknown)}"
+        raise BadInput(f"{what} {why}")
+    if data["schema_version"] != SCHEMA_VERSION:
+        raise BadInput(f"{what}: schema_version {data['schema_version']!r} is not one this "
+                       f"gpusync reads ({SCHEMA_VERSION})")
+    probe_us, name = data["probe_us"], data["name"]
+    if isinstance(probe_us, bool) or not isinstance(probe_us, (int, float)) or \
+            not math.isfinite(probe_us) or probe_us <= 0:
+        raise BadInput(f"{what}: probe_us must be a positive number of microseconds, "
+                       f"got {probe_us!r}")
+    if not isinstance(name, str) or not name.strip():
+        raise BadInput(f"{what}: name must be a non-empty string")
+    cores = data.get("cores", 0)
+    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+        raise BadInput(f"{what}: cores must be a whole number, got {cores!r}")
+    return HostClass(name=name, probe_us=float(probe_us), cores=cores,
+                     **{k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
+                        if k in data})
+
+
+def read(path: str) -> HostClass:
+    """The host file at `path`; BadInput (one line) when it cannot be read or is not one."""
+    from gpusync import yamlfile
+    from gpusync.fileio import read_user_file
+
+    what = f"host file {path}"
+    return parse(yamlfile.load(read_user_file(path, "host file", yamlfile.MAX_BYTES), what),
+                 what)

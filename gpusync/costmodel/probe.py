@@ -1,0 +1,96 @@
+"""The framework probe: a tiny training step on CPU tensors (four 4x4 matmuls, zero_grad,
+backward, an SGD step), the framework code a step's Python mostly is.
+
+Timed warm, it measures how fast a machine runs that code (`FrameworkProbe.warm_s`): `gpusync
+host-probe` measures it on the GPU machine and `scan --gpu NAME --host FILE` scales the
+scanned code's Python by the two machines' ratio (host_class.py).  Timed right after an
+addition that evicts the caches, it measures what a long CPU kernel costs the Python after it
+on the scanning machine (`cold`; python_time.py takes it out of the gaps).
+
+Each time is the least of its samples (as timeit does: anything but the code only adds time),
+and a sample in which the thread lost its core is taken again (up to `_RETRIES` tries):
+another process's run on the core adds cold caches of its own, which made the penalty of the
+smaller size 15-270 us by scan on a loaded machine where it is 15-40 us quiet
+(docs/benchmarks/cost-model-load.md, run 13).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gpusync.costmodel.own_time import thread_clock
+from gpusync.costmodel.python_time import ColdCost
+
+_RETRIES = 4  # tries per sample kept, at most, before a preempted one is kept
+
+
+@dataclass(frozen=True)
+class FrameworkProbe:
+    """The probe's least CPU time warm on this machine, and what evicting `nbytes` before it
+    added (`cold`, smallest first)."""
+
+    warm_s: float
+    cold: tuple[ColdCost, ...] = ()
+
+
+def _step() -> Callable[[], None]:
+    """One tiny training step on its own tensors, warmed up."""
+    weights = [torch.zeros(4, 4, requires_grad=True) for _ in range(4)]
+    x = torch.ones(2, 4)
+    optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
+
+    def step() -> None:
+        h = x
+        for w in weights:
+            h = h @ w
+        optimizer.zero_grad()
+        h.sum().backward()
+        optimizer.step()
+
+    for _ in range(10):
+        step()
+    return step
+
+
+def warm_s(samples: int = 20) -> float:
+    """The probe's least CPU time on this machine, warm."""
+    return min(_unpreempted(_step(), samples))
+
+
+def measure(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> FrameworkProbe:
+    """The probe warm, and right after an fp32 addition of two size x size matrices (which
+    touches 3 x size^2 x 4 bytes, as a matmul of that size does, at a fraction of its CPU
+    time)."""
+    step = _step()
+    warm = min(_unpreempted(step, 20))
+    cold = []
+    for n in sizes:
+        big = torch.ones(n, n)
+        evict = functools.partial(torch.add, big, big)
+        slow = min(_unpreempted(step, repeats, before=evict))
+        cold.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, slow - warm)))
+    return FrameworkProbe(warm_s=warm, cold=tuple(cold))
+
+
+def _unpreempted(run: Callable[[], Any], count: int,
+                 before: Callable[[], Any] | None = None) -> list[float]:
+    """`count` CPU times of `run()` (after `before()`, untimed), each from a try in which the
+    thread kept its core from `before` to the end, where one of `_RETRIES` tries did."""
+    times: list[float] = []
+    for _ in range(count):
+        for attempt in range(_RETRIES):
+            start_switches = thread_clock()[1]
+            if before is not None:
+                before()
+            start = thread_clock()
+            run()
+            end = thread_clock()
+            if end[1] == start_switches or attempt == _RETRIES - 1:
+                times.append(end[0] - start[0])
+                break
+    return times
