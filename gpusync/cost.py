@@ -51,8 +51,10 @@ class Cost:
     host_name: str | None = None
     host_probe_us: float | None = None
     python_scale: float = 1.0
-    # the share of the steps' Python timed soon after the scan lost its core (a busy machine)
+    # a busy scanning machine: the share of the steps' Python timed soon after the scan lost its
+    # core, and how often it lost it (per CPU second)
     lost_core_share: float = 0.0
+    lost_cores_per_s: float = 0.0
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Cost:

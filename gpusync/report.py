@@ -26,7 +26,8 @@ KIND = "gpusync-scan"
 # 5: --gpu: gpu, cost, and each site's predicted_stall_ms, payoff_ms, blocks (absent without)
 # 6: phase "eval", epoch_ends, after_last_step, and each site's after, in_steps, period,
 #    framework (the framework's step that made it: detect/libraries/)
-# 7: --gpu: cost's probe_us, host_name, host_probe_us, python_scale (--host), lost_core_share
+# 7: --gpu: cost's probe_us, host_name, host_probe_us, python_scale (--host), lost_core_share,
+#    lost_cores_per_s
 SCHEMA_VERSION = VERSIONS[KIND]
 
 

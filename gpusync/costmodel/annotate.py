@@ -20,9 +20,11 @@ from gpusync.costmodel.predict import Prediction, StepPrediction
 from gpusync.report import Report
 
 _MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
-# A share of the steps' Python timed soon after a lost core past which the machine was busy:
-# 0-7% in quiet scans of docs/benchmarks/cost-model-load.md, 40-60% beside two busy loops.
-BUSY_SHARE = 0.2
+# The scanning machine was busy where a fifth of the steps' Python was timed soon after a lost
+# core and the scan lost its core over 100 times per CPU second (docs/benchmarks/
+# cost-model-load.md, run 14: quiet, 1-8% and 48-69/s for a small LM, 7-48% and 6-8/s for the
+# issue #34 step, whose few ops follow long kernels; beside two busy loops, 49-93% and 142-652/s).
+BUSY_SHARE, BUSY_RATE = 0.2, 100.0
 
 
 @dataclass(frozen=True)
@@ -34,11 +36,18 @@ class HostPace:
     probe_s: float = 0.0
 
 
-def busy_note(share: float) -> str:
-    return (f"the scanning machine was busy: {share:.0%} of the measured steps' Python was "
-            "timed soon after the scan lost its CPU core to another process, and the "
-            "predicted host time reads high on a busy machine (up to 40% in docs/benchmarks/"
-            "cost-model-load.md); scan again on a quiet machine for a stable prediction")
+def busy(prediction: Prediction | None) -> bool:
+    return prediction is not None and prediction.lost_core_share > BUSY_SHARE \
+        and prediction.lost_cores_per_s > BUSY_RATE
+
+
+def busy_note(prediction: Prediction) -> str:
+    return (f"the scanning machine was busy: it took the scan's CPU core "
+            f"{prediction.lost_cores_per_s:.0f} times per CPU second, and "
+            f"{prediction.lost_core_share:.0%} of the measured steps' Python was timed soon "
+            "after; the predicted host time reads high on a busy machine (up to 40% in "
+            "docs/benchmarks/cost-model-load.md): scan again on a quiet one for a stable "
+            "prediction")
 
 
 def _ms(seconds: float) -> float:
@@ -61,8 +70,10 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
             blocks=tuple(b.name for b in found.blocks) if found else None))
     steps = list(prediction.steps) if prediction is not None else []
     lost = prediction.lost_core_share if prediction is not None else 0.0
+    rate = prediction.lost_cores_per_s if prediction is not None else 0.0
     named = pace.host_class
-    notes = (*report.notes, busy_note(lost)) if lost > BUSY_SHARE else report.notes
+    notes = (*report.notes, busy_note(prediction)) if prediction is not None and busy(
+        prediction) else report.notes
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),
@@ -72,7 +83,8 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
         timeline=timeline(steps[-1]) if steps else None,
         probe_us=round(pace.probe_s * 1e6, 2), host_name=named.name if named else None,
         host_probe_us=named.probe_us if named else None,
-        python_scale=round(host.python_scale, 4), lost_core_share=round(lost, 4)))
+        python_scale=round(host.python_scale, 4), lost_core_share=round(lost, 4),
+        lost_cores_per_s=round(rate, 1)))
 
 
 def _merged(spans: list[list[float]], limit: int) -> list[list[float]]:

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpusync import yamlfile
-from gpusync.costmodel.annotate import BUSY_SHARE, HostPace, annotate
+from gpusync.costmodel.annotate import BUSY_RATE, BUSY_SHARE, HostPace, annotate
 from gpusync.costmodel.gpus import get_gpu
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.host_class import HostClass, parse, read
@@ -53,15 +53,20 @@ def test_a_bad_host_file_is_one_line_of_bad_input(data, says):
     assert "\n" not in str(raised.value)
 
 
-def _op(name: str, start: float, python: float, clean: bool = True) -> OpRecord:
-    """A tiny op `python` seconds of the user's Python after the one before."""
+def _op(name: str, start: float, python: float, clean: bool = True,
+        switches: int | None = None) -> OpRecord:
+    """A tiny op `python` seconds of the user's Python after the one before; its CPU clock
+    reads as its wall clock, with `switches` involuntary context switches so far."""
     return OpRecord(name, (TensorMeta((4,)),), (TensorMeta((4,)),), host_start_s=start,
-                    host_end_s=start + 5 * US, python_s=python, python_clean=clean)
+                    host_end_s=start + 5 * US, python_s=python, python_clean=clean,
+                    cpu_start_s=start, cpu_end_s=start + 5 * US, switches_start=switches,
+                    switches_end=switches)
 
 
-def _step(clean_every: int = 1) -> StepTrace:
+def _step(clean_every: int = 1, switches_per_op: int = 0) -> StepTrace:
     ops = tuple(_op(f"aten.add.Tensor#{i}", i * 100 * US, 50 * US,
-                    clean=i % clean_every == 0) for i in range(10))
+                    clean=i % clean_every == 0, switches=i * switches_per_op)
+                for i in range(10))
     read = SyncPoint("train.py:9", 1100 * US, op="item", nbytes=8, python_s=20 * US,
                      host_end_s=1101 * US)
     return StepTrace(ops=ops, syncs=(read,), start_s=0.0, end_s=1200 * US, tail_python_s=0.0)
@@ -88,17 +93,25 @@ def _report():
 
 
 def test_a_busy_scanning_machine_is_said_and_a_named_host_is_reported():
+    """Busy: a fifth of the Python timed soon after a lost core AND the core lost over 100
+    times per CPU second; many lost-core gaps alone (a few long kernels) are not busy."""
     host = HostClass(name="a100-box", probe_us=200.0)
     scaled = dataclasses.replace(HostModel(), python_scale=2.0)
     quiet = predict_steps([_step()], H100, host=scaled)
-    busy = predict_steps([_step(clean_every=2)], H100, host=scaled)  # half taken after a loss
-    assert quiet.lost_core_share == 0.0 and busy.lost_core_share == pytest.approx(5 / 11)
-    assert busy.lost_core_share > BUSY_SHARE
-    plain = annotate(_report(), quiet, H100, scaled, HostPace(host, 100 * US))
-    noted = annotate(_report(), busy, H100, scaled, HostPace(host, 100 * US))
-    assert not any("busy" in n for n in plain.notes)
-    assert any(n.startswith("the scanning machine was busy: 45% ") for n in noted.notes)
-    cost = plain.to_dict()["cost"]
+    # half the Python taken after a loss, but the core lost 9 times in 905 us: 9945 per s
+    busy = predict_steps([_step(clean_every=2, switches_per_op=1)], H100, host=scaled)
+    rare = predict_steps([_step(clean_every=2)], H100, host=scaled)  # no switch at all
+    assert (quiet.lost_core_share, quiet.lost_cores_per_s) == (0.0, 0.0)
+    assert busy.lost_core_share == pytest.approx(5 / 11) and 5 / 11 > BUSY_SHARE
+    assert busy.lost_cores_per_s == pytest.approx(9 / (905 * US)) and 9 / (905 * US) > BUSY_RATE
+    assert rare.lost_core_share == busy.lost_core_share and rare.lost_cores_per_s == 0.0
+    notes = {name: annotate(_report(), p, H100, scaled, HostPace(host, 100 * US)).notes
+             for name, p in (("quiet", quiet), ("busy", busy), ("rare", rare))}
+    assert [n for n in notes["busy"] if n.startswith("the scanning machine was busy: it took "
+                                                     "the scan's CPU core 9945 times per CPU "
+                                                     "second, and 45% ")]
+    assert not any("busy" in n for n in (*notes["quiet"], *notes["rare"]))
+    cost = annotate(_report(), quiet, H100, scaled, HostPace(host, 100 * US)).to_dict()["cost"]
     assert (cost["host_name"], cost["host_probe_us"], cost["probe_us"],
             cost["python_scale"]) == ("a100-box", 200.0, 100.0, 2.0)
     mine = annotate(_report(), quiet, H100, HostModel(), HostPace(None, 100 * US))
