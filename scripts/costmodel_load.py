@@ -4,8 +4,9 @@ Scans each workload with `gpusync scan --gpu GPU --format json`, first as the ma
 with one `python -c 'while True: pass'` per core running beside it (ended when done, also on
 errors), and prints a markdown table: predicted step time (mean of the measured steps, and the
 spread between them), bound, the share of the steps' Python timed soon after the scan lost its
-core and how often it lost it (per CPU second), whether the report says the machine was busy, the sites' stalls, the load average next
-to each scan, the machine and the date.  Nothing here is asserted: tests never time things.
+core and how often it lost it (per CPU second), whether the report says the machine was busy,
+the sites' stalls, the load average next to each scan, the machine and the date.  Nothing
+here is asserted: tests never time things.
 
     .venv/bin/python scripts/costmodel_load.py [GPU] [REPEATS]
 """
