@@ -52,9 +52,9 @@ class Cost:
     host_probe_us: float | None = None
     python_scale: float = 1.0
     # a busy scanning machine: the share of the steps' Python timed soon after the scan lost its
-    # core, and how often it lost it (per CPU second)
+    # core; other processes' share of the machine's CPU time while it ran (None: unknown)
     lost_core_share: float = 0.0
-    lost_cores_per_s: float = 0.0
+    others_cpu_share: float | None = None
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Cost:

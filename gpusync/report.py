@@ -27,7 +27,7 @@ KIND = "gpusync-scan"
 # 6: phase "eval", epoch_ends, after_last_step, and each site's after, in_steps, period,
 #    framework (the framework's step that made it: detect/libraries/)
 # 7: --gpu: cost's probe_us, host_name, host_probe_us, python_scale (--host), lost_core_share,
-#    lost_cores_per_s
+#    others_cpu_share
 SCHEMA_VERSION = VERSIONS[KIND]
 
 

@@ -20,34 +20,29 @@ from gpusync.costmodel.predict import Prediction, StepPrediction
 from gpusync.report import Report
 
 _MAX_SPANS = 400  # device spans kept for the HTML timeline; adjacent ones merged beyond it
-# The scanning machine was busy where a fifth of the steps' Python was timed soon after a lost
-# core and the scan lost its core over 100 times per CPU second (docs/benchmarks/
-# cost-model-load.md, run 14: quiet, 1-8% and 48-69/s for a small LM, 7-48% and 6-8/s for the
-# issue #34 step, whose few ops follow long kernels; beside two busy loops, 49-93% and 142-652/s).
-BUSY_SHARE, BUSY_RATE = 0.2, 100.0
+# Other processes' share of the machine's CPU time while the scan ran past which the scan says
+# the machine was busy: 0-1% in quiet scans on the 2-core VM, 50-52% beside two busy loops
+# (docs/benchmarks/cost-model-load.md, run 15).
+BUSY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
-class HostPace:
-    """Whose pace the user's Python was counted at: a named host class, or this machine's
-    (None); the framework probe's least CPU time here."""
+class Calibration:
+    """What the scan measured of the two machines: whose pace the user's Python was counted
+    at (a named host class, or this machine's: None), the framework probe's least CPU time
+    here, and other processes' share of this machine's CPU time while the scan ran (None:
+    unknown; machine_load.py)."""
 
     host_class: HostClass | None = None
     probe_s: float = 0.0
+    others_share: float | None = None
 
 
-def busy(prediction: Prediction | None) -> bool:
-    return prediction is not None and prediction.lost_core_share > BUSY_SHARE \
-        and prediction.lost_cores_per_s > BUSY_RATE
-
-
-def busy_note(prediction: Prediction) -> str:
-    return (f"the scanning machine was busy: it took the scan's CPU core "
-            f"{prediction.lost_cores_per_s:.0f} times per CPU second, and "
-            f"{prediction.lost_core_share:.0%} of the measured steps' Python was timed soon "
-            "after; the predicted host time reads high on a busy machine (up to 40% in "
-            "docs/benchmarks/cost-model-load.md): scan again on a quiet one for a stable "
-            "prediction")
+def busy_note(others: float) -> str:
+    return (f"the scanning machine was busy: other processes used {others:.0%} of its CPU "
+            "time while the scan ran, and the predicted host time reads high on a busy "
+            "machine (up to 1.8x in docs/benchmarks/cost-model-load.md): scan again on a quiet "
+            "one for a stable prediction")
 
 
 def _ms(seconds: float) -> float:
@@ -55,7 +50,7 @@ def _ms(seconds: float) -> float:
 
 
 def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
-             host: HostModel, pace: HostPace = HostPace()) -> Report:
+             host: HostModel, pace: Calibration = Calibration()) -> Report:
     """`report` with the prediction added: a new report. Sites are matched to the model's by
     SiteKey.named (place and op); a note when the scanning machine was busy."""
     by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
@@ -70,10 +65,9 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
             blocks=tuple(b.name for b in found.blocks) if found else None))
     steps = list(prediction.steps) if prediction is not None else []
     lost = prediction.lost_core_share if prediction is not None else 0.0
-    rate = prediction.lost_cores_per_s if prediction is not None else 0.0
-    named = pace.host_class
-    notes = (*report.notes, busy_note(prediction)) if prediction is not None and busy(
-        prediction) else report.notes
+    named, others = pace.host_class, pace.others_share
+    busy = others is not None and others > BUSY_SHARE
+    notes = (*report.notes, busy_note(others or 0.0)) if busy else report.notes
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),
@@ -84,7 +78,7 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
         probe_us=round(pace.probe_s * 1e6, 2), host_name=named.name if named else None,
         host_probe_us=named.probe_us if named else None,
         python_scale=round(host.python_scale, 4), lost_core_share=round(lost, 4),
-        lost_cores_per_s=round(rate, 1)))
+        others_cpu_share=None if others is None else round(others, 4)))
 
 
 def _merged(spans: list[list[float]], limit: int) -> list[list[float]]:

@@ -74,11 +74,9 @@ class Prediction:
     host: HostModel
     sites: tuple[SitePrediction, ...]
     steps: tuple[StepPrediction, ...]
-    # how busy the scanning machine was: of the steps' ops and reads, the share whose Python
-    # was timed soon after the scan lost its core (python_time.py), and how often it lost it
-    # (involuntary context switches per CPU second, first op to last)
+    # of the steps' ops and reads, the share whose Python was timed soon after the scan lost
+    # its core (python_time.py)
     lost_core_share: float = 0.0
-    lost_cores_per_s: float = 0.0
 
     def to_dict(self) -> dict:
         return {"gpu": self.gpu.key, "gpu_name": self.gpu.name,
@@ -160,21 +158,8 @@ def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
         s.python_clean for st in steps for s in st.syncs]
     lost = clean.count(False) / len(clean) if clean else 0.0
     return Prediction(gpu=gpu, host=host, sites=tuple(sites), steps=per_step,
-                      lost_core_share=lost, lost_cores_per_s=_lost_cores_per_s(steps))
+                      lost_core_share=lost)
 
-
-def _lost_cores_per_s(steps: Sequence[StepTrace]) -> float:
-    """The recording thread's involuntary context switches per CPU second over the steps' ops
-    (0.0 where the ops carry no switch counts: a hand-made trace, no per-thread usage)."""
-    ops = sorted((o for st in steps for o in st.ops
-                  if o.cpu_start_s is not None and o.cpu_end_s is not None
-                  and o.switches_start is not None and o.switches_end is not None),
-                 key=lambda o: o.cpu_start_s or 0.0)
-    if len(ops) < 2:
-        return 0.0
-    cpu = (ops[-1].cpu_end_s or 0.0) - (ops[0].cpu_start_s or 0.0)
-    switches = (ops[-1].switches_end or 0) - (ops[0].switches_start or 0)
-    return switches / cpu if cpu > 0 else 0.0
 
 
 def predict(ops: Sequence[OpRecord], syncs: Sequence[SyncPoint], gpu: GPU | str, *,

@@ -26,9 +26,9 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gpusync.costmodel import native_log, probe
+from gpusync.costmodel import machine_load, native_log, probe
 from gpusync.costmodel.adapter import record_op
-from gpusync.costmodel.annotate import HostPace, annotate, trace_events
+from gpusync.costmodel.annotate import Calibration, annotate, trace_events
 from gpusync.costmodel.gpus import GPU, get_gpu
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.host_class import HostClass
@@ -146,6 +146,7 @@ class CostScan:
                  host_class: HostClass | None = None):
         self.gpu, self.host, self.host_class = gpu, host, host_class
         self.probe_s = 0.0  # the framework probe's least CPU time here (_calibrate)
+        self.load_start: machine_load.Usage | None = None
         self.baseline = baseline or GapBaseline(light_s=host.gap_overhead_s,
                                                 heavy_s=host.gap_overhead_s)
         self.stream = OpStream()
@@ -200,6 +201,7 @@ class CostScan:
         scale = self.host_class.scale_from(self.probe_s) if self.host_class is not None else 1.0
         self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s,
                                         python_scale=scale)
+        self.load_start = machine_load.now()  # the run's: it starts after the calibration
 
     def ops(self) -> list[OpRecord]:
         """Every op recorded: the observer's log (taken once, at the end) or the stream's."""
@@ -249,8 +251,9 @@ class CostScan:
         return self.prediction
 
     def annotate(self, report: Report) -> Report:
+        others = machine_load.others_share(self.load_start, machine_load.now())
         return annotate(report, self.predict(report), self.gpu, self.host,
-                        HostPace(self.host_class, self.probe_s))
+                        Calibration(self.host_class, self.probe_s, others))
 
     def trace_events(self, pid: int = 2) -> list[dict]:
         """The predicted lanes for `--trace`, as a process of their own."""

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from gpusync import yamlfile
-from gpusync.costmodel.annotate import BUSY_RATE, BUSY_SHARE, HostPace, annotate
+from gpusync.costmodel.annotate import BUSY_SHARE, Calibration, annotate
 from gpusync.costmodel.gpus import get_gpu
 from gpusync.costmodel.host import HostModel
 from gpusync.costmodel.host_class import HostClass, parse, read
@@ -53,19 +53,14 @@ def test_a_bad_host_file_is_one_line_of_bad_input(data, says):
     assert "\n" not in str(raised.value)
 
 
-def _op(name: str, start: float, python: float, clean: bool = True,
-        switches: int | None = None) -> OpRecord:
-    """A tiny op `python` seconds of the user's Python after the one before; its CPU clock
-    reads as its wall clock, with `switches` involuntary context switches so far."""
+def _op(name: str, start: float, python: float, clean: bool = True) -> OpRecord:
+    """A tiny op `python` seconds of the user's Python after the one before."""
     return OpRecord(name, (TensorMeta((4,)),), (TensorMeta((4,)),), host_start_s=start,
-                    host_end_s=start + 5 * US, python_s=python, python_clean=clean,
-                    cpu_start_s=start, cpu_end_s=start + 5 * US, switches_start=switches,
-                    switches_end=switches)
+                    host_end_s=start + 5 * US, python_s=python, python_clean=clean)
 
 
-def _step(clean_every: int = 1, switches_per_op: int = 0) -> StepTrace:
-    ops = tuple(_op(f"aten.add.Tensor#{i}", i * 100 * US, 50 * US,
-                    clean=i % clean_every == 0, switches=i * switches_per_op)
+def _step(clean_every: int = 1) -> StepTrace:
+    ops = tuple(_op(f"aten.add.Tensor#{i}", i * 100 * US, 50 * US, clean=i % clean_every == 0)
                 for i in range(10))
     read = SyncPoint("train.py:9", 1100 * US, op="item", nbytes=8, python_s=20 * US,
                      host_end_s=1101 * US)
@@ -93,29 +88,43 @@ def _report():
 
 
 def test_a_busy_scanning_machine_is_said_and_a_named_host_is_reported():
-    """Busy: a fifth of the Python timed soon after a lost core AND the core lost over 100
-    times per CPU second; many lost-core gaps alone (a few long kernels) are not busy."""
     host = HostClass(name="a100-box", probe_us=200.0)
     scaled = dataclasses.replace(HostModel(), python_scale=2.0)
     quiet = predict_steps([_step()], H100, host=scaled)
-    # half the Python taken after a loss, but the core lost 9 times in 905 us: 9945 per s
-    busy = predict_steps([_step(clean_every=2, switches_per_op=1)], H100, host=scaled)
-    rare = predict_steps([_step(clean_every=2)], H100, host=scaled)  # no switch at all
-    assert (quiet.lost_core_share, quiet.lost_cores_per_s) == (0.0, 0.0)
-    assert busy.lost_core_share == pytest.approx(5 / 11) and 5 / 11 > BUSY_SHARE
-    assert busy.lost_cores_per_s == pytest.approx(9 / (905 * US)) and 9 / (905 * US) > BUSY_RATE
-    assert rare.lost_core_share == busy.lost_core_share and rare.lost_cores_per_s == 0.0
-    notes = {name: annotate(_report(), p, H100, scaled, HostPace(host, 100 * US)).notes
-             for name, p in (("quiet", quiet), ("busy", busy), ("rare", rare))}
-    assert [n for n in notes["busy"] if n.startswith("the scanning machine was busy: it took "
-                                                     "the scan's CPU core 9945 times per CPU "
-                                                     "second, and 45% ")]
-    assert not any("busy" in n for n in (*notes["quiet"], *notes["rare"]))
-    cost = annotate(_report(), quiet, H100, scaled, HostPace(host, 100 * US)).to_dict()["cost"]
-    assert (cost["host_name"], cost["host_probe_us"], cost["probe_us"],
-            cost["python_scale"]) == ("a100-box", 200.0, 100.0, 2.0)
-    mine = annotate(_report(), quiet, H100, HostModel(), HostPace(None, 100 * US))
+    lost = predict_steps([_step(clean_every=2)], H100, host=scaled)  # half after a lost core
+    assert quiet.lost_core_share == 0.0 and lost.lost_core_share == pytest.approx(5 / 11)
+    notes = {share: annotate(_report(), lost, H100, scaled,
+                             Calibration(host, 100 * US, share)).notes
+             for share in (None, 0.02, BUSY_SHARE, 0.65)}
+    said = [n for n in notes[0.65] if n.startswith("the scanning machine was busy")]
+    assert said == [notes[0.65][-1]] and "other processes used 65% of its CPU time" in said[0]
+    assert not any("busy" in n for s in (None, 0.02, BUSY_SHARE) for n in notes[s])
+    cost = annotate(_report(), quiet, H100, scaled,
+                    Calibration(host, 100 * US, 0.02)).to_dict()["cost"]
+    assert (cost["host_name"], cost["host_probe_us"], cost["probe_us"], cost["python_scale"],
+            cost["others_cpu_share"]) == ("a100-box", 200.0, 100.0, 2.0, 0.02)
+    mine = annotate(_report(), quiet, H100, HostModel(), Calibration(None, 100 * US))
     assert mine.to_dict()["cost"]["host_name"] is None
+    assert mine.to_dict()["cost"]["others_cpu_share"] is None
+
+
+def test_other_processes_share_is_read_off_proc_stat(tmp_path):
+    from gpusync.costmodel import machine_load
+
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice, in clock ticks
+    stat.write_text("cpu  100 0 50 900 10 0 0 20 30 0\ncpu0 1 2 3\n")
+    usage = machine_load.now(str(stat))
+    assert usage is not None
+    assert usage.machine_s == pytest.approx(170 / machine_load.os.sysconf("SC_CLK_TCK"))
+    start = machine_load.Usage(machine_s=10.0, own_s=1.0, wall_s=100.0)
+    end = machine_load.Usage(machine_s=14.0, own_s=2.0, wall_s=102.0)
+    assert machine_load.others_share(start, end, cpus=2) == pytest.approx(3.0 / 4.0)
+    assert machine_load.others_share(start, start, cpus=2) is None
+    assert machine_load.others_share(None, end) is None
+    assert machine_load.now(str(tmp_path / "absent")) is None
+    stat.write_text("intr 1 2\n")
+    assert machine_load.now(str(stat)) is None
 
 
 def test_host_probe_writes_a_host_file_that_scan_reads(tmp_path):
