@@ -123,7 +123,7 @@ def test_output_is_written_whole(tmp_path):
     out.write_text("previous report")
     assert gpusync("scan", str(script), "-f" if False else "--format", "json",
                    "-o", str(out)).returncode == 0
-    assert json.loads(out.read_text())["schema_version"] == 6
+    assert json.loads(out.read_text())["schema_version"] == 7
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".gpusync-")] == []
 
 
