@@ -50,7 +50,7 @@ def _ms(seconds: float) -> float:
 
 
 def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
-             host: HostModel, pace: Calibration = Calibration()) -> Report:
+             host: HostModel, calibration: Calibration = Calibration()) -> Report:
     """`report` with the prediction added: a new report. Sites are matched to the model's by
     SiteKey.named (place and op); a note when the scanning machine was busy."""
     by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
@@ -65,7 +65,7 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
             blocks=tuple(b.name for b in found.blocks) if found else None))
     steps = list(prediction.steps) if prediction is not None else []
     lost = prediction.lost_core_share if prediction is not None else 0.0
-    named, others = pace.host_class, pace.others_share
+    named, others = calibration.host_class, calibration.others_share
     busy = others is not None and others > BUSY_SHARE
     notes = (*report.notes, busy_note(others or 0.0)) if busy else report.notes
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
@@ -75,7 +75,7 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
         gap_overhead_us=round(host.gap_overhead_s * 1e6, 3),
         steps=tuple(StepCost(**s.to_dict()) for s in steps),
         timeline=timeline(steps[-1]) if steps else None,
-        probe_us=round(pace.probe_s * 1e6, 2), host_name=named.name if named else None,
+        probe_us=round(calibration.probe_s * 1e6, 2), host_name=named.name if named else None,
         host_probe_us=named.probe_us if named else None,
         python_scale=round(host.python_scale, 4), lost_core_share=round(lost, 4),
         others_cpu_share=None if others is None else round(others, 4)))

@@ -12,9 +12,13 @@ CPUs: busy and stolen time) less this process's own CPU time; None where there i
 from __future__ import annotations
 
 import os
-import resource
 import time
 from dataclasses import dataclass
+
+try:
+    import resource
+except ImportError:  # not on POSIX: there is no /proc/stat either
+    resource = None  # type: ignore[assignment]
 
 # /proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice; guest
 # time is counted in user already, idle and iowait are not busy
@@ -36,7 +40,7 @@ def now(path: str = "/proc/stat") -> Usage | None:
             fields = f.readline().split()
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
+    if not fields or fields[0] != "cpu" or resource is None:
         return None
     ticks = [int(v) for v in fields[1:]]
     busy = sum(v for i, v in enumerate(ticks[:_GUEST]) if i not in (_IDLE, _IOWAIT))
