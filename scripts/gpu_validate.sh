@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
 # GPU validation (developer tool, not imported by the package): run on a machine with CUDA.
-# Runs the GPU-marked tests, the CPU-vs-CUDA corpus comparison, the scanner's overhead in cuda
-# mode, and every technique with --mode cuda; writes raw outputs under ${OUT:-gpu-results}/.
-# The lent GPU machines have torch but not torchrec / fbgemm-gpu: those parts report "not run".
-# Eight files at most: what the device tool brings back from $OUT.
+# First the cost model against the GPU (scripts/costmodel_gpu.py: measured vs predicted step and
+# stall per site, and the machine's host file), then the GPU-marked tests, the CPU-vs-CUDA
+# comparison of the built-in example, the scanner's overhead in cuda mode, every technique with
+# --mode cuda and tune. The lent GPU machines have torch but not torchrec / fbgemm-gpu: those
+# parts report "not run". Six files in $OUT (the device tool brings back eight at most): the
+# readable results, and every JSON in raw.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
-mkdir -p "$OUT"
+RAW="$OUT/raw"
+mkdir -p "$RAW"
 PY=${PYTHON:-python}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
+$PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
 # the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
 TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
   tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee -a "$OUT/tests.txt"
-$PY -m gpusync scan --mode cuda --format json -o "$OUT/scan-sparsenn-cuda.json"
-$PY -m gpusync scan --mode simulate --format json -o "$OUT/scan-sparsenn-simulate.json"
-$PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$OUT/overhead-cuda.json"
+$PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
+$PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
+$PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
 $PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
-$PY -m gpusync bench all --mode cuda --format json > "$OUT/bench-all-cuda.json" 2>&1
+$PY -m gpusync bench all --mode cuda --format json > "$RAW/bench-all-cuda.json" 2>&1
 for profile in writeback sparsenn_pipeline; do
   $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
 done > "$OUT/tune-cuda.md" 2>&1
+tar -czf "$OUT/raw.tar.gz" -C "$OUT" raw && rm -rf "$RAW"
 echo "results in $OUT/"

@@ -1,12 +1,15 @@
 """A small transformer language model (2 layers, width 128, 4 heads, context 64, batch 8,
 vocabulary 512, AdamW) with a `.item()` of the loss every step: many small ops, host-bound on
 any GPU.  Scanned by scripts/costmodel_load.py and scripts/costmodel_overhead.py."""
+import os
+
 import torch
 import torch.nn as nn
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
-VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH, STEPS = 512, 128, 4, 2, 64, 8, 12
+VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH = 512, 128, 4, 2, 64, 8
+STEPS = int(os.environ.get("STEPS", "12"))  # scripts/costmodel_gpu.py times more
 
 
 class LM(nn.Module):
