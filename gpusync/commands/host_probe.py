@@ -20,11 +20,10 @@ def host_probe_command(name, output):
     timed warm (its least CPU time over 50 runs).
     """
     from .. import outputs
-    from ..costmodel.host_class import measure
-    from ..errors import BadInput
+    from ..costmodel.host_class import checked_name, measure
 
-    if name is not None and not name.strip():
-        raise BadInput("--name must not be empty")
+    if name is not None:
+        checked_name(name, "--name")
     outputs.check(None, output=output)  # before the probe, not after
     text = measure(name).to_yaml()
     if output:

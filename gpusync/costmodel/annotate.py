@@ -41,8 +41,8 @@ class Calibration:
 def busy_note(others: float) -> str:
     return (f"the scanning machine was busy: other processes used {others:.0%} of its CPU "
             "time while the scan ran, and the predicted host time reads high on a busy "
-            "machine (up to 1.8x in docs/benchmarks/cost-model-load.md): scan again on a quiet "
-            "one for a stable prediction")
+            "machine, by 2x or more (docs/benchmarks/cost-model-load.md): scan again on a "
+            "quiet one for a stable prediction")
 
 
 def _ms(seconds: float) -> float:

@@ -70,6 +70,11 @@ def measure(name: str | None = None) -> HostClass:
                          microsecond=0).isoformat())
 
 
+# The probe takes about 100 us on the 2-core VM; a host file outside these bounds is a mistake,
+# and one with no bound would scale the user's Python by anything (1e300 was accepted).
+PROBE_US_RANGE = (1.0, 100_000.0)
+
+
 def parse(data: Any, what: str) -> HostClass:
     """A host file's data as a HostClass; BadInput (one line, naming `what`) when it is not
     one."""
@@ -77,26 +82,44 @@ def parse(data: Any, what: str) -> HostClass:
         raise BadInput(f"{what} is not a gpusync host file (kind: {KIND}; write one with "
                        "`gpusync host-probe -o FILE` on the GPU machine)")
     missing = [k for k in _REQUIRED if k not in data]
-    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    unknown = sorted(str(k) for k in set(data) - set(_REQUIRED) - set(_OPTIONAL))
     if missing or unknown:
-        why = f"lacks {', '.join(missing)}" if missing else f"has unknown {', '.join(unknown)}"
+        why = (f"lacks {', '.join(missing)}" if missing
+               else f"has unknown key(s): {', '.join(unknown)}")
         raise BadInput(f"{what} {why}")
-    if data["schema_version"] != SCHEMA_VERSION:
-        raise BadInput(f"{what}: schema_version {data['schema_version']!r} is not one this "
-                       f"gpusync reads ({SCHEMA_VERSION})")
-    probe_us, name = data["probe_us"], data["name"]
-    if isinstance(probe_us, bool) or not isinstance(probe_us, (int, float)) or \
-            not math.isfinite(probe_us) or probe_us <= 0:
-        raise BadInput(f"{what}: probe_us must be a positive number of microseconds, "
-                       f"got {probe_us!r}")
-    if not isinstance(name, str) or not name.strip():
-        raise BadInput(f"{what}: name must be a non-empty string")
+    version = data["schema_version"]
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
+        raise BadInput(f"{what}: schema_version {version!r} is not one this gpusync reads "
+                       f"({SCHEMA_VERSION})")
     cores = data.get("cores", 0)
-    if isinstance(cores, bool) or not isinstance(cores, int) or cores < 0:
+    if type(cores) is not int or cores < 0:
         raise BadInput(f"{what}: cores must be a whole number, got {cores!r}")
-    return HostClass(name=name, probe_us=float(probe_us), cores=cores,
+    return HostClass(name=checked_name(data["name"], f"{what}: name"),
+                     probe_us=_probe_us(data["probe_us"], what), cores=cores,
                      **{k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
                         if k in data})
+
+
+def _probe_us(value: Any, what: str) -> float:
+    """probe_us as a number within PROBE_US_RANGE (YAML reads 1e300, without a dot, as text)."""
+    number: float | None = None
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    low, high = PROBE_US_RANGE
+    if number is None or not math.isfinite(number) or not low <= number <= high:
+        raise BadInput(f"{what}: probe_us must be a number of microseconds from {low:g} to "
+                       f"{high:g} (the probe takes about 100 on a current CPU), got {value!r}")
+    return number
+
+
+def checked_name(name: Any, what: str) -> str:
+    """A host class's name: one line of printable text, not blank."""
+    if not isinstance(name, str) or not name.strip() or not name.isprintable():
+        raise BadInput(f"{what} must be one line of printable text, not empty")
+    return name
 
 
 def read(path: str) -> HostClass:

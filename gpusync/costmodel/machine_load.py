@@ -3,10 +3,10 @@ predicted host time reads high (docs/cost-model.md, "A busy scanning machine").
 
 The user's Python is timed on the recording thread's CPU clock, so other processes' time is
 kept out of it, but not what they do to it: on the 2-core VM, beside two busy loops, a small
-transformer LM's predicted step came out up to 1.8x as long (the CPU kernels' OpenMP worker
-waiting for a core; docs/benchmarks/cost-model-load.md, runs 13-15).  Read from /proc/stat (all
-CPUs: busy and stolen time) less this process's own CPU time; None where there is no
-/proc/stat.
+transformer LM's predicted step came out up to 1.8x as long and a small MLP's 2.2x (the CPU
+kernels' OpenMP worker competing for a core; docs/benchmarks/cost-model-load.md, runs 13-15).
+Read from /proc/stat (all CPUs: busy and stolen time) less this process's own CPU time; None
+where there is no /proc/stat.
 """
 
 from __future__ import annotations

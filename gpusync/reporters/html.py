@@ -263,7 +263,8 @@ def _cost_section(report) -> list[str]:
 
     gpu_name = report.cost.gpu_name if report.cost is not None else report.gpu
     out = [f"<h2>Predicted on {esc(gpu_name)}</h2>",
-           f'<p class="summary">{esc(cost.steps_line(report))}</p>']
+           f'<p class="summary">{esc(cost.steps_line(report))}</p>',
+           f'<p class="muted">{esc(cost.host_line(report))}</p>']
     drawing = cost.timeline_svg(report, svg, rect, text, line)
     if drawing:
         out += [drawing, '<p class="muted">one measured step: the host lane (blue: its own '

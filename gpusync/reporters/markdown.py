@@ -38,7 +38,8 @@ def scan_markdown(report) -> str:
     out += ["### Fixes", ""]
     out += [f"{i}. {md_line(advice_line(s))}" for i, s in steady + setup + after]
     if report.gpu is not None:  # --gpu: the fixes ranked by predicted payoff
-        out += ["", f"### {md_cell(cost.steps_line(report))}", ""]
+        out += ["", f"### {md_cell(cost.steps_line(report))}", "",
+                md_line(cost.host_line(report)), ""]
         if cost.ranked(report):
             out.append(tabulate(md_rows(cost.rows(report)), headers=cost.HEADERS,
                                 tablefmt="github"))
