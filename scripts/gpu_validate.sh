@@ -6,6 +6,18 @@
 # --mode cuda and tune. The lent GPU machines have torch but not torchrec / fbgemm-gpu: those
 # parts report "not run". Six files in $OUT (the device tool brings back eight at most): the
 # readable results, and every JSON in raw.tar.gz.
+#
+# The lent machines lack jsonschema, which the test suite imports: carry it as wheels, made
+# here once (.whl/ is git-ignored through .git/info/exclude):
+#   for p in jsonschema==4.26.0 attrs==26.1.0 referencing==0.37.0 rpds-py==2026.9.1 \
+#            jsonschema-specifications==2025.9.1; do
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#       -d .whl $p; done
+# and run, carrying .whl:
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \
+#     PYTHON=python3 bash scripts/gpu_validate.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
