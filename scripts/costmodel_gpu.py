@@ -48,8 +48,10 @@ def gpusync(*args: str, steps: int, out: str | None = None) -> dict:
 def gpu_key(dry: bool) -> tuple[str, str]:
     import torch
 
-    if dry or not torch.cuda.is_available():
+    if dry:
         return "(none: --dry)", "h100"
+    if not torch.cuda.is_available():
+        sys.exit("no CUDA device here: --dry checks the plumbing without one")
     name = torch.cuda.get_device_name(0)
     key = next((k for part, k in KEYS if part in name), None)
     if key is None:
