@@ -35,8 +35,8 @@ TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not
 $PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
 $PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
+# once: the markdown tables hold what docs/benchmarks/ keeps (device, date, P50, P90, runs)
 $PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
-$PY -m gpusync bench all --mode cuda --format json > "$RAW/bench-all-cuda.json" 2>&1
 for profile in writeback sparsenn_pipeline; do
   $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
 done > "$OUT/tune-cuda.md" 2>&1
