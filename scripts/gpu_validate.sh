@@ -3,9 +3,10 @@
 # First the cost model against the GPU (scripts/costmodel_gpu.py: measured vs predicted step and
 # stall per site, and the machine's host file), then the GPU-marked tests, the CPU-vs-CUDA
 # comparison of the built-in example, the scanner's overhead in cuda mode, every technique with
-# --mode cuda and tune. The lent GPU machines have torch but not torchrec / fbgemm-gpu: those
-# parts report "not run". Six files in $OUT (the device tool brings back eight at most): the
-# readable results, and every JSON in raw.tar.gz.
+# --mode cuda and tune (last: the least needed if the run is cut short). The lent GPU machines
+# have torch but not torchrec / fbgemm-gpu: those parts report "not run". Seven files in $OUT
+# (the device tool brings back eight at most): the readable results, the cost model's JSONs in
+# costmodel-raw.tar.gz, the others in raw.tar.gz.
 #
 # The lent machines lack jsonschema, which the test suite imports: carry it as wheels, made
 # here once (.whl/ is git-ignored through .git/info/exclude):
@@ -28,6 +29,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
 $PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
+# packed now: if the run is cut short later, the cost model's JSONs still come back
+tar -czf "$OUT/costmodel-raw.tar.gz" -C "$RAW" . && rm -rf "$RAW" && mkdir -p "$RAW"
 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
 # the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
 TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
