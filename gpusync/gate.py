@@ -18,7 +18,7 @@ from typing import Callable
 
 from . import errors
 from .baseline import keyed_sites
-from .modes import check_mode
+from .modes import cuda_available
 from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
 
@@ -177,14 +177,6 @@ class Rule:
     timing: bool | None = None
 
 
-def _has_gpu() -> bool:
-    try:
-        check_mode("cuda")  # torch is imported only here: a CPU baseline's gate runs without it
-        return True
-    except ValueError:
-        return False
-
-
 def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: Rule,
              steps: int | None, warmup: int | None, mode: str | None, scan: Callable,
              world: int = 1, lead=None) -> Verdict:
@@ -200,7 +192,8 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
                               f"{data.get('ranks', 1)} rank(s), this run has {world}: record "
                               "it again with as many")
     mode = mode or data.get("mode", "auto")
-    if mode == "cuda" and not _has_gpu():
+    # torch is imported only here: a CPU baseline's gate runs without it
+    if mode == "cuda" and not cuda_available():
         return Verdict(status=GateStatus.CANNOT_JUDGE,
                        notes=["the baseline was measured on a GPU; this machine has none"])
     recorded = data.get("target") or None

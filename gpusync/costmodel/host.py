@@ -54,9 +54,8 @@ class HostModel:
     python_scale: float = 1.0
 
     def python_s(self, measured_gap_s: float) -> float:
-        """The user's own Python in a measured gap between two recorded events, at the GPU
-        machine's pace."""
-        return max(0.0, measured_gap_s - self.gap_overhead_s) * self.python_scale
+        """The user's own Python in a measured gap between two recorded events."""
+        return max(0.0, measured_gap_s - self.gap_overhead_s)
 
     def op_cost_s(self, op: OpRecord, runs_on_host: bool) -> float:
         """Host time to issue one op; a host-only op costs what its CPU kernel took on this

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import os
 import platform
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -55,8 +56,6 @@ class HostClass:
 
 def measure(name: str | None = None) -> HostClass:
     """This machine's HostClass (the probe timed here; named after the machine by default)."""
-    import os
-
     import torch
 
     from gpusync.costmodel import probe

@@ -161,7 +161,6 @@ def predict_steps(steps: Sequence[StepTrace], gpu: GPU | str, *,
                       lost_core_share=lost)
 
 
-
 def predict(ops: Sequence[OpRecord], syncs: Sequence[SyncPoint], gpu: GPU | str, *,
             host: HostModel | None = None, start_s: float | None = None,
             end_s: float | None = None) -> Prediction:

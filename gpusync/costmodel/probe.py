@@ -1,11 +1,11 @@
 """The framework probe: a tiny training step on CPU tensors (four 4x4 matmuls, zero_grad,
 backward, an SGD step), the framework code a step's Python mostly is.
 
-Timed warm, it measures how fast a machine runs that code (`FrameworkProbe.warm_s`): `gpusync
-host-probe` measures it on the GPU machine and `scan --gpu NAME --host FILE` scales the
-scanned code's Python by the two machines' ratio (host_class.py).  Timed right after an
-addition that evicts the caches, it measures what a long CPU kernel costs the Python after it
-on the scanning machine (`cold`; python_time.py takes it out of the gaps).
+Timed warm, it measures how fast a machine runs that code (`warm_s`): `gpusync host-probe`
+measures it on the GPU machine and `scan --gpu NAME --host FILE` scales the scanned code's
+Python by the two machines' ratio (host_class.py).  Timed right after an addition that evicts
+the caches, it measures what a long CPU kernel costs the Python after it on the scanning
+machine (`cold_costs`; python_time.py takes it out of the gaps).
 
 Each time is the least of its samples (as timeit does: anything but the code only adds time),
 and a sample in which the thread lost its core is taken again (up to `_RETRIES` tries):
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,15 +26,6 @@ from gpusync.costmodel.own_time import thread_clock
 from gpusync.costmodel.python_time import ColdCost
 
 _RETRIES = 4  # tries per sample kept, at most, before a preempted one is kept
-
-
-@dataclass(frozen=True)
-class FrameworkProbe:
-    """The probe's least CPU time warm on this machine, and what evicting `nbytes` before it
-    added (`cold`, smallest first)."""
-
-    warm_s: float
-    cold: tuple[ColdCost, ...] = ()
 
 
 def _step() -> Callable[[], None]:
@@ -62,10 +52,10 @@ def warm_s(samples: int = 20) -> float:
     return min(_unpreempted(_step(), samples))
 
 
-def measure(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> FrameworkProbe:
-    """The probe warm, and right after an fp32 addition of two size x size matrices (which
-    touches 3 x size^2 x 4 bytes, as a matmul of that size does, at a fraction of its CPU
-    time)."""
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> list[ColdCost]:
+    """What evicting the caches adds to the probe, smallest first: the probe right after an
+    fp32 addition of two size x size matrices (which touches 3 x size^2 x 4 bytes, as a matmul
+    of that size does, at a fraction of its CPU time) less the probe warm."""
     step = _step()
     warm = min(_unpreempted(step, 20))
     cold = []
@@ -74,7 +64,7 @@ def measure(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> Framework
         evict = functools.partial(torch.add, big, big)
         slow = min(_unpreempted(step, repeats, before=evict))
         cold.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, slow - warm)))
-    return FrameworkProbe(warm_s=warm, cold=tuple(cold))
+    return cold
 
 
 def _unpreempted(run: Callable[[], Any], count: int,

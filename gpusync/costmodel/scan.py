@@ -123,7 +123,7 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
         for _ in range(long_kernels):
             torch.mm(big, big)
             torch.add(a, a)
-        cold.extend(probe.measure().cold)
+        cold.extend(probe.cold_costs())
 
     if observer_module is not None:
         ops = native_log.logged(observer_module, run)

@@ -90,9 +90,10 @@ class _Lanes:
     def python_until(self, measured_s: float, resume_s: float,
                      python_s: float | None = None) -> None:
         """The user's Python up to `measured_s` runs as measured (or for `python_s`, the scan's
-        estimate of it, where it has one); then resume at `resume_s`."""
+        estimate of it, where it has one), at the GPU machine's pace; then resume at
+        `resume_s`."""
         python = (self.host_model.python_s(measured_s - self.cursor) if python_s is None
-                  else python_s * self.host_model.python_scale)
+                  else python_s) * self.host_model.python_scale
         self.host += python
         self.python += python
         self.cursor = max(self.cursor, resume_s)

@@ -67,6 +67,19 @@ def test_pass(project):
     assert not (project / "base.suggested.json").exists()
 
 
+def test_a_gpu_baseline_cannot_be_judged_without_a_gpu(project):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    data = json.loads((project / "base.json").read_text())
+    (project / "base.json").write_text(json.dumps({**data, "mode": "cuda"}))
+    proc = gate(project)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert "gate: cannot-judge" in proc.stdout
+    assert "the baseline was measured on a GPU; this machine has none" in proc.stdout + proc.stderr
+
+
 def test_moving_code_a_few_lines_still_passes(project):
     (project / "train.py").write_text("# a comment\n\n" + LOOP + "    v = loss.item()\n")
     assert gate(project).returncode == 0
