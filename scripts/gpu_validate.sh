@@ -26,22 +26,30 @@ RAW="$OUT/raw"
 mkdir -p "$RAW"
 PY=${PYTHON:-python}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# each section bounded, stamped in device.txt: a hung one cannot eat the one lent run
+stamp() { echo "$(date -u +%T) +${SECONDS}s $*" >> "$OUT/device.txt"; }
+section() { local limit=$1; shift; timeout "$limit" "$@"; local rc=$?; stamp "rc=$rc $*"; }
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/device.txt" 2>&1
-$PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
+  >> "$OUT/device.txt" 2>&1
+nproc >> "$OUT/device.txt"
+# the C++ op observer built once, before anything is timed (about a minute)
+section 180 $PY -c "from gpusync.detect import native; assert native.load() is not None, native.failure()"
+section 300 $PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
 # packed now: if the run is cut short later, the cost model's JSONs still come back
 tar -czf "$OUT/costmodel-raw.tar.gz" -C "$RAW" . && rm -rf "$RAW" && mkdir -p "$RAW"
-$PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
-# the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
-TORCH_CUDA_SANITIZER=1 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
-  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee -a "$OUT/tests.txt"
-$PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
-$PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
-$PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
+# the corpus on real CUDA against its annotations (what the CPU scan must report)
+section 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
 # once: the markdown tables hold what docs/benchmarks/ keeps (device, date, P50, P90, runs)
-$PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
+section 200 $PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
+section 60 $PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
+section 60 $PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
+section 90 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
+# the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
+TORCH_CUDA_SANITIZER=1 section 120 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
+  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee -a "$OUT/tests.txt"
 for profile in writeback sparsenn_pipeline; do
-  $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
+  section 60 $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
 done > "$OUT/tune-cuda.md" 2>&1
 tar -czf "$OUT/raw.tar.gz" -C "$OUT" raw && rm -rf "$RAW"
 echo "results in $OUT/"
