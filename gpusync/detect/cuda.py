@@ -14,6 +14,7 @@ import warnings
 import torch
 
 from . import patches
+from .frames import capture
 from .recorder import Recorder
 
 _SYNC_WARNING = "called a synchronizing CUDA operation"
@@ -53,6 +54,12 @@ def _stop_warning_on_syncs(saved) -> None:
 
 # One sync-debug setting for every session that needs it, restored when the last one ends.
 _SYNC_DEBUG = patches.Shared(_warn_on_syncs, _stop_warning_on_syncs)
+
+
+def _user_lines(frames) -> tuple:
+    """The user's frames of a stack (a library's, such as torch's Python under a dispatch mode,
+    differ between an op's rule and its warning)."""
+    return tuple((f.file, f.line) for f in frames if not f.library)
 
 
 class CudaExtras:
@@ -95,7 +102,21 @@ class CudaExtras:
         # backward syncs are covered by the op rules, which run on the device thread.
         if self.rec.suppressed() or self.det.in_backward:
             return
+        if self._explained():
+            return
         self.det.record("sync")
+
+    def _explained(self) -> bool:
+        """Whether an op rule recorded this sync already. Torch hands a C++ warning to Python
+        when the op's binding returns, after the rule recorded the op at the same user line
+        (`.item()`, then its D2H copy's warning): one wait, one event."""
+        if not self.rec.events:
+            return False
+        last = self.rec.events[-1]
+        if last.op == "sync":
+            return False
+        _, frames = capture(3)
+        return _user_lines(frames) == _user_lines(last.frames)
 
     def _patch(self, owner, name: str, label: str):
         rec, owner_thread = self.rec, self._owner

@@ -281,7 +281,10 @@ class OpDetector:
             return False  # another thread placing tensors on the virtual device (calls.py)
         if self.libraries is not None and self.libraries.in_reducer_callback():
             return False  # its CPU path: what its CUDA path syncs is predicted
-        stall = self.stall_timer() if self.stall_timer is not None else None
+        stall = None
+        if self.stall_timer is not None:
+            with self.rec.suppress():  # its drain of the stream is this sync's wait, not another
+                stall = self.stall_timer()
         self.rec.record(label, skip=3, stall_ms=stall, predicted=predicted, detail=detail,
                         advice=advice)
         return True

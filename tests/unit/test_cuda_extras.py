@@ -78,3 +78,55 @@ def test_an_explicit_wait_caught_by_sync_debug_mode_too_is_reported_once():
         finally:
             extras.uninstall()
     assert "synchronize" in vars(_SyncingStream)  # its own method, put back
+
+
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+def test_a_sync_an_op_rule_recorded_is_not_reported_again_by_its_warning():
+    """Torch hands an op's sync-debug warning to Python when the op's binding returns, after
+    the op's rule recorded it at the same user line (`.item()`, then its D2H copy's warning):
+    one sync, one event. Seen on an H200: every rule-recorded site came twice before, once as
+    its op, once as "sync"."""
+    import functools
+    import warnings
+
+    from gpusync.detect import patches
+
+    rec = Recorder(PhaseTracker())
+    extras = CudaExtras(rec, detector=_Detector(rec))
+    extras._owner = threading.get_ident()
+    item = functools.partial(rec.record, "item")  # the op's rule, from C++ (no frame of its own)
+    warn = functools.partial(warnings.warn, SYNC_WARNING, UserWarning, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        extras._handles = [patches.add_layer(warnings, "showwarning", extras._showwarning)]
+        try:
+            for call in (item, warn, item, warn):
+                call()  # one line: the rule's and the warning's user frames are the same
+            assert [e.op for e in rec.events] == ["item", "item"]
+            warn()  # a sync no rule explains, on another line: the net catches it
+            assert [e.op for e in rec.events] == ["item", "item", "sync"]
+            warn()  # the same again: a "sync" explains nothing
+            assert [e.op for e in rec.events] == ["item", "item", "sync", "sync"]
+        finally:
+            extras.uninstall()
+
+
+def test_the_stall_timers_own_drain_is_not_a_sync_of_its_own():
+    """--mode cuda times a sync's stall by draining the stream (StallTimer) just before the op
+    runs; that drain calls the patched Stream.synchronize, which must not record itself."""
+    from gpusync.detect.ops import OpDetector
+    from gpusync.detect.residency_strategy import strategy_for
+
+    rec = Recorder(PhaseTracker())
+    extras = CudaExtras(rec, detector=None)
+    extras._owner = threading.get_ident()
+    extras._handles = [extras._patch(Child, "synchronize", "Stream.synchronize")]
+    try:
+        detector = OpDetector(rec, strategy_for(True, False),
+                              stall_timer=lambda: float(Child().synchronize() == "base"))
+        assert detector.record("item")
+        assert [(e.op, e.stall_ms) for e in rec.events] == [("item", 1.0)]
+    finally:
+        extras.uninstall()
