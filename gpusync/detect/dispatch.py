@@ -198,8 +198,13 @@ def python_kernels(compiled):
     a C++ kernel's are, since they run on CUDA as written and what they keep (a ctx stash of
     detached inputs) must be followed. Those defined while the scan runs are told as they are
     made; what this returns removes that layer."""
-    import torch.nn.modules.linear_cross_entropy  # noqa: F401  # F imports it on first use
+    import importlib.util
+
     from torch._library import custom_ops
+
+    # F imports it on first use; torch 2.11 has no such module
+    if importlib.util.find_spec("torch.nn.modules.linear_cross_entropy") is not None:
+        import torch.nn.modules.linear_cross_entropy  # noqa: F401
 
     for name in list(custom_ops.OPDEFS):
         compiled.add_transparent(name)

@@ -214,8 +214,13 @@ def display_name(obj: Any, names: dict) -> str:
 
 
 def _answering(original: Any, answer: Callable[..., Any]):
-    """The layer that answers for `original`: its arguments bound by its own signature."""
-    signature = inspect.signature(original)
+    """The layer that answers for `original`: its arguments bound by its own signature, or,
+    for a C function that has none (a CUDA build binds torch.cuda._exchange_device to
+    torch._C._cuda_exchangeDevice), by its answer's, written with the same parameters."""
+    try:
+        signature = inspect.signature(original)
+    except (ValueError, TypeError):
+        signature = inspect.signature(answer)
     name = getattr(original, "__name__", "function")
     # the usual call passes nothing (is_available(), current_stream()): no binding needed
     bare = ({p.name: p.default for p in signature.parameters.values()} if all(
