@@ -158,3 +158,23 @@ def test_scan_refuses_a_bad_host_before_it_runs(tmp_path, args, says):
     assert proc.returncode == 2 and proc.stdout == ""
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"gpusync: error: {says}")
+
+
+def test_a_slow_moment_at_the_scans_probe_does_not_set_the_scale(monkeypatch):
+    """The probe is taken again after the run and the least kept: on the GPU machine one
+    scan's probe read 283 us where the others read 140-150, which halved its Python at the
+    host's pace."""
+    from gpusync.costmodel import probe
+    from gpusync.costmodel.scan import CostScan
+
+    readings = iter([283.4e-6, 141.0e-6])
+    monkeypatch.setattr(probe, "warm_s", lambda samples=20: next(readings))
+    named = HostClass(name="gpu-host", probe_us=141.8, cpu="x86_64", cores=16, python="3.12.3",
+                      torch="2.11.0", measured="2026-11-27T14:58:30+00:00")
+    scan = CostScan(get_gpu("h200"), HostModel(), host_class=named)
+    scan.probe_s = probe.warm_s()  # as _calibrate takes it, before the run
+    scan.host = dataclasses.replace(scan.host, python_scale=named.scale_from(scan.probe_s))
+    assert scan.host.python_scale == pytest.approx(0.5, abs=0.01)
+    scan._probe_again()
+    assert scan.probe_s == pytest.approx(141.0e-6)
+    assert scan.host.python_scale == pytest.approx(141.8 / 141.0)
