@@ -15,7 +15,10 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #       --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #       -d .whl $p; done
-# and run, carrying .whl:
+# PARTS="costmodel tests ..." runs only those sections (a rerun takes what a first run did not
+# bring back); PUBLIC_ROOT=DIR (the public scripts, scripts/public_scripts_fetch.md, copied into
+# a git-ignored folder of the checkout and carried) also scans them on real CUDA (about 25 s a
+# script there: give it its own run). And run, carrying .whl:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \
 #     PYTHON=python3 bash scripts/gpu_validate.sh
@@ -33,23 +36,39 @@ $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv \
   >> "$OUT/device.txt" 2>&1
 nproc >> "$OUT/device.txt"
+# PARTS: the sections to run (a rerun takes only those a first run did not bring back)
+PARTS=" ${PARTS:-costmodel tests bench scans overhead sanitizer tune public} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 # the C++ op observer built once, before anything is timed (about a minute)
 section 180 $PY -c "from gpusync.detect import native; assert native.load() is not None, native.failure()"
-section 300 $PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
-# packed now: if the run is cut short later, the cost model's JSONs still come back
-tar -czf "$OUT/costmodel-raw.tar.gz" -C "$RAW" . && rm -rf "$RAW" && mkdir -p "$RAW"
+if want costmodel; then
+  section 300 $PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
+  # packed now: if the run is cut short later, the cost model's JSONs still come back
+  tar -czf "$OUT/costmodel-raw.tar.gz" -C "$RAW" . && rm -rf "$RAW" && mkdir -p "$RAW"
+fi
 # the corpus on real CUDA against its annotations (what the CPU scan must report)
-section 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
+want tests && section 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
+# the public scripts (PUBLIC_ROOT: the folder scripts/public_scripts_fetch.md builds, carried)
+# scanned on real CUDA: the sites against the manifest's, which the CPU scan matches
+if want public && [ -d "${PUBLIC_ROOT:-}" ]; then
+  section 200 $PY scripts/public_scripts.py --root "$PUBLIC_ROOT" --python "$PY" --timeout 60 \
+    --scan-option=--mode --scan-option=cuda --doc "$OUT/public-cuda.md" > "$RAW/public-cuda.txt" 2>&1
+fi
 # once: the markdown tables hold what docs/benchmarks/ keeps (device, date, P50, P90, runs)
-section 200 $PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
-section 60 $PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
-section 60 $PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
-section 90 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
+want bench && section 200 $PY -m gpusync bench all --mode cuda --format markdown > "$OUT/bench-all-cuda.md" 2>&1
+if want scans; then
+  section 60 $PY -m gpusync scan --mode cuda --format json -o "$RAW/scan-sparsenn-cuda.json"
+  section 60 $PY -m gpusync scan --mode simulate --format json -o "$RAW/scan-sparsenn-simulate.json"
+fi
+want overhead && section 90 $PY -m gpusync bench overhead --mode cuda --steps 40 --format json > "$RAW/overhead-cuda.json"
 # the techniques' stream code on real streams, under PyTorch's CUDA stream sanitizer
-TORCH_CUDA_SANITIZER=1 section 120 $PY -m pytest -q -p no:cacheprovider -m "not slow and not torchrec" \
-  tests/unit/test_stream_safety.py tests/unit/test_pipeline.py 2>&1 | tee -a "$OUT/tests.txt"
-for profile in writeback sparsenn_pipeline; do
-  section 60 $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
-done > "$OUT/tune-cuda.md" 2>&1
+want sanitizer && TORCH_CUDA_SANITIZER=1 section 120 $PY -m pytest -q -p no:cacheprovider \
+  -m "not slow and not torchrec" tests/unit/test_stream_safety.py tests/unit/test_pipeline.py \
+  2>&1 | tee -a "$OUT/tests.txt"
+if want tune; then
+  for profile in writeback sparsenn_pipeline; do
+    section 60 $PY -m gpusync tune $profile --mode cuda --allow-approximate --format markdown
+  done > "$OUT/tune-cuda.md" 2>&1
+fi
 tar -czf "$OUT/raw.tar.gz" -C "$OUT" raw && rm -rf "$RAW"
 echo "results in $OUT/"

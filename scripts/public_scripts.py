@@ -58,12 +58,14 @@ class Result:
 def run_env(root: Path, entry: dict[str, Any]) -> dict[str, str]:
     """The environment both runs share: one thread, unbuffered output (so stdout and stderr
     interleave the same way in both), the manifest's PYTHONPATH entries (relative to the
-    script's folder) after this checkout's gpusync."""
+    script's folder) after this checkout's gpusync, then the caller's."""
     env = dict(os.environ)
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                 "PYTHONHASHSEED": "0"})
     cwd = root / entry["dir"]
     paths = [str(REPO)] + [str((cwd / p).resolve()) for p in entry.get("pythonpath", [])]
+    # what the caller's PYTHONPATH adds (a GPU machine's carried wheels) stays, after these
+    paths += [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env.update({k: str(v) for k, v in (entry.get("env") or {}).items()})
     return env
