@@ -75,6 +75,17 @@ class VirtualEvent:
     def __init__(self, enable_timing=False, blocking=False, interprocess=False, external=False):
         self._at: float | None = None
 
+    @property
+    def cuda_event(self) -> int:
+        return 0  # no cudaEvent_t behind it
+
+    event_id = cuda_event
+
+    @property
+    def device(self) -> torch.device | None:
+        """None until recorded, as a CUDA event is created at its first record."""
+        return None if self._at is None else current_device()
+
     @classmethod
     def from_ipc_handle(cls, device, handle):
         refuse("torch.cuda.Event.from_ipc_handle", IPC)
@@ -105,11 +116,23 @@ class VirtualStream:
     but the host waiting on a stream is a sync."""
 
     cuda_stream = 0
+    stream_id = 0
     device_index = 0
     device_type = 1  # c10 DeviceType::CUDA
+    priority = 0
 
     def __init__(self, device=None, priority=0, **kwargs):
         self.priority = priority
+
+    @staticmethod
+    def priority_range() -> tuple[int, int]:
+        """(least, greatest), as cudaDeviceGetStreamPriorityRange gives them (an assumed
+        six levels: not read on a GPU yet)."""
+        return (0, -5)
+
+    @property
+    def native_handle(self) -> int:
+        return self.cuda_stream
 
     @property
     def device(self) -> torch.device:

@@ -72,6 +72,9 @@ def _build_handles() -> list:
         patches.add_layer(cudnn, "is_available", lambda call: True),
         patches.add_layer(cudnn, "is_acceptable", _is_acceptable),
         patches.add_layer(torch.backends.cuda, "is_built", lambda call: True),
+        # the RNN modules' flat weights: what a CPU build answers (its C++ has no cuDNN); a
+        # CUDA build's True sends the virtual device's host tensors to a CUDA-only kernel
+        patches.add_layer(torch, "_use_cudnn_rnn_flatten_weight", lambda call: False),
     ]
 
 

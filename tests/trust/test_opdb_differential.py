@@ -75,6 +75,10 @@ def test_syncs_are_reported_where_cuda_makes_them(results):
 
 
 def test_committed_op_table_is_current(results):
+    import torch
+
+    if torch.version.cuda is not None:
+        pytest.skip("the committed table is the CPU wheel's (CI's), which it names")
     assert opdb_table.committed() == opdb_table.render(results), (
         "docs/rules.md's op table is stale: run `python scripts/op_table.py`")
 
