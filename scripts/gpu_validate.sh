@@ -43,6 +43,8 @@ want() { [[ "$PARTS" == *" $1 "* ]]; }
 section 180 $PY -c "from gpusync.detect import native; assert native.load() is not None, native.failure()"
 if want costmodel; then
   section 300 $PY scripts/costmodel_gpu.py "$RAW" 2>&1 | tee "$OUT/costmodel.md"
+  # the per-op figures themselves (host us per op and per backward op, launch, fp32 matmul)
+  section 120 $PY scripts/costmodel_calibrate.py 2>&1 | tee -a "$OUT/costmodel.md"
   # packed now: if the run is cut short later, the cost model's JSONs still come back
   tar -czf "$OUT/costmodel-raw.tar.gz" -C "$RAW" . && rm -rf "$RAW" && mkdir -p "$RAW"
 fi
