@@ -18,7 +18,7 @@
 # PARTS="costmodel tests ..." runs only those sections (a rerun takes what a first run did not
 # bring back); PUBLIC_ROOT=DIR (the public scripts, scripts/public_scripts_fetch.md, copied into
 # a git-ignored folder of the checkout and carried) also scans them on real CUDA (about 25 s a
-# script there: give it its own run). And run, carrying .whl:
+# script there one at a time, on the H200 machine: eight folders at once). And run, carrying .whl:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site && \
 #     PYTHON=python3 bash scripts/gpu_validate.sh
@@ -53,7 +53,7 @@ want tests && section 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1
 # the public scripts (PUBLIC_ROOT: the folder scripts/public_scripts_fetch.md builds, carried)
 # scanned on real CUDA: the sites against the manifest's, which the CPU scan matches
 if want public && [ -d "${PUBLIC_ROOT:-}" ]; then
-  section 200 $PY scripts/public_scripts.py --root "$PUBLIC_ROOT" --python "$PY" --timeout 60 \
+  section 200 $PY scripts/public_scripts.py --root "$PUBLIC_ROOT" --python "$PY" --timeout 90 --jobs 8 \
     --scan-option=--mode --scan-option=cuda --doc "$OUT/public-cuda.md" > "$RAW/public-cuda.txt" 2>&1
 fi
 # once: the markdown tables hold what docs/benchmarks/ keeps (device, date, P50, P90, runs)

@@ -12,6 +12,7 @@ licences are their authors'); the manifest names each one's repository, path and
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import datetime
 import difflib
 import json
@@ -330,6 +331,26 @@ def write_doc(path: Path, results: list[Result], python: str, manifest: dict[str
     path.write_text("\n".join(lines))
 
 
+def run_all(root: Path, entries: list[dict[str, Any]], python: str, timeout: float,
+            jobs: int) -> list[Result]:
+    """Every entry's result, in the manifest's order; with jobs > 1 several folders at once
+    (a GPU machine's cores), each folder's entries one after another."""
+    def folder(group: list[dict[str, Any]]) -> list[Result]:
+        out = []
+        for entry in group:
+            print(f"== {entry['name']}", file=sys.stderr, flush=True)
+            out.append(run_one(root, entry, python, timeout))
+        return out
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(entry["dir"], []).append(entry)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        done = dict(zip(groups, pool.map(folder, groups.values()), strict=True))
+    by_name = {r.name: r for results in done.values() for r in results}
+    return [by_name[e["name"]] for e in entries]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default="/work/public_scripts", help="folder of fetched scripts")
@@ -340,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
                          "runs, none with --only; '' for none)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="folders run at once (a folder's scripts run in order: dlrm_resume "
+                         "reads what dlrm wrote)")
     ap.add_argument("--scan-option", action="append", default=[], metavar="OPTION",
                     help="one more option for every scan (repeat it; e.g. --scan-option=--gpu "
                          "--scan-option=h100: the same checks with the cost model recording)")
@@ -349,13 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     entries = manifest["scripts"]
     if args.only:
         entries = [e for e in entries if e["name"] in args.only]
-    results = []
-    for entry in entries:
-        if args.scan_option:
-            entry = {**entry, "scan_options": [*entry.get("scan_options", []),
-                                               *args.scan_option]}
-        print(f"== {entry['name']}", file=sys.stderr, flush=True)
-        results.append(run_one(root, entry, args.python, args.timeout))
+    if args.scan_option:
+        entries = [{**e, "scan_options": [*e.get("scan_options", []), *args.scan_option]}
+                   for e in entries]
+    results = run_all(root, entries, args.python, args.timeout, args.jobs)
     sys.stderr.flush()
     print_table(results)
     for r in results:

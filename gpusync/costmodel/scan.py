@@ -253,7 +253,7 @@ class CostScan:
     def _probe_again(self) -> None:
         """The probe once more after the run, the least of both kept: once on the GPU machine
         a scan's probe read 283 us where three others and `gpusync host-probe` read 140-150
-        (docs/benchmarks/cost-model-gpu.md), a slow moment that would have halved its Python
+        (docs/benchmarks/gpu-h200.md), a slow moment that would have halved its Python
         at the host's pace; the run's own Python was not slow."""
         self.probe_s = min(self.probe_s, probe.warm_s())
         if self.host_class is not None:
