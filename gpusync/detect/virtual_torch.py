@@ -32,8 +32,11 @@ import torch
 from . import patches
 from .virtual_device import DEVICE, pin_host
 
-CUDA_VERSION = "12.8"  # the CUDA of torch 2.13's default wheels
-CUDNN_VERSION = 91002  # the cuDNN those wheels ship (9.10.2)
+# What a CPU build answers under the scan: a CUDA wheel of torch 2.13's (the cu128 one) and the
+# cuDNN it ships (9.10.2). A CUDA build keeps its own: torchvision refuses to load when the
+# CUDA torch reports is not the one it was built with.
+CUDA_VERSION = "12.8"
+CUDNN_VERSION = 91002
 _SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
 
 
@@ -65,10 +68,14 @@ def _build_handles() -> list:
     import torch.backends.cuda
 
     cudnn = _cudnn_module()
+    if torch.version.cuda is not None:  # a CUDA build: its own CUDA and cuDNN stand
+        versions = []
+    else:
+        versions = [patches.Swap(torch.version, "cuda", CUDA_VERSION),
+                    patches.add_layer(cudnn, "_init", lambda call: True),
+                    patches.add_layer(cudnn, "version", lambda call: CUDNN_VERSION)]
     return [
-        patches.Swap(torch.version, "cuda", CUDA_VERSION),
-        patches.add_layer(cudnn, "_init", lambda call: True),
-        patches.add_layer(cudnn, "version", lambda call: CUDNN_VERSION),
+        *versions,
         patches.add_layer(cudnn, "is_available", lambda call: True),
         patches.add_layer(cudnn, "is_acceptable", _is_acceptable),
         patches.add_layer(torch.backends.cuda, "is_built", lambda call: True),

@@ -35,8 +35,10 @@ def test_a_cuda_build_is_there_and_gone_afterwards():
     before = build_answers()
     if torch.version.cuda is None:  # a CPU build (CI's): none of it
         assert before == (None, None, False, False, False)
+    # a CPU build answers as torch 2.13's cu128 wheel; a CUDA build keeps its own versions
+    versions = ("12.8", 91002) if torch.version.cuda is None else before[:2]
     with scan():
-        assert build_answers() == ("12.8", 91002, True, True, True)
+        assert build_answers() == (*versions, True, True, True)
         x = torch.ones(2, device="cuda")
         assert torch.backends.cudnn.is_acceptable(x)  # no "compiled without cuDNN" warning
         assert not torch.backends.cudnn.is_acceptable(x.long())
@@ -177,3 +179,14 @@ def test_on_a_cuda_build_without_a_gpu_the_allocator_and_rnns_answer_as_on_a_cpu
         assert out.shape == (2, 1, 3)
     assert torch._C._cuda_memoryStats is no_device
     assert torch._use_cudnn_rnn_flatten_weight()
+
+
+def test_a_cuda_build_keeps_its_own_cuda_version(monkeypatch):
+    """torchvision refuses to load when torch reports another CUDA than the one it was built
+    with: under the scan on PyPI's cu130 torch without a GPU, "12.8" crashed every timm,
+    torchvision and Hugging Face Trainer script of the framework campaign at import."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with scan():
+        assert torch.version.cuda == "13.0"
+        assert torch.backends.cudnn.is_available()
+    assert torch.version.cuda == "13.0"
