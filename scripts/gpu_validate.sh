@@ -19,7 +19,7 @@
 # bring back); PUBLIC_ROOT=DIR (the public scripts, scripts/public_scripts_fetch.md, copied into
 # a git-ignored folder of the checkout and carried) also scans them on real CUDA (about 25 s a
 # script there one at a time, on the H200 machine: eight folders at once). The sections took
-# 37 s (observer), 130 s (cost model), 20 s (tests), 35 s (bench), 15 s (scans), 11 s
+# 37 s (observer), 130 s (cost model), 20 s (tests), 22 s (bench), 24 s (scans), 11 s
 # (overhead), 20 s (sanitizer), 25 s (tune) on that machine (docs/benchmarks/h200-2026-11-27/
 # device.txt): with the public scripts, about 6-7 minutes. And run, carrying .whl:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
