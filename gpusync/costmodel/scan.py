@@ -195,12 +195,11 @@ class CostScan:
 
     def _calibrate(self, observer_module: Any) -> None:
         """The recorder's own gaps (gap_baseline), measured by the recorder the scan uses; the
-        framework probe, unrecorded (as `gpusync host-probe` times it), for a host class."""
+        framework probe, unrecorded (as `gpusync host-probe` times it), for a host class
+        (its scale is set after the run, by _probe_again)."""
         self.probe_s = probe.warm_s()
         self.baseline = gap_baseline(observer_module=observer_module)
-        scale = self.host_class.scale_from(self.probe_s) if self.host_class is not None else 1.0
-        self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s,
-                                        python_scale=scale)
+        self.host = dataclasses.replace(self.host, gap_overhead_s=self.baseline.light_s)
         self.load_start = machine_load.now()  # the run's: it starts after the calibration
 
     def ops(self) -> list[OpRecord]:
@@ -251,10 +250,12 @@ class CostScan:
         return self.prediction
 
     def _probe_again(self) -> None:
-        """The probe once more after the run, the least of both kept: once on the GPU machine
-        a scan's probe read 283 us where three others and `gpusync host-probe` read 140-150
-        (docs/benchmarks/gpu-h200.md), a slow moment that would have halved its Python
-        at the host's pace; the run's own Python was not slow."""
+        """The probe once more after the run, the least of both kept, and the user's Python
+        scaled to the host class's pace by it (the one place the scale is set: nothing is
+        predicted before): once on the GPU machine a scan's probe read 283 us where three
+        others and `gpusync host-probe` read 140-150 (docs/benchmarks/gpu-h200.md), a slow
+        moment that would have halved its Python at the host's pace; the run's own Python
+        was not slow."""
         self.probe_s = min(self.probe_s, probe.warm_s())
         if self.host_class is not None:
             self.host = dataclasses.replace(

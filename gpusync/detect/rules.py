@@ -89,8 +89,6 @@ SCALAR_LABELS = {
 }
 
 
-
-
 def advice_for(label: str, detail: str = "") -> str:
     return ADVICE.get(label, ADVICE["sync"])
 
