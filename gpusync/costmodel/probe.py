@@ -17,6 +17,7 @@ smaller size 15-270 us by scan on a loaded machine where it is 15-40 us quiet
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,10 @@ from gpusync.costmodel.own_time import thread_clock
 from gpusync.costmodel.python_time import ColdCost
 
 _RETRIES = 4  # tries per sample kept, at most, before a preempted one is kept
+# What a step's kernels touch in all before its code runs again, probed: on the 2-core VM this
+# was written on, reading 96 MiB added 460-560 us to the probe and 384 MiB or more 920-990 us,
+# against 250-300 us after one 1024^2 addition (12 MiB): the last-level cache empties too.
+SPANS = (96 << 20, 384 << 20)
 
 
 def _step() -> Callable[[], None]:
@@ -52,19 +57,39 @@ def warm_s(samples: int = 20) -> float:
     return min(_unpreempted(_step(), samples))
 
 
-def cold_costs(sizes: tuple[int, ...] = (384, 1024), repeats: int = 7) -> list[ColdCost]:
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), spans: tuple[int, ...] = SPANS,
+               repeats: int = 7) -> list[ColdCost]:
     """What evicting the caches adds to the probe, smallest first: the probe right after an
     fp32 addition of two size x size matrices (which touches 3 x size^2 x 4 bytes, as a matmul
-    of that size does, at a fraction of its CPU time) less the probe warm."""
+    of that size does, at a fraction of its CPU time), and right after reading each of `spans`
+    bytes (what a step's many kernels touch before its code runs again: the last-level cache
+    emptied too), less the probe warm.  A span larger than a quarter of the memory free now
+    is left out."""
     step = _step()
     warm = min(_unpreempted(step, 20))
     cold = []
+    evictions: list[tuple[int, Callable[[], Any]]] = []
     for n in sizes:
         big = torch.ones(n, n)
-        evict = functools.partial(torch.add, big, big)
+        evictions.append((3 * n * n * 4, functools.partial(torch.add, big, big)))
+    kept = [span for span in spans if span <= _free_bytes() // 4]
+    if kept:
+        buffer = torch.ones(max(kept) // 4)
+        for span in kept:
+            # one float of each 64-byte line: every line is read, at a sixteenth of the adds
+            evictions.append((span, buffer[:span // 4:16].sum))
+    for nbytes, evict in evictions:
         slow = min(_unpreempted(step, repeats, before=evict))
-        cold.append(ColdCost(nbytes=3 * n * n * 4, added_s=max(0.0, slow - warm)))
+        cold.append(ColdCost(nbytes=nbytes, added_s=max(0.0, slow - warm), probe_s=warm))
     return cold
+
+
+def _free_bytes() -> int:
+    """Memory free now (0 where the system does not say)."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _unpreempted(run: Callable[[], Any], count: int,

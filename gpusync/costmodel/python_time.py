@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
+from typing import NamedTuple, Union
 
 from gpusync.costmodel.own_time import OwnTime
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
@@ -42,11 +42,13 @@ _ENOUGH = 5  # gaps of a kind needed to read a baseline off the run
 
 @dataclass(frozen=True)
 class ColdCost:
-    """What a long CPU kernel that touched `nbytes` adds to the code run after it on the
-    scanning machine (`added_s`: cold less warm), measured on a probe of framework code."""
+    """What evicting `nbytes` adds to the code run after it on the scanning machine
+    (`added_s`: cold less warm), measured on a probe of framework code whose warm time is
+    `probe_s` (0: not known)."""
 
     nbytes: int
     added_s: float
+    probe_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,7 @@ class GapBaseline:
     cold: tuple[ColdCost, ...] = ()
 
     def cold_at(self, nbytes: int) -> ColdCost | None:
-        """The calibration point for a kernel of `nbytes`: the largest one no bigger; below the
+        """The calibration point for `nbytes` evicted: the largest one no bigger; below the
         smallest, its added time in proportion to the bytes; None without calibration."""
         if not self.cold:
             return None
@@ -68,18 +70,22 @@ class GapBaseline:
         if fitting:
             return fitting[-1]
         least = self.cold[0]
-        return ColdCost(nbytes, least.added_s * nbytes / least.nbytes)
+        return ColdCost(nbytes, least.added_s * nbytes / least.nbytes, least.probe_s)
 
     def warm(self, gap: float, nbytes: int) -> float:
-        """The user's Python in a gap measured after a long kernel of `nbytes` (or after the
-        thread lost its core: nbytes PREEMPTED), as it would run with warm caches: the cold
-        caches refill what the code touches once, which costs about what they added to the
-        probe; never more than the gap less the no-Python baseline after a kernel."""
+        """The user's Python in a gap measured after long kernels evicted `nbytes` since its
+        code last ran (LOST_CORE_BYTES at least after the thread lost its core), as it would run
+        with warm caches: the cold caches refill what the code touches once, which costs
+        about what they added to the probe; taken as no more times slower cold than the probe
+        ran (the probe is framework code, what a step's Python mostly is: code that ran long
+        ago is cold in all it touches, and so much slower, not by a fixed refill); never more
+        than the gap less the no-Python baseline after a kernel."""
         upper = max(0.0, gap - self.heavy_s)
         cost = self.cold_at(nbytes)
         if cost is None:
             return upper
-        return min(upper, max(0.0, gap - self.light_s - cost.added_s))
+        floor = upper * cost.probe_s / (cost.probe_s + cost.added_s) if cost.probe_s else 0.0
+        return min(upper, max(floor, gap - self.light_s - cost.added_s))
 
 
 def _cpu(event: Event) -> tuple[float, float] | None:
@@ -88,8 +94,9 @@ def _cpu(event: Event) -> tuple[float, float] | None:
     return event.cpu_start_s, event.cpu_end_s
 
 
-# The cold size of a gap after the thread lost its core: other processes' data, of any size.
-PREEMPTED = 1 << 62
+# The cold size of a gap after the thread lost its core: other processes' data, taken as
+# evicting what one large kernel does (the probe's 1024^2 addition).
+LOST_CORE_BYTES = 12 << 20
 # A kernel that touches less than this evicts little, however long it keeps the thread (an
 # OpenMP barrier spinning while its worker waits for a core on a loaded machine).
 COLD_BYTES = 256 * 1024
@@ -109,40 +116,72 @@ def _cold_bytes(event: Event) -> int:
     return event.nbytes if isinstance(event, OpRecord) and heavy(event) else 0
 
 
-def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[tuple[Event, float, int]]:
-    """(event, CPU gap before it less gpusync's own work in it, how cold it starts: the bytes
-    the largest long CPU kernel since the last gap outside backward touched, PREEMPTED if the
-    thread lost its core, 0 if neither), in the recording thread's CPU order; the first event,
-    with nothing before it, is left out."""
+class Gap(NamedTuple):
+    """The CPU time before `event` less gpusync's own work in it (`cpu_s`); how cold it
+    starts (`cold`: 0 if no long CPU kernel ran and the thread kept its core since the last
+    gap outside backward, else the bytes taken as evicted); whether the thread lost its core
+    since (`lost`)."""
+
+    event: Event
+    cpu_s: float
+    cold: int
+    lost: bool
+
+
+def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[Gap]:
+    """Each event's Gap, in the recording thread's CPU order; the first event, with nothing
+    before it, is left out.
+
+    The code of a gap last ran when the same two events last followed each other (a loop's
+    body one iteration ago, the optimizer's step one step ago); what it finds evicted is the
+    larger of the largest kernel since the last gap (the caches nearest the core) and every
+    long kernel's bytes since its code last ran (the last-level cache: docs/cost-model.md).
+    Code that never ran before is cold on the GPU host too: only the first is taken out."""
     stamped = sorted((e for e in events if _cpu(e) is not None),
                      key=lambda e: e.cpu_start_s or 0.0)
     out = []
     last_end: float | None = None
     last_switches: int | None = None
-    cold = 0  # since the last user gap: what long kernels evicted, or PREEMPTED
+    cold = 0  # since the last user gap: the largest long kernel's bytes
+    lost = False  # since the last user gap: the thread lost its core
+    touched = 0  # every long kernel's bytes so far
+    seen: dict[tuple[str, str], int] = {}  # `touched` when two events last followed each other
+    before = ""
     for event in stamped:
         start, end = _cpu(event) or (0.0, 0.0)
         if last_end is not None:
             mine = own.within(last_end, start) if own is not None and start > last_end else 0.0
-            switched = PREEMPTED if _switched(last_switches, event.switches_start) else 0
-            out.append((event, max(0.0, start - last_end - mine), max(cold, switched)))
-            cold = cold if _in_engine(event) else 0  # backward's gaps are not the user's
+            now_lost = lost or _switched(last_switches, event.switches_start)
+            last = seen.get((before, _name(event)))
+            since = 0 if last is None else touched - last  # run before? cold on any host
+            size = max(cold, LOST_CORE_BYTES if now_lost else 0)
+            out.append(Gap(event, max(0.0, start - last_end - mine),
+                           max(size, since) if size else 0, now_lost))
+            if not _in_engine(event):  # backward's gaps are not the user's
+                cold, lost = 0, False
+        seen[(before, _name(event))] = touched
+        before = _name(event)
         if last_end is None or end >= last_end:
             last_end, last_switches = end, event.switches_end
-        switched = PREEMPTED if _switched(event.switches_start, event.switches_end) else 0
-        cold = max(cold, _cold_bytes(event), switched)
+        lost = lost or _switched(event.switches_start, event.switches_end)
+        cold = max(cold, _cold_bytes(event))
+        touched += _cold_bytes(event)
     return out
 
 
-def _after_lost_core(gaps: list[tuple[Event, float, int]]) -> frozenset[int]:
+def _name(event: Event) -> str:
+    return event.name if isinstance(event, OpRecord) else f"read {event.site}"
+
+
+def _after_lost_core(gaps: list[Gap]) -> frozenset[int]:
     """The ids of the events whose gap began within AFTER_LOST_CORE_S of CPU time after the
     thread lost its core: the caches refill over more than the first gap, so their estimates
     are the least trustworthy, and steps that ran alike give better ones (steadied)."""
     out: set[int] = set()
     lost_at: float | None = None
-    for event, _gap, cold in gaps:
+    for event, _gap, _cold, lost in gaps:
         start = event.cpu_start_s or 0.0
-        if cold == PREEMPTED:
+        if lost:
             lost_at = start
         if lost_at is not None and start - lost_at <= AFTER_LOST_CORE_S:
             out.add(id(event))
@@ -162,11 +201,11 @@ def _low(values: list[float], fallback: float) -> float:
     return values[len(values) // 10]
 
 
-def fitted(gaps: list[tuple[Event, float, int]], fallback: GapBaseline) -> GapBaseline:
+def fitted(gaps: list[Gap], fallback: GapBaseline) -> GapBaseline:
     """The baseline read off the run's own gaps outside backward: the low end of those after a
     short op and of those after a long kernel (under the session's own hooks, on this run's
     machine and load), where there are enough of each; else the calibration's."""
-    python_gaps = [(g, cold) for e, g, cold in gaps if not _in_engine(e)]
+    python_gaps = [(g.cpu_s, g.cold) for g in gaps if not _in_engine(g.event)]
     light = _low([g for g, h in python_gaps if not h], fallback.light_s)
     return GapBaseline(light_s=light,
                        heavy_s=max(light, _low([g for g, h in python_gaps if h],
@@ -197,7 +236,7 @@ def estimate(events: Sequence[Event], baseline: GapBaseline,
     gaps = _gaps(events, own)
     base = fitted(gaps, baseline)
     python: dict[int, float] = {}
-    for event, gap, cold in gaps:
+    for event, gap, cold, _lost in gaps:
         python[id(event)] = 0.0 if _in_engine(event) else (
             base.warm(gap, cold) if cold else max(0.0, gap - base.light_s))
     return PythonEstimate(python, _after_lost_core(gaps), base)

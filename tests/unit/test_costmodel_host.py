@@ -425,6 +425,57 @@ def test_a_gap_is_as_cold_as_the_largest_kernel_since_the_last_users_gap():
     assert python_of(timed) == [0.0, 100.0, 95.0, 100.0, 70.0]
 
 
+def test_code_that_ran_a_step_of_long_kernels_ago_is_as_cold_as_all_they_touched():
+    """The optimizer's Python runs once a step: every long kernel of the step evicted it from
+    the last-level cache, not only the last one; a loop's body ran one kernel ago."""
+    from gpusync.costmodel.python_time import ColdCost
+
+    big = TensorMeta((1024, 1024))  # an mm over three: 12 MiB
+    base = GapBaseline(light_s=0.0, heavy_s=10 * US,
+                       cold=(ColdCost(12 << 20, 300 * US, probe_s=100 * US),
+                             ColdCost(96 << 20, 900 * US, probe_s=100 * US)))
+    events, clock = [op("x", 0.0)], 5 * US
+    for _ in range(2):
+        for _ in range(8):
+            clock += 20 * US
+            events.append(OpRecord("aten.mm.default", (big, big), (big,), cpu_start_s=clock,
+                                   cpu_end_s=clock + 8000 * US, kernel_s=8000 * US))
+            clock += 8000 * US
+        clock += 1000 * US
+        events.append(op("opt", clock))
+        clock += 5 * US
+    timed, _ = with_python(events, base)
+    opt = [e.python_s / US for e in timed if e.name == "opt"]
+    # first time: never ran before, cold by the last kernel alone (1000 - 300); then all eight
+    # kernels' 96 MiB since it last ran: 1000 - 900
+    assert opt == pytest.approx([700.0, 100.0])
+    # the loop's gaps (12 MiB since the same two ops last followed each other) are the run's
+    # own no-Python baseline after a kernel (its 10th percentile: 20 us): no Python
+    assert [e.python_s for e in timed[2:9]] == [0.0] * 7
+
+
+def test_a_cold_gap_is_no_more_times_slower_than_the_probe_ran():
+    from gpusync.costmodel.python_time import ColdCost
+
+    base = GapBaseline(light_s=2 * US, heavy_s=50 * US,
+                       cold=(ColdCost(12 << 20, 300 * US, probe_s=100 * US),))
+    assert base.warm(402 * US, 12 << 20) == pytest.approx(100 * US)  # the refill taken out
+    # shorter than the refill: the probe ran 4 times slower cold, so a quarter of 300 - 50
+    assert base.warm(300 * US, 12 << 20) == pytest.approx(62.5 * US)
+    # below the smallest point: its probe's pace kept
+    assert base.cold_at(3 << 20).probe_s == 100 * US
+
+
+def test_the_cold_probe_measures_each_size_and_span_that_fits_in_memory(monkeypatch):
+    from gpusync.costmodel import probe
+
+    monkeypatch.setattr(probe, "_free_bytes", lambda: 64 << 20)
+    costs = probe.cold_costs(sizes=(8,), spans=(1 << 20, 1 << 40), repeats=1)
+    # an 8x8 addition touches 768 bytes; the 1 TiB span is over a quarter of 64 MiB: left out
+    assert [c.nbytes for c in costs] == [768, 1 << 20]
+    assert all(c.probe_s > 0 and c.added_s >= 0 for c in costs)
+
+
 def test_estimates_soon_after_a_lost_core_give_way_to_a_clean_step():
     import dataclasses
 
