@@ -28,9 +28,12 @@ from gpusync.costmodel.python_time import ColdCost
 
 _RETRIES = 4  # tries per sample kept, at most, before a preempted one is kept
 # What a step's kernels touch in all before its code runs again, probed: on the 2-core VM this
-# was written on, reading 96 MiB added 460-560 us to the probe and 384 MiB or more 920-990 us,
-# against 250-300 us after one 1024^2 addition (12 MiB): the last-level cache empties too.
-SPANS = (96 << 20, 384 << 20)
+# was written on (one thread), reading 96 MiB added 460-560 us to the probe and 384 MiB or more
+# 920-990 us, against 250-300 us after one 1024^2 addition (12 MiB): the last-level cache
+# empties too.  One span, a few samples: its buffer's first touch is most of what the probe
+# costs a scan (192 MiB, five samples: 0.15 s of CPU; 96 and 384 MiB, seven: 0.45 s).
+SPANS = (192 << 20,)
+SPAN_REPEATS = 5
 
 
 def _step() -> Callable[[], None]:
@@ -57,14 +60,14 @@ def warm_s(samples: int = 20) -> float:
     return min(_unpreempted(_step(), samples))
 
 
-def cold_costs(sizes: tuple[int, ...] = (384, 1024), spans: tuple[int, ...] = SPANS,
+def cold_costs(sizes: tuple[int, ...] = (384, 1024), spans: tuple[int, ...] = (),
                repeats: int = 7) -> list[ColdCost]:
     """What evicting the caches adds to the probe, smallest first: the probe right after an
     fp32 addition of two size x size matrices (which touches 3 x size^2 x 4 bytes, as a matmul
     of that size does, at a fraction of its CPU time), and right after reading each of `spans`
     bytes (what a step's many kernels touch before its code runs again: the last-level cache
-    emptied too), less the probe warm.  A span larger than a quarter of the memory free now
-    is left out."""
+    emptied too: SPANS), less the probe warm.  A span larger than a quarter of the memory
+    free now is left out."""
     step = _step()
     warm = min(_unpreempted(step, 20))
     cold = []

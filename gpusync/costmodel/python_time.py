@@ -257,13 +257,17 @@ def _signature(step: StepTrace) -> tuple:
 
 def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
     """Steps that ran the same ops and reads, each gap given the smallest estimate among them
-    (and each op its smallest CPU kernel time: what a host-only op costs)."""
+    (and each op its smallest CPU kernel time: what a host-only op costs).  A step that ran
+    like no other but began as others did (the last one, cut short where the script ends)
+    takes its events' estimates from those: the same code ran before them."""
     groups: dict[tuple, list[StepTrace]] = {}
     for step in steps:
         groups.setdefault(_signature(step), []).append(step)
     out = []
     for step in steps:
         peers = groups[_signature(step)]
+        if len(peers) < 2:
+            peers = [step, *(s for s in steps if s is not step and _begins_with(s, step))]
         if len(peers) < 2:
             out.append(step)
             continue
@@ -274,6 +278,18 @@ def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
                       for i, s in enumerate(step.syncs))
         out.append(dataclasses.replace(step, ops=ops, syncs=syncs))
     return out
+
+
+def _begins_with(step: StepTrace, start: StepTrace) -> bool:
+    """`step` ran `start`'s ops and reads first, in the same order (and perhaps more after)."""
+    head = _in_order(start)
+    return _in_order(step)[:len(head)] == head
+
+
+def _in_order(step: StepTrace) -> list[str]:
+    timed = [(o.host_start_s, o.name) for o in step.ops]
+    timed += [(s.host_s, f"read {s.site}") for s in step.syncs]
+    return [name for _, name in sorted(timed, key=lambda t: t[0])]
 
 
 def _least(events) -> float | None:

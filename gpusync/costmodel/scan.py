@@ -40,7 +40,7 @@ from gpusync.costmodel.own_time import (
     timing_layers,
 )
 from gpusync.costmodel.predict import Prediction, predict_steps
-from gpusync.costmodel.python_time import ColdCost, GapBaseline, estimate, steadied
+from gpusync.costmodel.python_time import ColdCost, GapBaseline, estimate, heavy, steadied
 from gpusync.costmodel.records import OpRecord, StepTrace, SyncPoint
 from gpusync.detect import native
 from gpusync.report import Report, SiteKey
@@ -203,11 +203,13 @@ class CostScan:
         self.load_start = machine_load.now()  # the run's: it starts after the calibration
 
     def ops(self) -> list[OpRecord]:
-        """Every op recorded: the observer's log (taken once, at the end) or the stream's."""
-        if self.observer is None:
-            return self.stream.ops
+        """Every op recorded: the observer's log or the stream's, taken once, at the end (the
+        probes after the run are not the run's)."""
         if self._ops is None:
-            self._ops = native_log.records(self.observer.take_ops())
+            if self.observer is None:
+                self._ops, self.stream.ops = self.stream.ops, []
+            else:
+                self._ops = native_log.records(self.observer.take_ops())
         return self._ops
 
     def detach(self) -> None:
@@ -243,11 +245,25 @@ class CostScan:
         first, end = measured_steps(report.steps, report.warmup)
         # the outcome's: the last step ends where what runs after it begins
         starts = list(session.outcome().step_starts)
-        traces = step_traces(list(session.events), self.ops(), starts, range(first, end),
+        ops = self.ops()
+        self._probe_spans(ops)
+        traces = step_traces(list(session.events), ops, starts, range(first, end),
                              t0=session.tracker.t0, clocks=self.sync_clocks,
                              baseline=self.baseline, own=self.own)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None
         return self.prediction
+
+    def _probe_spans(self, ops: Sequence[OpRecord]) -> None:
+        """The cold-cache probe after reading whole spans (probe.SPANS) added to the
+        calibration, for a run with long CPU kernels (only their gaps are taken warm), after
+        it: the buffer's first touch costs a scan 0.15 s of CPU, which a run of short kernels
+        would pay for nothing."""
+        if not self.baseline.cold or not any(heavy(op) for op in ops):
+            return
+        largest = max(c.nbytes for c in self.baseline.cold)
+        measured = probe.cold_costs(sizes=(), spans=probe.SPANS, repeats=probe.SPAN_REPEATS)
+        spans = [c for c in measured if c.nbytes > largest]
+        self.baseline = dataclasses.replace(self.baseline, cold=(*self.baseline.cold, *spans))
 
     def _probe_again(self) -> None:
         """The probe once more after the run, the least of both kept, and the user's Python

@@ -92,6 +92,23 @@ def test_steps_that_ran_alike_get_the_smallest_python_gap_by_gap():
     assert [s.ops[0].kernel_s for s in out] == [4.0, 4.0, 7.0]  # a host op: its least time
 
 
+def test_a_step_cut_short_takes_its_gaps_from_the_steps_that_began_as_it_did():
+    def step(index: int, gaps: list[float], read: bool = True) -> StepTrace:
+        ops = (OpRecord("a", host_start_s=0.0, python_s=gaps[0]),
+               OpRecord("b", host_start_s=1.0, python_s=gaps[1]))
+        reads = (SyncPoint("s", 2.0, python_s=gaps[2]),) if read else ()
+        return StepTrace(ops=ops, syncs=reads, index=index)
+
+    full = [step(1, [5.0, 1.0, 3.0]), step(2, [4.0, 9.0, 3.5])]
+    out = steadied([*full, step(3, [6.0, 8.0, 0.0], read=False)])
+    assert [o.python_s for o in out[2].ops] == [4.0, 1.0]  # a, b: the same code ran before
+    assert out[0].ops[1].python_s == 1.0  # and the longer steps take nothing from it
+    # the same ops, but the read first: another order, nothing taken
+    other = StepTrace(ops=(OpRecord("a", host_start_s=3.0, python_s=6.0),),
+                      syncs=(SyncPoint("s", 2.0, python_s=8.0),), index=4)
+    assert steadied([*full, other])[2] == other
+
+
 class Tracker:
     def hook(self, x: int) -> int:
         return self.inner(x) + 1
@@ -316,6 +333,32 @@ def test_attaching_times_the_sessions_recorder_and_hooks_and_detaching_puts_them
     cost.detach()
     assert "record" not in vars(session.recorder)
     assert "_fwd_pre" not in vars(session.tracker) and "begin" not in vars(session.tracker.steps)
+
+
+def test_the_spans_are_probed_after_a_run_with_long_kernels_only(monkeypatch):
+    import dataclasses
+
+    from gpusync.costmodel import probe
+    from gpusync.costmodel.python_time import ColdCost
+    from gpusync.costmodel.scan import CostScan
+
+    asked = []
+
+    def cold_costs(sizes=(), spans=(), repeats=7):
+        asked.append((sizes, spans))
+        return [ColdCost(8 << 20, 1.0), ColdCost(96 << 20, 2.0)]
+
+    monkeypatch.setattr(probe, "cold_costs", cold_costs)
+    cost = CostScan(H100, HostModel())
+    cost.baseline = GapBaseline(cold=(ColdCost(12 << 20, 0.5),))
+    big = TensorMeta((1024, 1024))
+    long = OpRecord("aten.mm.default", (big, big), (big,), kernel_s=HEAVY_S)
+    cost._probe_spans([op("a", 0.0), dataclasses.replace(long, inputs=(TINY,), outputs=(TINY,))])
+    assert asked == []  # short kernels (or long ones that touched little): nothing is cold
+    cost._probe_spans([op("a", 0.0), long])
+    assert asked == [((), probe.SPANS)]
+    # only what is beyond the calibration's largest size is added
+    assert [c.nbytes for c in cost.baseline.cold] == [12 << 20, 96 << 20]
 
 
 def _report(steps: list[dict]):
