@@ -74,17 +74,23 @@ class GapBaseline:
 
     def warm(self, gap: float, nbytes: int) -> float:
         """The user's Python in a gap measured after long kernels evicted `nbytes` since its
-        code last ran (LOST_CORE_BYTES at least after the thread lost its core), as it would run
+        code last ran (ONE_KERNEL_BYTES at least after the thread lost its core), as it would run
         with warm caches: the cold caches refill what the code touches once, which costs
-        about what they added to the probe; taken as no more times slower cold than the probe
-        ran (the probe is framework code, what a step's Python mostly is: code that ran long
-        ago is cold in all it touches, and so much slower, not by a fixed refill); never more
-        than the gap less the no-Python baseline after a kernel."""
+        about what they added to the probe; never more than the gap less the no-Python
+        baseline after a kernel.  Where more than one kernel's worth was evicted since the
+        code last ran, taken as no more times slower cold than the probe ran: the refill of a
+        whole step's eviction is most of a short gap's time and the gap's own code can be
+        smaller than the probe's (issue #34's `zero_grad()` + `backward()` read 380-600 us
+        cold, 55-75 warm, the probe's span penalty 300-500 us); after one kernel, a short gap
+        is dominated by a few misses and slowed far more than the probe's factor (a convnet's
+        module calls between kernels), so none is kept there."""
         upper = max(0.0, gap - self.heavy_s)
         cost = self.cold_at(nbytes)
         if cost is None:
             return upper
-        floor = upper * cost.probe_s / (cost.probe_s + cost.added_s) if cost.probe_s else 0.0
+        floor = 0.0
+        if cost.probe_s and cost.nbytes > ONE_KERNEL_BYTES:
+            floor = upper * cost.probe_s / (cost.probe_s + cost.added_s)
         return min(upper, max(floor, gap - self.light_s - cost.added_s))
 
 
@@ -94,9 +100,9 @@ def _cpu(event: Event) -> tuple[float, float] | None:
     return event.cpu_start_s, event.cpu_end_s
 
 
-# The cold size of a gap after the thread lost its core: other processes' data, taken as
-# evicting what one large kernel does (the probe's 1024^2 addition).
-LOST_CORE_BYTES = 12 << 20
+# What one large kernel evicts: the probe's 1024^2 addition.  A gap after the thread lost its
+# core is taken as at least this cold (other processes' data).
+ONE_KERNEL_BYTES = 12 << 20
 # A kernel that touches less than this evicts little, however long it keeps the thread (an
 # OpenMP barrier spinning while its worker waits for a core on a loaded machine).
 COLD_BYTES = 256 * 1024
@@ -154,7 +160,7 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[Gap]:
             now_lost = lost or _switched(last_switches, event.switches_start)
             last = seen.get((before, _name(event)))
             since = 0 if last is None else touched - last  # run before? cold on any host
-            size = max(cold, LOST_CORE_BYTES if now_lost else 0)
+            size = max(cold, ONE_KERNEL_BYTES if now_lost else 0)
             out.append(Gap(event, max(0.0, start - last_end - mine),
                            max(size, since) if size else 0, now_lost))
             if not _in_engine(event):  # backward's gaps are not the user's

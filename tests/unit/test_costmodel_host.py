@@ -497,16 +497,18 @@ def test_code_that_ran_a_step_of_long_kernels_ago_is_as_cold_as_all_they_touched
     assert [e.python_s for e in timed[2:9]] == [0.0] * 7
 
 
-def test_a_cold_gap_is_no_more_times_slower_than_the_probe_ran():
+def test_code_cold_by_more_than_one_kernel_is_no_more_times_slower_than_the_probe_ran():
     from gpusync.costmodel.python_time import ColdCost
 
     base = GapBaseline(light_s=2 * US, heavy_s=50 * US,
-                       cold=(ColdCost(12 << 20, 300 * US, probe_s=100 * US),))
-    assert base.warm(402 * US, 12 << 20) == pytest.approx(100 * US)  # the refill taken out
+                       cold=(ColdCost(12 << 20, 200 * US, probe_s=100 * US),
+                             ColdCost(192 << 20, 300 * US, probe_s=100 * US)))
+    assert base.warm(402 * US, 192 << 20) == pytest.approx(100 * US)  # the refill taken out
     # shorter than the refill: the probe ran 4 times slower cold, so a quarter of 300 - 50
-    assert base.warm(300 * US, 12 << 20) == pytest.approx(62.5 * US)
-    # below the smallest point: its probe's pace kept
-    assert base.cold_at(3 << 20).probe_s == 100 * US
+    assert base.warm(300 * US, 400 << 20) == pytest.approx(62.5 * US)
+    # one kernel's worth: the refill alone (a short gap then is slowed far more than the probe)
+    assert base.warm(150 * US, 12 << 20) == 0.0
+    assert base.warm(252 * US, 12 << 20) == pytest.approx(50 * US)
 
 
 def test_the_cold_probe_measures_each_size_and_span_that_fits_in_memory(monkeypatch):
