@@ -6,13 +6,14 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import warnings
+import zlib
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ._version import __version__
 from .cost import Cost
-from .detect.events import PHASES, Frame, FrameworkStep, SyncEvent, package_path
+from .detect.events import OTHER, PHASES, Frame, FrameworkStep, SyncEvent, package_path
 from .detect.steps import NONE as NO_STEP
 from .detect.steps import UNIT_NOTES
 from .schemas import VERSIONS
@@ -132,8 +133,14 @@ class SiteKey:
 
     @property
     def named(self) -> str:
-        """How the cost model names a sync's site: "file:line op"."""
-        return f"{self.file}:{self.line} {self.op}"
+        """How the cost model names a sync's site: "file:line op", and what else tells two sites
+        of one line apart where there is any (a framework's all share the line calling `fit()`):
+        the library line beneath and its path's advice, the phase, hook and module."""
+        lib = self.library and f"via {self.library[0]}:{self.library[1]} " \
+            f"#{zlib.crc32(self.advice.encode()):08x}"
+        extra = (lib, self.phase != OTHER and f"in {self.phase}",
+                 self.hook and f"hook {self.hook}", self.module and f"module {self.module}")
+        return " ".join([f"{self.file}:{self.line} {self.op}", *(e for e in extra if e)])
 
 
 @dataclass(frozen=True, kw_only=True)

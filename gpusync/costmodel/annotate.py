@@ -1,6 +1,6 @@
 """A scan report with the cost model's prediction in it (`gpusync scan --gpu`).
 
-Per site (matched by place and op): `predicted_stall_ms`, `payoff_ms` and `blocks`; a site
+Per site (matched by SiteKey.named): `predicted_stall_ms`, `payoff_ms` and `blocks`; a site
 with no read in the measured steps (set-up, or a spawned process's) gets nulls.  Top level:
 `gpu` (the table's key) and `cost`: the GPU's name, the host model, per step
 `predicted_step_ms`, `gpu_busy`, `bound`, `predicted_stall_ms`, and one step's lanes
@@ -52,7 +52,7 @@ def _ms(seconds: float) -> float:
 def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
              host: HostModel, calibration: Calibration = Calibration()) -> Report:
     """`report` with the prediction added: a new report. Sites are matched to the model's by
-    SiteKey.named (place and op); a note when the scanning machine was busy."""
+    SiteKey.named (one name per site); a note when the scanning machine was busy."""
     by_key = {s.site: s for s in prediction.sites} if prediction is not None else {}
     sites = []
     for site in report.sites:

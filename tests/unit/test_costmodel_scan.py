@@ -2,6 +2,7 @@
 prediction merged into a report (gpusync/costmodel/scan.py, annotate.py).  A fixed HostModel:
 nothing timed."""
 
+import dataclasses
 import json
 
 import pytest
@@ -88,6 +89,29 @@ def test_annotate_adds_the_prediction_per_site_and_per_step():
     timeline = out["cost"]["timeline"]
     assert len(timeline["device"]) == 4 and timeline["stalls"][0][2] == site_key(
         "train.py", 10, "item")
+
+
+def test_a_frameworks_sites_under_the_one_fit_line_are_predicted_one_by_one():
+    """Every sync of a Trainer is on the user's `trainer.train()` line: the library line
+    beneath tells them apart, in the report and in the cost model alike."""
+    fit = Frame("train.py", 60, "main")
+
+    def read(lib_line: int, ts: float, step: int = 0) -> SyncEvent:
+        lib = Frame("transformers/trainer.py", lib_line, "_run_epoch", library=True)
+        return SyncEvent(op="item", frames=(lib, fit), ts=ts, step=step)
+
+    ops = [_mm(1.0 + i * 1e-5) for i in range(10)]
+    # the loss filter's read right after ten matmuls (it waits for them), the logging read after
+    events = [read(1919, 1.0 + 10e-5), read(2257, 1.0 + 10e-5 + 1e-6)]
+    pred = predict_steps(step_traces(events, ops, [1.0], range(1, 2), t0=T0), H100, host=HOST)
+    assert len(pred.sites) == 2
+    report = build_report([dataclasses.replace(e, step=1) for e in events] + [read(2006, 9.0, 1)],
+                          steps=2, warmup=1, mode="simulate")
+    by_line = {s.library.line: s for s in annotate(report, pred, H100, HOST).sites}
+    assert by_line[1919].predicted_stall_ms > 1.0  # the matmuls' queue
+    assert by_line[2257].predicted_stall_ms < 0.01  # only its own copy
+    assert len({s.key.named for s in report.sites}) == 3
+    assert SiteKey.of_event(events[0]).named.startswith("train.py:60 item via ")
 
 
 def test_measured_steps_follow_the_report():
