@@ -27,6 +27,10 @@ from gpusync.costmodel.own_time import thread_clock
 from gpusync.costmodel.python_time import ColdCost
 
 _RETRIES = 4  # tries per sample kept, at most, before a preempted one is kept
+# Every probe tensor's: after the run the user's torch.set_default_device("cuda") or
+# set_default_dtype may still hold, with the virtual device gone (the scan then failed at its
+# end: "Torch not compiled with CUDA enabled").
+HOST: dict[str, Any] = {"device": "cpu", "dtype": torch.float32}
 # What a step's kernels touch in all before its code runs again, probed: on the 2-core VM this
 # was written on (one thread), reading 96 MiB added 460-560 us to the probe and 384 MiB or more
 # 920-990 us, against 250-300 us after one 1024^2 addition (12 MiB): the last-level cache
@@ -38,8 +42,8 @@ SPAN_REPEATS = 5
 
 def _step() -> Callable[[], None]:
     """One tiny training step on its own tensors, warmed up."""
-    weights = [torch.zeros(4, 4, requires_grad=True) for _ in range(4)]
-    x = torch.ones(2, 4)
+    weights = [torch.zeros(4, 4, requires_grad=True, **HOST) for _ in range(4)]
+    x = torch.ones(2, 4, **HOST)
     optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
 
     def step() -> None:
@@ -73,11 +77,11 @@ def cold_costs(sizes: tuple[int, ...] = (384, 1024), spans: tuple[int, ...] = ()
     cold = []
     evictions: list[tuple[int, Callable[[], Any]]] = []
     for n in sizes:
-        big = torch.ones(n, n)
+        big = torch.ones(n, n, **HOST)
         evictions.append((3 * n * n * 4, functools.partial(torch.add, big, big)))
     kept = [span for span in spans if span <= _free_bytes() // 4]
     if kept:
-        buffer = torch.ones(max(kept) // 4)
+        buffer = torch.ones(max(kept) // 4, **HOST)
         for span in kept:
             # one float of each 64-byte line: every line is read, at a sixteenth of the adds
             evictions.append((span, buffer[:span // 4:16].sum))

@@ -114,7 +114,7 @@ def gap_baseline(calls: int = 200, long_kernels: int = 12,
     a tiny op (its own way in and out) and after a long CPU kernel (the caches it left cold).
     Measured before the session installs, on the same thread the scan records; by the op
     stream, or by a C++ observer of its own when `observer_module` (native.load()) is given."""
-    a, big = torch.ones(1), torch.ones(384, 384)
+    a, big = torch.ones(1, **probe.HOST), torch.ones(384, 384, **probe.HOST)
     cold: list[ColdCost] = []
 
     def run() -> None:

@@ -121,3 +121,24 @@ def test_unknown_gpu_is_one_line_listing_the_known_ones(tmp_path):
     assert proc.returncode == 2
     (line,) = stderr_lines(proc)
     assert "unknown GPU 'nonsense'" in line and "h100" in line and "a100" in line
+
+
+def test_a_script_that_sets_torchs_defaults_is_predicted_to_the_end(tmp_path):
+    """The cost model probes the scanning machine again after the run, when the script's
+    torch.set_default_device("cuda") still holds and the virtual device is gone: its probe
+    tensors are the host's, float32, whatever the script left set."""
+    (tmp_path / "train.py").write_text(textwrap.dedent('''
+        import torch
+        torch.set_default_device('cuda')
+        torch.set_default_dtype(torch.float64)
+        w = torch.randn(256, 256, requires_grad=True)
+        opt = torch.optim.SGD([w], lr=0.1)
+        for _ in range(3):
+            loss = (torch.randn(256, 256) @ w).square().mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+            print(round(loss.item(), 6))
+    '''))
+    proc = run_main("scan", "train.py", "--gpu", "h100", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["cost"]["steps"] and report["sites"][0]["predicted_stall_ms"] is not None
