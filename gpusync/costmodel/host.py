@@ -75,7 +75,7 @@ def measure_dispatch_s(calls: int = 2000, repeats: int = 5) -> float:
     """Seconds per tiny eager op on this machine: the best of `repeats` batches of `calls`."""
     import torch
 
-    a, b = torch.ones(1), torch.ones(1)
+    a, b = torch.ones(1, device="cpu"), torch.ones(1, device="cpu")  # whatever the default
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
