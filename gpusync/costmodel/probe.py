@@ -47,12 +47,15 @@ def _step() -> Callable[[], None]:
     optimizer = torch.optim.SGD(weights, lr=0.1, foreach=True)
 
     def step() -> None:
-        h = x
-        for w in weights:
-            h = h @ w
-        optimizer.zero_grad()
-        h.sum().backward()
-        optimizer.step()
+        # a script that ends with torch.set_grad_enabled(False) leaves it so for the probe
+        # taken again after the run
+        with torch.enable_grad():
+            h = x
+            for w in weights:
+                h = h @ w
+            optimizer.zero_grad()
+            h.sum().backward()
+            optimizer.step()
 
     for _ in range(10):
         step()

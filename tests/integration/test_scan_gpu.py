@@ -125,8 +125,9 @@ def test_unknown_gpu_is_one_line_listing_the_known_ones(tmp_path):
 
 def test_a_script_that_sets_torchs_defaults_is_predicted_to_the_end(tmp_path):
     """The cost model probes the scanning machine again after the run, when the script's
-    torch.set_default_device("cuda") still holds and the virtual device is gone: its probe
-    tensors are the host's, float32, whatever the script left set."""
+    torch.set_default_device("cuda") still holds and the virtual device is gone, and its
+    set_grad_enabled(False): the probe's tensors are the host's, float32, and it trains with
+    gradients, whatever the script left set."""
     (tmp_path / "train.py").write_text(textwrap.dedent('''
         import torch
         torch.set_default_device('cuda')
@@ -137,6 +138,7 @@ def test_a_script_that_sets_torchs_defaults_is_predicted_to_the_end(tmp_path):
             loss = (torch.randn(256, 256) @ w).square().mean()
             opt.zero_grad(); loss.backward(); opt.step()
             print(round(loss.item(), 6))
+        torch.set_grad_enabled(False)  # evaluation from here on
     '''))
     proc = run_main("scan", "train.py", "--gpu", "h100", "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
