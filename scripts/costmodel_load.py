@@ -6,8 +6,10 @@ errors), and prints a markdown table: predicted step time (mean of the measured 
 spread between them), bound, the share of the steps' Python timed soon after the scan lost its
 core, other processes' share of the machine's CPU while it ran, whether the report says the
 machine was busy,
-the sites' stalls, the load average next to each scan, the machine and the date.  Nothing
-here is asserted: tests never time things.
+the user's Python a step as the scan estimated it, the sites' stalls, the load average next to
+each scan, the machine and the date.  A third workload is mm8 on 16x16 matrices: the same
+Python with no long CPU kernel (nothing evicted: the Python as a GPU host runs it), the
+reference for mm8's Python column.  Nothing here is asserted: tests never time things.
 
     .venv/bin/python scripts/costmodel_load.py [GPU] [REPEATS]
 """
@@ -26,8 +28,11 @@ from collections.abc import Iterator
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: (script, steps measured after two warm-up steps: all the script runs; a scan takes each
 # gap's least estimate over its measured steps, which four steps left noisy, 2.2-3.5 ms apart)
-WORKLOADS = {"mm8 (issue #34)": (os.path.join(HERE, "costmodel", "mm8.py"), 6),
+MM8 = os.path.join(HERE, "costmodel", "mm8.py")
+REFERENCE = "mm8 at 16x16 (its Python's reference)"
+WORKLOADS = {"mm8 (issue #34)": (MM8, 6), REFERENCE: (MM8, 6),
              "tiny_lm": (os.path.join(HERE, "costmodel", "tiny_lm.py"), 10)}
+SIDES = {REFERENCE: "16"}  # the reference's matrices: mm8.py reads MM8_SIDE
 GPUSYNC = os.path.join(os.path.dirname(sys.executable), "gpusync")
 
 
@@ -46,12 +51,13 @@ def busy_cores() -> Iterator[int]:
             p.wait()
 
 
-def scan(script: str, steps: int, gpu: str) -> dict:
+def scan(script: str, steps: int, gpu: str, side: str | None = None) -> dict:
+    env = {**os.environ, **({"MM8_SIDE": side} if side else {})}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "scan.json")
         done = subprocess.run([GPUSYNC, "scan", script, "--gpu", gpu, "--steps", str(steps),
                                "--warmup", "2", "--format", "json", "-o", out, "-q"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         if done.returncode != 0:
             sys.exit(f"gpusync scan {script} failed:\n{done.stderr}")
         with open(out, encoding="utf-8") as f:
@@ -69,8 +75,9 @@ def row(name: str, condition: str, report: dict) -> str:
     others = report["cost"].get("others_cpu_share")
     busy = "yes" if any(n.startswith("the scanning machine was busy") for n in report["notes"]) \
         else "no"
+    python = sum(s["python_ms"] for s in steps) / len(steps)
     return (f"| {name} | {condition} | {load:.1f} | {sum(times) / len(times):.3f} | "
-            f"{min(times):.3f}-{max(times):.3f} | {bound} | {lost:.0%} | "
+            f"{min(times):.3f}-{max(times):.3f} | {bound} | {python:.3f} | {lost:.0%} | "
             f"{'-' if others is None else f'{others:.0%}'} | {busy} | {stalls} |")
 
 
@@ -79,14 +86,15 @@ def main(gpu: str = "h100", repeats: int = 2) -> None:
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; predicted on {gpu}\n")
     print("| workload | machine | load avg (1 min) | step ms (mean) | steps min-max | bound | "
-          "Python after a lost core | other processes' CPU | busy note | "
-          "stall ms per site (line op) |\n|---|---|---|---|---|---|---|---|---|---|")
+          "Python ms a step | Python after a lost core | other processes' CPU | busy note | "
+          "stall ms per site (line op) |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for name, (script, steps) in WORKLOADS.items():
+        side = SIDES.get(name)
         for _ in range(repeats):
-            print(row(name, "as it is", scan(script, steps, gpu)), flush=True)
+            print(row(name, "as it is", scan(script, steps, gpu, side)), flush=True)
         with busy_cores() as n:
             for _ in range(repeats):
-                print(row(name, f"+{n} busy loops", scan(script, steps, gpu)), flush=True)
+                print(row(name, f"+{n} busy loops", scan(script, steps, gpu, side)), flush=True)
 
 
 if __name__ == "__main__":
