@@ -82,7 +82,8 @@ def cold_costs(sizes: tuple[int, ...] = (384, 1024), spans: tuple[int, ...] = ()
     for n in sizes:
         big = torch.ones(n, n, **HOST)
         evictions.append((3 * n * n * 4, functools.partial(torch.add, big, big)))
-    kept = [span for span in spans if span <= _free_bytes() // 4]
+    room = _free_bytes() // 4
+    kept = [span for span in spans if span <= room]
     if kept:
         buffer = torch.ones(max(kept) // 4, **HOST)
         for span in kept:

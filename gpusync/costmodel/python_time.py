@@ -142,7 +142,8 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[Gap]:
     body one iteration ago, the optimizer's step one step ago); what it finds evicted is the
     larger of the largest kernel since the last gap (the caches nearest the core) and every
     long kernel's bytes since its code last ran (the last-level cache: docs/cost-model.md).
-    Code that never ran before is cold on the GPU host too: only the first is taken out."""
+    Code that never ran before is cold on the GPU host too: for it only the last kernel's
+    eviction is taken out."""
     stamped = sorted((e for e in events if _cpu(e) is not None),
                      key=lambda e: e.cpu_start_s or 0.0)
     out = []
@@ -155,23 +156,25 @@ def _gaps(events: Sequence[Event], own: OwnTime | None) -> list[Gap]:
     before = ""
     for event in stamped:
         start, end = _cpu(event) or (0.0, 0.0)
+        pair = (before, _name(event))
         if last_end is not None:
             mine = own.within(last_end, start) if own is not None and start > last_end else 0.0
             now_lost = lost or _switched(last_switches, event.switches_start)
-            last = seen.get((before, _name(event)))
+            last = seen.get(pair)
             since = 0 if last is None else touched - last  # run before? cold on any host
             size = max(cold, ONE_KERNEL_BYTES if now_lost else 0)
             out.append(Gap(event, max(0.0, start - last_end - mine),
                            max(size, since) if size else 0, now_lost))
             if not _in_engine(event):  # backward's gaps are not the user's
                 cold, lost = 0, False
-        seen[(before, _name(event))] = touched
-        before = _name(event)
+        seen[pair] = touched
+        before = pair[1]
         if last_end is None or end >= last_end:
             last_end, last_switches = end, event.switches_end
         lost = lost or _switched(event.switches_start, event.switches_end)
-        cold = max(cold, _cold_bytes(event))
-        touched += _cold_bytes(event)
+        evicted = _cold_bytes(event)
+        cold = max(cold, evicted)
+        touched += evicted
     return out
 
 
