@@ -55,6 +55,8 @@ class Cost:
     # core; other processes' share of the machine's CPU time while it ran (None: unknown)
     lost_core_share: float = 0.0
     others_cpu_share: float | None = None
+    # each cuDNN call of a convolution, on top of its op's figures (absent in older reports)
+    cudnn_call_us: float = 0.0
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Cost:

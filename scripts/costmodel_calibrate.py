@@ -8,6 +8,9 @@ peak; this measures each figure on its own, so that a later change to them rests
   of `torch.add(a, b, out=c)` and of `a + b` on 1-element tensors, the host far ahead;
 - host us per backward op (the model's 1 us engine + 3 us launch): a chain of multiplications'
   backward, thread CPU time over its length;
+- host us per cuDNN convolution (the model's 4 + 3 us and 40 us per cuDNN call): a small
+  `conv2d` and its `convolution_backward` for the input and the weight (two cuDNN calls),
+  called from Python, thread CPU time;
 - device us per tiny kernel (the model's 2.5 us launch latency): CUDA events around queued adds;
 - a 1024^3 fp32 matmul's device time and TFLOP/s (events; TF32 as torch's default leaves it).
 Each is the least of its repeats (anything but the code only adds time). Prints a markdown
@@ -82,7 +85,21 @@ def main(dry: bool) -> None:
         for _ in range(chain):
             x = x * 1.0001
 
-    for warm in (adds_out, adds_new, backward):
+    convs = 200
+    images = torch.randn(2, 16, 8, 8, device=device)
+    weight = torch.randn(16, 16, 3, 3, device=device)
+    grad = torch.randn(2, 16, 8, 8, device=device)
+
+    def conv_forward() -> None:
+        for _ in range(convs):
+            torch.nn.functional.conv2d(images, weight, padding=1)
+
+    def conv_backward() -> None:
+        for _ in range(convs):
+            torch.ops.aten.convolution_backward(grad, images, weight, None, [1, 1], [1, 1],
+                                                [1, 1], False, [0, 0], 1, [True, True, False])
+
+    for warm in (adds_out, adds_new, backward, conv_forward, conv_backward):
         warm()
     sync()
     rows = [("host us per op from Python: torch.add(out=)", host_us(adds_out, n, sync), "4 + 3"),
@@ -90,6 +107,10 @@ def main(dry: bool) -> None:
     forward = host_us(forward_only, chain, sync)
     rows.append(("host us per backward op (chain of 200 muls)",
                  host_us(backward, chain, sync) - forward, "1 + 3"))
+    rows.append(("host us per conv2d call (one cuDNN call)", host_us(conv_forward, convs, sync),
+                 "4 + 3 + 40"))
+    rows.append(("host us per convolution_backward, input and weight (two cuDNN calls)",
+                 host_us(conv_backward, convs, sync), "4 + 3 + 2 x 40"))
     if not dry:
         rows.append(("device us per queued 1-element add", device_us(adds_out, n), "2.5"))
         x, w = torch.randn(1024, 1024, device=device), torch.randn(1024, 1024, device=device)

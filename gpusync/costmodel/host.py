@@ -18,7 +18,7 @@ import platform
 import time
 from dataclasses import dataclass
 
-from gpusync.costmodel.records import OpRecord, SyncPoint
+from gpusync.costmodel.records import OpRecord, SyncPoint, TensorMeta
 
 # Host cost of cudaLaunchKernel / cudaMemcpyAsync through the runtime: a few microseconds on
 # current drivers (docs/cost-model.md, "Host time").
@@ -31,13 +31,48 @@ PYTHON_OP_S = 4e-6
 # The same op dispatched from C++ (autograd's engine in backward): "about a microsecond"
 # (the same thread).
 ENGINE_OP_S = 1e-6
+# A cuDNN convolution's own host work per library call, on top of the op's figures above
+# (descriptors, the plan cache's look-up, the library's launch): pytorch/pytorch#51390 timed
+# `nn.Conv2d(1, 1, 1)` on a CUDA input at 51.95 us a call (the v8 API, 2021), and a
+# discuss.pytorch.org thread (41033) `torch.conv2d` at 50-80 us a call (cProfile, 2019); less
+# the module's Python, the bias's add and the 4 + 3 us above, about 40 us (docs/cost-model.md).
+CUDNN_CALL_S = 40e-6
+_CONV = frozenset({"aten.convolution.default", "aten._convolution.default",
+                   "aten.cudnn_convolution.default", "aten.cudnn_convolution_transpose.default"})
+_CONV_BACKWARD = "aten.convolution_backward.default"
+
+
+def cudnn_calls(op: OpRecord) -> int:
+    """How many cuDNN calls the op makes on CUDA: one for a convolution, one per gradient of the
+    input and of the weight for its backward (a bias's gradient is a plain reduction); none for
+    a depthwise convolution in float32 or float64 with the default memory format, which PyTorch
+    runs on its own kernel (Convolution.cpp: use_cudnn_depthwise takes half precision and
+    channels-last only), nor for any other op."""
+    if op.name == _CONV_BACKWARD:
+        if len(op.inputs) < 3 or _native_depthwise(op.inputs[1], op.inputs[2]):
+            return 0
+        rank = len(op.inputs[1].shape)
+        return sum(1 for out in op.outputs if len(out.shape) == rank)
+    if op.name in _CONV and len(op.inputs) >= 2:
+        return 0 if _native_depthwise(op.inputs[0], op.inputs[1]) else 1
+    return 0
+
+
+def _native_depthwise(data: TensorMeta, weight: TensorMeta) -> bool:
+    """A 2-D depthwise convolution (groups = input channels > 1) that PyTorch's own CUDA kernel
+    runs: full or double precision in the default memory format."""
+    if len(data.shape) != 4 or len(weight.shape) != 4 or weight.shape[1] != 1:
+        return False
+    channels = data.shape[1]
+    return (channels > 1 and weight.shape[0] % channels == 0 and data.contiguous
+            and data.dtype in ("float32", "float64"))
 
 
 @dataclass(frozen=True)
 class HostModel:
     """Host-side cost of one eager op on the GPU machine, by kind: called from Python
     (`dispatch_s`) or by autograd's engine (`engine_op_s`), plus the driver's launch call
-    for each kernel.
+    for each kernel and `library_call_s` for each cuDNN call a convolution makes.
 
     gap_overhead_s: what the recording itself adds to each measured gap between two ops (the
     way into and out of the scan's dispatch hook, and the eager call's own Python before it,
@@ -49,6 +84,7 @@ class HostModel:
     launch_api_s: float = CUDA_LAUNCH_API_S
     gap_overhead_s: float = 0.0
     engine_op_s: float = ENGINE_OP_S
+    library_call_s: float = CUDNN_CALL_S
     # the user's Python on the GPU machine per second of it here: a named host class's
     # framework probe over this machine's (host_class.py); 1.0 counts it at this CPU's pace
     python_scale: float = 1.0
@@ -64,7 +100,8 @@ class HostModel:
             return op.kernel_s if op.cpu_start_s is not None else max(
                 0.0, op.end_s - op.host_start_s)
         issue = self.engine_op_s if op.from_engine else self.dispatch_s
-        return issue + (self.launch_api_s if op.kernel else 0.0)
+        return (issue + (self.launch_api_s if op.kernel else 0.0)
+                + self.library_call_s * cudnn_calls(op))
 
     def read_cost_s(self, sync: SyncPoint) -> float:
         """Host time to issue a read (the copy's launch) before it starts waiting."""

@@ -69,9 +69,11 @@ def host_line(report) -> str:
     else:
         pace = ("your code's Python as this CPU ran it (--host FILE, written on the GPU "
                 "machine by `gpusync host-probe`, counts it at that machine's pace)")
+    cudnn = (f", + {cost.cudnn_call_us:g} us per cuDNN call of a convolution"
+             if cost.cudnn_call_us else "")
     return (f"host: {cost.host_dispatch_us:g} us per op called from Python, "
             f"{cost.engine_op_us:g} us per op of backward, "
-            f"+ {cost.launch_api_us:g} us per kernel launch (published eager-PyTorch "
+            f"+ {cost.launch_api_us:g} us per kernel launch{cudnn} (published eager-PyTorch "
             f"figures: docs/cost-model.md); {pace}, on its CPU clock, gpusync's own work "
             "left out.  stall ms above: ~ predicted per step")
 

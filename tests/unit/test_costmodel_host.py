@@ -143,6 +143,44 @@ def test_host_cost_by_kind_of_op():
     assert host.op_cost_s(on_cpu, True) == 20 * US  # its kernel, not the scan's recording
 
 
+def test_a_convolution_costs_a_cudnn_call_per_library_call_it_makes_on_cuda():
+    host = HostModel()
+    assert host.library_call_s == pytest.approx(40 * US)
+    images, weight = TensorMeta((12, 64, 56, 56)), TensorMeta((64, 64, 3, 3))
+    forward = OpRecord("aten.convolution.default", (images, weight), (images,))
+    assert host.op_cost_s(forward, False) == pytest.approx((4 + 3 + 40) * US)
+    # backward: the input's gradient and the weight's are a cuDNN call each; the bias's is a
+    # reduction; the first layer's input needs none
+    both = OpRecord("aten.convolution_backward.default", (images, images, weight),
+                    (images, weight, TensorMeta((64,))), from_engine=True)
+    weight_only = OpRecord("aten.convolution_backward.default", (images, images, weight),
+                           (weight,), from_engine=True)
+    assert host.op_cost_s(both, False) == pytest.approx((1 + 3 + 2 * 40) * US)
+    assert host.op_cost_s(weight_only, False) == pytest.approx((1 + 3 + 40) * US)
+    # depthwise in float32 runs PyTorch's own kernel; in half precision or channels-last, cuDNN
+    depthwise = TensorMeta((32, 1, 3, 3))
+    small = TensorMeta((12, 32, 112, 112))
+    native = OpRecord("aten.convolution.default", (small, depthwise), (small,))
+    assert host.op_cost_s(native, False) == pytest.approx(7 * US)
+    assert host.op_cost_s(OpRecord("aten.convolution_backward.default", (small, small, depthwise),
+                                   (small, depthwise), from_engine=True), False) == \
+        pytest.approx(4 * US)
+    half = TensorMeta((12, 32, 112, 112), "float16")
+    assert host.op_cost_s(OpRecord("aten.convolution.default",
+                                   (half, TensorMeta((32, 1, 3, 3), "float16")), (half,)),
+                          False) == pytest.approx(47 * US)
+    channels_last = TensorMeta((12, 32, 112, 112), contiguous=False)
+    assert host.op_cost_s(OpRecord("aten.convolution.default", (channels_last, depthwise),
+                                   (channels_last,)), False) == pytest.approx(47 * US)
+    # a grouped convolution that is not depthwise goes to cuDNN
+    grouped = OpRecord("aten.convolution.default", (images, TensorMeta((64, 2, 3, 3))), (images,))
+    assert host.op_cost_s(grouped, False) == pytest.approx(47 * US)
+    # ops on host tensors cost their CPU kernel, whatever they are
+    on_cpu = OpRecord("aten.convolution.default", (images, weight), (images,), cpu_start_s=0.0,
+                      cpu_end_s=1.0, kernel_s=300 * US)
+    assert host.op_cost_s(on_cpu, True) == 300 * US
+
+
 # -- issue #34: eight fp32 1024^3 matmuls, a loss, backward, SGD, two reads -------------------
 D = 1024
 MAT = TensorMeta((D, D))
@@ -390,6 +428,7 @@ def test_the_step_line_says_what_bounds_the_step_and_why():
     assert line.endswith("without its syncs: 0.600 ms (40% shorter)")
     assert "4 us per op called from Python, 1 us per op of backward" in host_line(
         _report([starved]))
+    assert "cuDNN" not in host_line(_report([starved]))  # a report written before the figure
 
 
 def test_predicted_stalls_fill_the_site_tables_stall_column():
