@@ -57,6 +57,8 @@ class Cost:
     others_cpu_share: float | None = None
     # each cuDNN call of a convolution, on top of its op's figures (absent in older reports)
     cudnn_call_us: float = 0.0
+    # the host class whose own measured per-op figures these are (None: published ones)
+    per_op_from: str | None = None
 
     @classmethod
     def decode(cls, d: dict[str, Any]) -> Cost:

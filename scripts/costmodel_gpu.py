@@ -6,7 +6,8 @@ For each workload of scripts/costmodel/, on the GPU this machine has:
   --mode cuda`: the stall the scan measured, over its measured steps);
 - predicted: `gpusync scan --mode simulate --gpu KEY` on this machine's CPU, once at its own
   pace and once with `--host` of the host file `gpusync host-probe` writes here first (which
-  is how a CI scan would use it).
+  is how a CI scan would use it: the Python at this host's pace, and the ops issued at the
+  per-op figures host-probe measured here with CUDA).
 Writes OUT/costmodel.md (the tables, the device, the date) and keeps every JSON and the host
 file under OUT/costmodel/.  Nothing is asserted: tests never time things.
 
@@ -100,7 +101,10 @@ def run(name: str, script: str, timed_steps: int, scan_steps: int, key: str, mod
         guess = per_site(data, "predicted_stall_ms", per_step=False)
         sites = "; ".join(f"{k}: {guess[k]:.3f} vs {stalls.get(k, float('nan')):.3f}"
                           for k in sorted(guess))
-        rows.append(f"| {name} | predicted, {label} (x{data['cost']['python_scale']:.2f}) | "
+        cost = data["cost"]
+        figures = (f"per-op measured: {cost['host_dispatch_us']:g} + {cost['launch_api_us']:g} us"
+                   if cost.get("per_op_from") else "per-op published")
+        rows.append(f"| {name} | predicted, {label} (x{cost['python_scale']:.2f}, {figures}) | "
                     f"{mean:.3f} | {bound} | {sites} |")
     return rows
 

@@ -37,8 +37,10 @@ from .options import Finite, format_option, mode_option, verbosity_options
               help="Predict each sync's stall and payoff per step on this GPU (h100, h200, "
                    "a100, l4, ...): docs/cost-model.md.")
 @click.option("--host", "host_file", metavar="FILE", type=click.Path(dir_okay=False),
-              help="With --gpu: count your code's Python at the GPU machine's pace, from a host "
-                   "file written there by `gpusync host-probe` (default: this CPU's pace).")
+              help="With --gpu: count your code's Python at the GPU machine's pace, and issue "
+                   "ops at its measured per-op cost where it has CUDA, from a host file written "
+                   "there by `gpusync host-probe` (default: this CPU's pace, published per-op "
+                   "figures).")
 @under_torchrun
 def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_step, mode, show,
             trace, rank_timeout, virtual_cuda, gpu, host_file, torchrun):

@@ -5,12 +5,14 @@ NAME --host FILE` (docs/cost-model.md, "The GPU machine's host").
 on the machine it is run on, which needs no GPU, and writes a host file.  A scan given that
 file measures the same probe on the scanning machine before the run and counts the scanned
 code's Python at the GPU machine's pace: times `python_scale` = the host's probe / this
-machine's.  Only the user's Python is scaled; the per-op figures are published ones already
-(host.py), and the device side is the GPU's.
+machine's.  Where `host-probe` ran with CUDA, the file also holds the per-op figures measured
+there (op_probe.py), which then replace the published ones (host.py); the device side is the
+GPU's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import os
@@ -18,13 +20,17 @@ import platform
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from gpusync.costmodel.host import HostModel
 from gpusync.errors import BadInput
 
 KIND = "gpusync-host"
 SCHEMA_VERSION = 1
 # Fields a host file must give, and those it may; anything else is a misspelling.
 _REQUIRED = ("kind", "schema_version", "name", "probe_us")
-_OPTIONAL = ("cpu", "cores", "python", "torch", "measured")
+_OPTIONAL = ("cpu", "cores", "python", "torch", "measured", "view_us", "op_us",
+             "backward_op_us", "cudnn_call_us")
+# The per-op figures (op_probe.py), each optional: measured only where CUDA was.
+_PER_OP = ("view_us", "op_us", "backward_op_us", "cudnn_call_us")
 
 
 @dataclass(frozen=True)
@@ -39,15 +45,40 @@ class HostClass:
     python: str = ""
     torch: str = ""
     measured: str = ""
+    # host us per kind of op measured there with CUDA (op_probe.py); None: not measured
+    view_us: float | None = None
+    op_us: float | None = None
+    backward_op_us: float | None = None
+    cudnn_call_us: float | None = None
 
     def to_yaml(self) -> str:
         import yaml
 
-        body = {"kind": KIND, "schema_version": SCHEMA_VERSION, **asdict(self)}
+        body = {"kind": KIND, "schema_version": SCHEMA_VERSION,
+                **{k: v for k, v in asdict(self).items() if v is not None}}
         header = ("# gpusync host file: the framework probe's least CPU time on this machine\n"
                   "# (gpusync host-probe); scan --gpu NAME --host FILE scales the scanned\n"
                   "# code's Python to it (docs/cost-model.md)\n")
         return header + yaml.safe_dump(body, sort_keys=False)
+
+    @property
+    def measured_ops(self) -> bool:
+        """Whether the per-op figures were measured there (all but cuDNN's go together)."""
+        return None not in (self.view_us, self.op_us, self.backward_op_us)
+
+    def host_model(self, host: HostModel) -> HostModel:
+        """`host` with this machine's measured per-op figures in place of the published ones:
+        dispatch an op without a kernel, the launch what an op with one adds, autograd's
+        engine what a backward op costs less its launch; unchanged where none were measured."""
+        if not self.measured_ops:
+            return host
+        view, op, backward = (float(v or 0.0) * 1e-6
+                              for v in (self.view_us, self.op_us, self.backward_op_us))
+        launch = max(0.0, op - view)
+        cudnn = host.library_call_s if self.cudnn_call_us is None else self.cudnn_call_us * 1e-6
+        return dataclasses.replace(host, dispatch_s=view, launch_api_s=launch,
+                                   engine_op_s=max(0.0, backward - launch),
+                                   library_call_s=cudnn)
 
     def scale_from(self, scanned_probe_s: float) -> float:
         """The factor from the scanning machine's Python to this host's: the probes' ratio."""
@@ -55,23 +86,37 @@ class HostClass:
 
 
 def measure(name: str | None = None) -> HostClass:
-    """This machine's HostClass (the probe timed here; named after the machine by default)."""
+    """This machine's HostClass (the probe timed here; named after the machine by default),
+    with the per-op figures where CUDA is here."""
     import torch
 
-    from gpusync.costmodel import probe
+    from gpusync.costmodel import op_probe, probe
 
+    figures = None
+    if torch.cuda.is_available():
+        try:
+            figures = op_probe.measure()
+        except RuntimeError as error:  # a CUDA error: the file without them, said in one line
+            from gpusync import verbosity
+
+            why = str(error).splitlines()[0] if str(error) else type(error).__name__
+            verbosity.info(f"gpusync: warning: the per-op figures were not measured here "
+                           f"({why}); the host file has the probe only")
     return HostClass(name=name or platform.node() or "this machine",
                      probe_us=round(probe.warm_s(samples=50) * 1e6, 2),
                      cpu=platform.processor() or platform.machine(),
                      cores=os.cpu_count() or 0, python=platform.python_version(),
                      torch=str(torch.__version__),
                      measured=_dt.datetime.now(_dt.timezone.utc).replace(
-                         microsecond=0).isoformat())
+                         microsecond=0).isoformat(),
+                     **(asdict(figures) if figures is not None else {}))
 
 
 # The probe takes about 100 us on the 2-core VM; a host file outside these bounds is a mistake,
 # and one with no bound would scale the user's Python by anything (1e300 was accepted).
 PROBE_US_RANGE = (1.0, 100_000.0)
+# A per-op figure above this is no op's host cost (a cuDNN call reads 40-80 us).
+PER_OP_US_MAX = 10_000.0
 
 
 def parse(data: Any, what: str) -> HostClass:
@@ -93,10 +138,20 @@ def parse(data: Any, what: str) -> HostClass:
     cores = data.get("cores", 0)
     if type(cores) is not int or cores < 0:
         raise BadInput(f"{what}: cores must be a whole number, got {cores!r}")
+    fields: dict[str, Any] = {k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
+                              if k in data}
+    fields.update({k: _per_op_us(data[k], k, what) for k in _PER_OP if data.get(k) is not None})
     return HostClass(name=checked_name(data["name"], f"{what}: name"),
-                     probe_us=_probe_us(data["probe_us"], what), cores=cores,
-                     **{k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
-                        if k in data})
+                     probe_us=_probe_us(data["probe_us"], what), cores=cores, **fields)
+
+
+def _per_op_us(value: Any, key: str, what: str) -> float:
+    """A per-op figure: a number of microseconds from 0 to PER_OP_US_MAX."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not math.isfinite(number) or not 0 <= number <= PER_OP_US_MAX:
+        raise BadInput(f"{what}: {key} must be a number of microseconds from 0 to "
+                       f"{PER_OP_US_MAX:g}, got {value!r}")
+    return float(number)
 
 
 def _probe_us(value: Any, what: str) -> float:

@@ -144,7 +144,9 @@ class CostScan:
 
     def __init__(self, gpu: GPU, host: HostModel, baseline: GapBaseline | None = None,
                  host_class: HostClass | None = None):
-        self.gpu, self.host, self.host_class = gpu, host, host_class
+        # a host class's per-op figures, where measured there, replace the published ones
+        self.gpu, self.host_class = gpu, host_class
+        self.host = host_class.host_model(host) if host_class is not None else host
         self.probe_s = 0.0  # the framework probe's least CPU time here (_calibrate)
         self.load_start: machine_load.Usage | None = None
         self.baseline = baseline or GapBaseline(light_s=host.gap_overhead_s,

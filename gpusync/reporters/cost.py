@@ -71,11 +71,12 @@ def host_line(report) -> str:
                 "machine by `gpusync host-probe`, counts it at that machine's pace)")
     cudnn = (f", + {cost.cudnn_call_us:g} us per cuDNN call of a convolution"
              if cost.cudnn_call_us else "")
+    source = (f"measured on {cost.per_op_from} by `gpusync host-probe`" if cost.per_op_from
+              else "published eager-PyTorch figures: docs/cost-model.md")
     return (f"host: {cost.host_dispatch_us:g} us per op called from Python, "
             f"{cost.engine_op_us:g} us per op of backward, "
-            f"+ {cost.launch_api_us:g} us per kernel launch{cudnn} (published eager-PyTorch "
-            f"figures: docs/cost-model.md); {pace}, on its CPU clock, gpusync's own work "
-            "left out.  stall ms above: ~ predicted per step")
+            f"+ {cost.launch_api_us:g} us per kernel launch{cudnn} ({source}); {pace}, on its "
+            "CPU clock, gpusync's own work left out.  stall ms above: ~ predicted per step")
 
 
 def rows(report) -> list[list]:

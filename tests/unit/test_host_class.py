@@ -37,6 +37,57 @@ def test_a_host_file_round_trips_through_its_yaml():
     assert host.scale_from(101.0 * US) == pytest.approx(1.5)
 
 
+def test_a_host_files_per_op_figures_round_trip_and_replace_the_published_ones():
+    measured = HostClass(name="h200-box", probe_us=140.0, view_us=5.0, op_us=12.0,
+                         backward_op_us=9.0, cudnn_call_us=50.0)
+    text = measured.to_yaml()
+    assert parse(yamlfile.load(text, "f"), "f") == measured
+    # dispatch: an op without a kernel; launch: what a kernel adds; the engine: a backward op
+    # less its launch; cuDNN's call as measured
+    host = measured.host_model(HostModel(gap_overhead_s=2 * US, python_scale=1.5))
+    assert (host.dispatch_s, host.launch_api_s, host.engine_op_s, host.library_call_s) == \
+        pytest.approx((5 * US, 7 * US, 2 * US, 50 * US))
+    assert (host.gap_overhead_s, host.python_scale) == (2 * US, 1.5)
+    # no cuDNN there: its published figure stays; nothing measured (a CPU machine's probe):
+    # the published figures stay, and the file does not name the figures at all
+    no_cudnn = dataclasses.replace(measured, cudnn_call_us=None)
+    assert no_cudnn.host_model(HostModel()).library_call_s == HostModel().library_call_s
+    plain = HostClass(name="cpu-box", probe_us=100.0)
+    assert plain.host_model(HostModel()) == HostModel() and not plain.measured_ops
+    assert "op_us" not in plain.to_yaml() and "op_us" in text
+
+
+def test_host_probe_keeps_the_per_op_figures_where_cuda_is_and_says_when_it_could_not(
+        monkeypatch, capsys):
+    import torch
+
+    from gpusync.costmodel import host_class, op_probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(op_probe, "measure", lambda: op_probe.OpFigures(4.0, 11.0, 6.0, 39.0))
+    host = host_class.measure("gpu-box")
+    assert (host.view_us, host.op_us, host.backward_op_us, host.cudnn_call_us) == \
+        (4.0, 11.0, 6.0, 39.0)
+
+    def broken():
+        raise RuntimeError("CUDA error: no kernel image is available\nmore")
+
+    monkeypatch.setattr(op_probe, "measure", broken)
+    host = host_class.measure("gpu-box")
+    assert not host.measured_ops and host.probe_us > 0
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line == ("gpusync: warning: the per-op figures were not measured here (CUDA error: "
+                    "no kernel image is available); the host file has the probe only")
+
+
+def test_the_per_op_probe_times_each_kind_of_op():
+    from gpusync.costmodel import op_probe
+
+    figures = op_probe.measure("cpu")  # the same code on host tensors: no cuDNN there
+    assert figures.view_us > 0 and figures.op_us > 0 and figures.backward_op_us > 0
+    assert figures.cudnn_call_us is None
+
+
 @pytest.mark.parametrize("data, says", [
     ([1, 2], "not a gpusync host file"),
     ({**GOOD, "kind": "gpusync-scan"}, "not a gpusync host file"),
@@ -55,6 +106,10 @@ def test_a_host_file_round_trips_through_its_yaml():
     ({**GOOD, "name": " "}, "name must be one line of printable text"),
     ({**GOOD, "name": "two\nlines"}, "name must be one line of printable text"),
     ({**GOOD, "cores": 2.5}, "cores must be a whole number"),
+    ({**GOOD, "op_us": -1.0}, "op_us must be a number of microseconds from 0 to 10000"),
+    ({**GOOD, "view_us": "fast"}, "view_us must be a number"),
+    ({**GOOD, "cudnn_call_us": 1e9}, "cudnn_call_us must be a number"),
+    ({**GOOD, "backward_op_us": True}, "backward_op_us must be a number"),
 ])
 def test_a_bad_host_file_is_one_line_of_bad_input(data, says):
     with pytest.raises(BadInput, match=says) as raised:
@@ -143,6 +198,34 @@ def test_host_probe_writes_a_host_file_that_scan_reads(tmp_path):
     host = read(str(out))
     assert host.name == "gpu-box" and host.probe_us > 0 and host.torch and host.measured
     assert yaml.safe_load(out.read_text())["kind"] == "gpusync-host"
+    import torch
+
+    assert host.measured_ops == torch.cuda.is_available()  # per-op figures need CUDA
+
+
+def test_a_scan_with_a_hosts_measured_figures_issues_ops_at_them(tmp_path):
+    import json
+
+    (tmp_path / "host.yaml").write_text(HostClass(
+        name="h200-box", probe_us=140.0, view_us=5.0, op_us=12.0, backward_op_us=9.0,
+        cudnn_call_us=50.0).to_yaml())
+    (tmp_path / "train.py").write_text(
+        "import torch\n"
+        "w = torch.ones(4, device='cuda', requires_grad=True)\n"
+        "for step in range(3):\n"
+        "    loss = (w * 2).sum()\n"
+        "    loss.backward()\n"
+        "    print(loss.item())\n")
+    proc = run_main("scan", "train.py", "--gpu", "h200", "--host", "host.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ("host: 5 us per op called from Python, 2 us per op of backward, + 7 us per kernel "
+            "launch, + 50 us per cuDNN call of a convolution (measured on h200-box by "
+            "`gpusync host-probe`)") in proc.stdout
+    proc = run_main("scan", "train.py", "--gpu", "h200", "--host", "host.yaml", "--format",
+                    "json", cwd=tmp_path)
+    cost = json.loads(proc.stdout)["cost"]
+    assert (cost["host_dispatch_us"], cost["launch_api_us"], cost["engine_op_us"],
+            cost["cudnn_call_us"], cost["per_op_from"]) == (5.0, 7.0, 2.0, 50.0, "h200-box")
 
 
 @pytest.mark.parametrize("args, says", [
