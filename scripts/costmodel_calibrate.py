@@ -7,7 +7,8 @@ peak; this measures each figure on its own, so that a later change to them rests
 - host us per op called from Python (the model's 4 us dispatch + 3 us launch): thread CPU time
   of `torch.add(a, b, out=c)` and of `a + b` on 1-element tensors, the host far ahead;
 - host us per backward op (the model's 1 us engine + 3 us launch): a chain of multiplications'
-  backward, thread CPU time over its length;
+  backward, wall-clock time over its length (on CUDA autograd's engine runs it on a thread of
+  its own, which the calling thread's CPU clock misses; the device is far ahead);
 - host us per cuDNN convolution (the model's 4 + 3 us and 40 us per cuDNN call): a small
   `conv2d` and its `convolution_backward` for the input and the weight (two cuDNN calls),
   called from Python, thread CPU time;
@@ -30,14 +31,16 @@ import torch
 REPEATS = 5
 
 
-def host_us(run: Callable[[], None], per: int, sync: Callable[[], None]) -> float:
-    """Least thread CPU time of run() over REPEATS, per one of its `per` ops, in us."""
+def host_us(run: Callable[[], None], per: int, sync: Callable[[], None],
+            clock: Callable[[], float] = time.thread_time) -> float:
+    """Least thread CPU time of run() over REPEATS (or of `clock`), per one of its `per` ops,
+    in us."""
     best = float("inf")
     for _ in range(REPEATS):
         sync()
-        start = time.thread_time()
+        start = clock()
         run()
-        best = min(best, time.thread_time() - start)
+        best = min(best, clock() - start)
         sync()
     return best / per * 1e6
 
@@ -104,9 +107,10 @@ def main(dry: bool) -> None:
     sync()
     rows = [("host us per op from Python: torch.add(out=)", host_us(adds_out, n, sync), "4 + 3"),
             ("host us per op from Python: a + b", host_us(adds_new, n, sync), "4 + 3")]
-    forward = host_us(forward_only, chain, sync)
+    wall = time.perf_counter
+    forward = host_us(forward_only, chain, sync, wall)
     rows.append(("host us per backward op (chain of 200 muls)",
-                 host_us(backward, chain, sync) - forward, "1 + 3"))
+                 host_us(backward, chain, sync, wall) - forward, "1 + 3"))
     rows.append(("host us per conv2d call (one cuDNN call)", host_us(conv_forward, convs, sync),
                  "4 + 3 + 40"))
     rows.append(("host us per convolution_backward, input and weight (two cuDNN calls)",
