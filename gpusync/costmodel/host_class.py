@@ -57,8 +57,9 @@ class HostClass:
         body = {"kind": KIND, "schema_version": SCHEMA_VERSION,
                 **{k: v for k, v in asdict(self).items() if v is not None}}
         header = ("# gpusync host file: the framework probe's least CPU time on this machine\n"
-                  "# (gpusync host-probe); scan --gpu NAME --host FILE scales the scanned\n"
-                  "# code's Python to it (docs/cost-model.md)\n")
+                  "# (gpusync host-probe), and with CUDA its per-op figures; scan --gpu NAME\n"
+                  "# --host FILE scales the scanned code's Python to it and issues ops at\n"
+                  "# them (docs/cost-model.md)\n")
         return header + yaml.safe_dump(body, sort_keys=False)
 
     @property
@@ -141,6 +142,10 @@ def parse(data: Any, what: str) -> HostClass:
     fields: dict[str, Any] = {k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
                               if k in data}
     fields.update({k: _per_op_us(data[k], k, what) for k in _PER_OP if data.get(k) is not None})
+    given = [k for k in _PER_OP if k in fields]
+    if given and not all(k in fields for k in _PER_OP[:3]):  # a hand-edited part of a set
+        raise BadInput(f"{what}: {', '.join(given)} needs view_us, op_us and backward_op_us "
+                       "together (gpusync host-probe writes them where CUDA is)")
     return HostClass(name=checked_name(data["name"], f"{what}: name"),
                      probe_us=_probe_us(data["probe_us"], what), cores=cores, **fields)
 
