@@ -69,14 +69,16 @@ def trace_of(session: Session) -> dict[str, Any]:
     """The session's scan as a Chrome / Perfetto trace."""
     report = report_of(session)  # sets each event's step
     o = session.outcome()
-    return trace_document(o.events, o.step_starts, o.spans, o.end, report)
+    return trace_document(o.events, o.step_starts, o.spans, o.end, report, cut=session.frozen)
 
 
 def trace_document(events, step_starts: list[float], spans: list[tuple[str, float, float]],
-                   end: float, report) -> dict[str, Any]:
+                   end: float, report, cut: bool = False) -> dict[str, Any]:
     """events: SyncEvents with `ts` and `step` set (Session.outcome() sets steps);
     step_starts: when each step after the first began (seconds since the scan began);
-    spans: (phase, start, end) of the top-level phases; end: when the scan ended."""
+    spans: (phase, start, end) of the top-level phases; end: when the scan ended; cut: the
+    scan stopped the run (--steps), so what follows the last whole step is the step it cut
+    short, not reported."""
     out = _metadata(report.target)
     starts = [0.0, *step_starts]
     ends = [*step_starts, end]
@@ -85,7 +87,8 @@ def trace_document(events, step_starts: list[float], spans: list[tuple[str, floa
         counts[e.step] = counts.get(e.step, 0) + 1
     for k, (start, stop) in enumerate(zip(starts, ends, strict=True)):
         if k >= report.steps:
-            name = "after the last whole step"
+            name = ("cut short by --steps (not reported)" if cut
+                    else "after the last whole step")
         else:
             name = f"step {k}" + (" (warm-up)" if k < report.warmup else "")
         out.append(_slice(STEPS, name, "step", start, stop,

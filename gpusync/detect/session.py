@@ -180,6 +180,11 @@ class Session:
         # each counts its own steps)
         events = [dataclasses.replace(e, step=steps.step_of(i))
                   for i, e in enumerate(self.events)]
+        if self._frozen_steps is not None:
+            # the step the stop cut short: it ran up to the optimizer step that showed it
+            # began (its batch's copy, forward, backward), and is not reported, as nothing after
+            # the stop is; counting it put a once-a-step site at warm-up + N + 1
+            events = [e for e in events if e.step < steps.count]
         notes = [NOTHING_ON_GPU] if (self.virtual_cuda and self.detector is not None
                                      and not self.detector.placed) else []
         return Outcome(events=events, steps=steps, warmup=self.warmup, mode=self.mode,

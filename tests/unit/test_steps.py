@@ -51,6 +51,38 @@ def test_steps_n_measures_n_whole_steps(tmp_path, steps):
     assert report.notes == (STOPPED,)  # what runs after the stop is not seen: it says so
 
 
+CUT = '''
+import torch
+m = torch.nn.Linear(3, 1).to('cuda')
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(10):
+    loss = m(torch.randn(4, 3, device='cuda')).sum()
+    bool(loss > 0)  # before the optimizer step: the cut step also runs it
+    opt.zero_grad(); loss.backward(); opt.step()
+    loss.item()
+'''
+
+
+def test_a_stopped_run_counts_no_sync_of_the_step_it_cut_short(tmp_path):
+    """The stop comes at the optimizer step that shows step warmup + N + 1 began: its batch,
+    forward and backward ran already.  Their syncs are not reported, as nothing after the stop
+    is: each once-a-step site counts warm-up + N times (it read N + 2 for the `bool`)."""
+    from gpusync.trace import trace_of
+
+    sessions = []
+    path = tmp_path / "train.py"
+    path.write_text(CUT)
+    result = run_scan(str(path), mode="simulate", steps=2, warmup=1,
+                      on_session=sessions.append)
+    report = result.report
+    assert {s.op: (s.count, s.per_step) for s in report.sites if not s.setup} == {
+        "bool()": (3, 1.0), "item": (3, 1.0)}
+    assert report.after_last_step == 0 and report.notes == (STOPPED,)
+    slices = {e["name"]: e["args"]["syncs"] for e in trace_of(sessions[0])["traceEvents"]
+              if e.get("cat") == "step"}
+    assert slices["cut short by --steps (not reported)"] == 0
+
+
 def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):
     report = scan_script(tmp_path, LOOP.format(n=4))
     assert report.steps == 4 and report.measured_steps == 3
