@@ -146,8 +146,10 @@ class PhaseTracker:
         epoch = self._loaders.get(id(dataset))
         if epoch is not None and epoch.iterator() is loader:
             return
-        if epoch is not None and not epoch.ended and self.steps.trained() > epoch.trained:
-            self.steps.epoch_ended()
+        if epoch is not None:
+            if not epoch.ended and self.steps.trained() > epoch.trained:
+                self.steps.epoch_ended()
+            self.steps.next_epoch_begins()
         try:
             ref = weakref.ref(loader)
         except TypeError:  # an iterator that cannot be weakly held: no epochs from it

@@ -106,6 +106,8 @@ class StepCounter:
         self._marked: list[int] = []  # end_step() positions
         self._marked_times: list[float] = []
         self._epoch_ends: list[int] = []
+        # trained() when the last epoch end was marked; None once the next epoch began
+        self._trained_at_end: int | None = None
 
     # -- signals -----------------------------------------------------------------------------
     def work_starts(self, training: bool = True) -> list[str]:
@@ -160,8 +162,24 @@ class StepCounter:
         """A loader whose batches were trained on ran out, or began again: an epoch ends in
         the step under way: the one after the last boundary, or after the one that waits to be
         placed (the work of the next step has begun)."""
+        self._epoch_ends.append(self._under_way())
+        self._trained_at_end = self.trained()
+
+    def next_epoch_begins(self) -> None:
+        """A loader trained on before begins again.  Where training went on after the epoch's
+        end was marked, the loader that ran out was a prefetching wrapper's source, exhausted
+        a batch or more before the loop took its last one (timm's PrefetchLoader): the epoch
+        ends in the step under way now, its last."""
+        if (self._epoch_ends and self._trained_at_end is not None
+                and self.trained() > self._trained_at_end):
+            self._epoch_ends[-1] = self._under_way()
+        self._trained_at_end = None
+
+    def _under_way(self) -> int:
+        """The step under way: the one after the last boundary, or after the one that waits
+        to be placed (the work of the next step has begun)."""
         r = self._rounds[self.live_unit()]
-        self._epoch_ends.append(len(r.boundaries) + (r.candidate is not None))
+        return len(r.boundaries) + (r.candidate is not None)
 
     def end_step(self) -> None:
         """A Workload step ended (explicit counting)."""
@@ -192,7 +210,11 @@ class StepCounter:
                 # a run stopped at a boundary has not finished the round that just began
                 count = len(r.boundaries) if self.stopped else len(r.boundaries) + 1
                 ends = [*r.ends, *([r.last_end] if r.last_end is not None else [])]
-                epochs = {k for k in self._epoch_ends if k < count}
+                marked = list(self._epoch_ends)
+                if (marked and self._trained_at_end is not None
+                        and self.trained() > self._trained_at_end):
+                    marked.pop()  # a prefetcher's source ran out: the run's end ends it
+                epochs = {k for k in marked if k < count}
                 if epochs and not self.stopped:  # a run's end ends its last epoch
                     epochs.add(count - 1)
                 return Steps(unit, list(r.boundaries), count, list(r.times), ends[:count],

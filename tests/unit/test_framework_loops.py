@@ -212,6 +212,30 @@ def test_epoch_end_sites_are_said_as_periodic_and_ranked_after_every_step_ones(t
     assert [s.line for s in report.sites if s.after] == [line_of(text, "# TEARDOWN")]
 
 
+def test_an_epoch_read_through_a_prefetching_loader_ends_in_its_last_step(tmp_path):
+    """timm's loader fetches one batch ahead: its DataLoader runs out while the step before
+    the epoch's last is under way.  The epoch's end (its evaluation and checkpoint) is still in
+    the epoch's last step, as for the plain loop (it read 2, 6 and 10 and an 11th for the run's
+    end)."""
+    text = eval_script(tmp_path, 3).replace(
+        "for i, (x, y) in enumerate(train):", "for i, (x, y) in enumerate(prefetched(train)):")
+    text = text.replace("def evaluate():", '''def prefetched(loader):
+    ahead = None
+    for batch in loader:
+        if ahead is not None:
+            yield ahead
+        ahead = batch
+    if ahead is not None:
+        yield ahead
+
+
+def evaluate():''')
+    report = scan(tmp_path, text)
+    assert report.epoch_ends == (3, 7, 11) and report.steps == 12
+    [checkpoint] = sites_at(report, text, "# CHECKPOINT")
+    assert checkpoint.period == "at epoch end"
+
+
 def test_a_run_stopped_by_steps_has_nothing_after_its_last_step(tmp_path):
     report = scan(tmp_path, eval_script(tmp_path, 3), steps=3)
     assert report.measured_steps == 3 and report.after_last_step == 0
