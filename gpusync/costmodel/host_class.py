@@ -141,37 +141,47 @@ def parse(data: Any, what: str) -> HostClass:
         raise BadInput(f"{what}: cores must be a whole number, got {cores!r}")
     fields: dict[str, Any] = {k: str(data[k]) for k in ("cpu", "python", "torch", "measured")
                               if k in data}
-    fields.update({k: _per_op_us(data[k], k, what) for k in _PER_OP if data.get(k) is not None})
-    given = [k for k in _PER_OP if k in fields]
-    if given and not all(k in fields for k in _PER_OP[:3]):  # a hand-edited part of a set
-        raise BadInput(f"{what}: {', '.join(given)} needs view_us, op_us and backward_op_us "
-                       "together (gpusync host-probe writes them where CUDA is)")
+    fields.update({k: _per_op_us(data[k], k, what) for k in _PER_OP if k in data})
+    missing_ops = [k for k in _PER_OP[:3] if k not in fields]
+    if missing_ops and (len(missing_ops) < 3 or "cudnn_call_us" in fields):
+        raise BadInput(f"{what} has per-op figures but lacks {', '.join(missing_ops)} "
+                       "(gpusync host-probe writes view_us, op_us and backward_op_us together)")
+    if not missing_ops and fields["op_us"] < fields["view_us"]:
+        raise BadInput(f"{what}: op_us ({fields['op_us']:g}, an op with a kernel) is below "
+                       f"view_us ({fields['view_us']:g}, an op without one)")
     return HostClass(name=checked_name(data["name"], f"{what}: name"),
                      probe_us=_probe_us(data["probe_us"], what), cores=cores, **fields)
 
 
 def _per_op_us(value: Any, key: str, what: str) -> float:
     """A per-op figure: a number of microseconds from 0 to PER_OP_US_MAX."""
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if number is None or not math.isfinite(number) or not 0 <= number <= PER_OP_US_MAX:
+    number = _number(value)
+    if number is None or not 0 <= number <= PER_OP_US_MAX:
         raise BadInput(f"{what}: {key} must be a number of microseconds from 0 to "
                        f"{PER_OP_US_MAX:g}, got {value!r}")
-    return float(number)
+    return number
 
 
 def _probe_us(value: Any, what: str) -> float:
-    """probe_us as a number within PROBE_US_RANGE (YAML reads 1e300, without a dot, as text)."""
-    number: float | None = None
-    if isinstance(value, (int, float, str)) and not isinstance(value, bool):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
+    """probe_us as a number within PROBE_US_RANGE."""
+    number = _number(value)
     low, high = PROBE_US_RANGE
-    if number is None or not math.isfinite(number) or not low <= number <= high:
+    if number is None or not low <= number <= high:
         raise BadInput(f"{what}: probe_us must be a number of microseconds from {low:g} to "
                        f"{high:g} (the probe takes about 100 on a current CPU), got {value!r}")
     return number
+
+
+def _number(value: Any) -> float | None:
+    """A finite number, written as one or as text (YAML 1.1 reads 1e300, without a dot, as
+    text); None for anything else (a boolean, null, a list)."""
+    if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def checked_name(name: Any, what: str) -> str:

@@ -28,6 +28,8 @@ GOOD = {"kind": "gpusync-host", "schema_version": 1, "name": "a100-box", "probe_
 
 def test_a_number_yaml_reads_as_text_is_still_a_number():
     assert parse({**GOOD, "probe_us": "1e2"}, "f").probe_us == 100.0  # YAML 1.1: no dot, text
+    figures = {"view_us": "4", "op_us": "1.18e1", "backward_op_us": 9}
+    assert parse({**GOOD, **figures}, "f").op_us == 11.8
 
 
 def test_a_host_file_round_trips_through_its_yaml():
@@ -107,9 +109,14 @@ def test_the_per_op_probe_times_each_kind_of_op():
     ({**GOOD, "name": "two\nlines"}, "name must be one line of printable text"),
     ({**GOOD, "cores": 2.5}, "cores must be a whole number"),
     ({**GOOD, "op_us": -1.0}, "op_us must be a number of microseconds from 0 to 10000"),
-    ({**GOOD, "op_us": 9.0}, "op_us needs view_us, op_us and backward_op_us together"),
+    ({**GOOD, "op_us": 9.0}, "has per-op figures but lacks view_us, backward_op_us"),
     ({**GOOD, "view_us": 4.0, "op_us": 9.0, "cudnn_call_us": 40.0},
-     "view_us, op_us, cudnn_call_us needs view_us, op_us and backward_op_us together"),
+     "has per-op figures but lacks backward_op_us"),
+    ({**GOOD, "cudnn_call_us": 40.0}, "lacks view_us, op_us, backward_op_us"),
+    ({**GOOD, "view_us": 4.0, "op_us": None, "backward_op_us": 9.0},
+     "op_us must be a number of microseconds from 0 to 10000, got None"),
+    ({**GOOD, "view_us": 4.1, "op_us": 1.0, "backward_op_us": 9.0},
+     "op_us \\(1, an op with a kernel\\) is below view_us \\(4.1, an op without one\\)"),
     ({**GOOD, "view_us": "fast"}, "view_us must be a number"),
     ({**GOOD, "cudnn_call_us": 1e9}, "cudnn_call_us must be a number"),
     ({**GOOD, "backward_op_us": True}, "backward_op_us must be a number"),
