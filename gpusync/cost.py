@@ -15,7 +15,7 @@ class StepCost:
     gpu_busy: float
     bound: str  # "host" or "device"
     predicted_stall_ms: float
-    host_ms: float  # the host's own work: the user's Python and issuing ops
+    host_ms: float  # the host's own work: the user's Python and issuing ops and reads
     python_ms: float  # of it, the user's Python
     device_ms: float  # the GPU's kernels
     sync_free_step_ms: float  # the step with every read removed

@@ -45,14 +45,16 @@ def steps_line(report) -> str:
     bound = max(("host", "device"), key=lambda b: sum(s.bound == b for s in steps))
     host, python, device = (_mean(steps, k) for k in ("host_ms", "python_ms", "device_ms"))
     why = (f"the host's own work ({_ms(host)} ms: {_ms(python)} ms of your code's Python, "
-           f"{_ms(max(0.0, host - python))} ms issuing ops) "
+           f"{_ms(max(0.0, host - python))} ms issuing ops and reads) "
            + ("outlasts" if bound == "host" else "is shorter than")
            + f" the GPU's kernels ({_ms(device)} ms)")
     free = _mean(steps, "sync_free_step_ms")
     if free >= _NO_GAIN * step_ms:
         after = "removing syncs will not speed this step up"
     else:
-        after = f"without its syncs: {_ms(free)} ms ({1 - free / step_ms:.0%} shorter)"
+        # the reads' own calls go with them: the step can end before the host's work above
+        after = (f"without its syncs (their waits and their calls): {_ms(free)} ms "
+                 f"({1 - free / step_ms:.0%} shorter)")
     return (f"{head}: step {_ms(step_ms)} ms (mean of {n}), GPU busy {busy:.0%}, "
             f"{bound}-bound: {why}; {after}")
 

@@ -425,7 +425,8 @@ def test_the_step_line_says_what_bounds_the_step_and_why():
                    sync_free_step_ms=0.6)
     line = steps_line(_report([starved]))
     assert "host-bound" in line and "outlasts the GPU's kernels (0.500 ms)" in line
-    assert line.endswith("without its syncs: 0.600 ms (40% shorter)")
+    assert line.endswith("without its syncs (their waits and their calls): 0.600 ms (40% "
+                         "shorter)")
     assert "4 us per op called from Python, 1 us per op of backward" in host_line(
         _report([starved]))
     assert "cuDNN" not in host_line(_report([starved]))  # a report written before the figure
