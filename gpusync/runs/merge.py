@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .. import errors
 from ..report import RankFigures, Report, Site, SiteKey
@@ -68,8 +69,12 @@ def merged_sites(reports: dict[int, Report]) -> list[Site]:
     for made in seen.values():
         on = {str(rank): s.per_step for rank, s in made}
         stalls = [s.stall_ms for _, s in made if s.stall_ms is not None]
+        # --gpu: the prediction of the rank where the site pays the most (the first rank's
+        # may have none: a read made on another rank only)
+        _, paid = max(made, key=lambda rs: -1.0 if rs[1].payoff_ms is None else rs[1].payoff_ms)
         sites.append(dataclasses.replace(
-            made[0][1], count=max(s.count for _, s in made),
+            made[0][1], predicted_stall_ms=paid.predicted_stall_ms, payoff_ms=paid.payoff_ms,
+            blocks=paid.blocks, count=max(s.count for _, s in made),
             per_step=max(s.per_step for _, s in made),
             setup=all(s.setup for _, s in made), after=all(s.after for _, s in made),
             in_steps=max(s.in_steps for _, s in made),
@@ -97,8 +102,9 @@ def merge(scans: dict[int, RankScan | None]) -> tuple[Report | None, list[str]]:
     for r in ranks:
         for phase, v in reports[r].syncs_by_phase.items():
             by_phase[phase] = max(by_phase.get(phase, 0.0), v)
+    slowest_cost, predicted = _slowest_prediction(reports)
     return dataclasses.replace(
-        first, sites=tuple(merged_sites(reports)), ranks=len(scans),
+        first, sites=tuple(merged_sites(reports)), ranks=len(scans), cost=slowest_cost,
         steps=min(reports[r].steps for r in ranks),
         measured_steps=min(reports[r].measured_steps for r in ranks),
         syncs_per_step=max(reports[r].syncs_per_step for r in ranks),
@@ -108,8 +114,24 @@ def merge(scans: dict[int, RankScan | None]) -> tuple[Report | None, list[str]]:
                                    reports[r].error) for r in ranks),
         error="; ".join(failures) or first.error,
         notes=(*first.notes, f"merged from {len(scans)} ranks: a site's count and "
-               "per-step figures are the largest rank's; its per_rank has every rank's"),
+               "per-step figures are the largest rank's; its per_rank has every rank's",
+               *([f"--gpu: the predicted step is rank {predicted}'s, the slowest; a site's "
+                  "stall and payoff those of the rank where it pays the most"]
+                 if predicted is not None else [])),
     ), failures
+
+
+def _slowest_prediction(reports: dict[int, Report]) -> tuple[Any, int | None]:
+    """--gpu: the cost section of the rank whose predicted step is the longest (a step ends
+    when every rank's does), and that rank; (None, None) without a prediction."""
+    costed = [(sum(s.predicted_step_ms for s in c.steps) / len(c.steps), r, c)
+              for r, c in ((r, reports[r].cost) for r in sorted(reports))
+              if c is not None and c.steps]
+    if not costed:
+        first = reports[min(reports)]
+        return first.cost, None
+    _, rank, cost = max(costed, key=lambda t: (t[0], -t[1]))
+    return cost, rank
 
 
 def merged_scan(runs: Runs) -> ScanOutcome:

@@ -74,6 +74,21 @@ def test_two_ranks_give_one_report_with_each_ranks_counts(tmp_path):
     assert data["sites"][0] is not None and data["sites"][0]["op"] == "item"  # differs: first
 
 
+def test_two_ranks_with_gpu_give_the_slowest_ranks_step_and_each_sites_prediction(tmp_path):
+    """The `.item()` is rank 1's only: its stall and payoff are rank 1's, where rank 0's
+    report, the one merged into, has none; the step is the slowest rank's, said in a note."""
+    proc = torchrun(tmp_path, "--gpu", "h100", "--steps", "2")
+    assert proc.returncode == 0, proc.stderr
+    data = check_contract(json.loads((tmp_path / "r.json").read_text()))
+    item = next(s for s in data["sites"] if s["op"] == "item")
+    assert item["per_rank"] == {"0": 0.0, "1": 1.0}
+    assert item["predicted_stall_ms"] is not None and item["payoff_ms"] >= item[
+        "predicted_stall_ms"] > 0
+    assert data["cost"]["steps"] and data["gpu"] == "h100"
+    [note] = [n for n in data["notes"] if n.startswith("--gpu: the predicted step is rank ")]
+    assert "the slowest" in note
+
+
 def test_a_rank_that_raises_is_named_with_its_line_and_rank_0_exits_3(tmp_path):
     proc = torchrun(tmp_path, child=True, FAIL_RANK="1")
     assert proc.returncode != 0
