@@ -85,6 +85,7 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
         "gpusync": __version__, "commit": _git_commit(),
         "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
         "steps": steps, "warmup": report.warmup, "measured_steps": report.measured_steps,
+        "step_unit": report.step_unit,
         "syncs_per_step": report.syncs_per_step,
         "max_syncs_per_step": report.max_syncs_per_step,
         "syncs_by_phase": dict(sorted(report.syncs_by_phase.items())),

@@ -200,9 +200,18 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     if target is None or (recorded is not None and _same_target(target, recorded)):
         target = recorded  # one target however it is spelled: the baseline's run, again
         script_args = script_args or tuple(data.get("script_args") or ())
+    if recorded is not None and target is not None and _other_target(target, recorded):
+        raise errors.BadInput(f"baseline {baseline_path} was recorded for {recorded}, not "
+                              f"{target}: gate {recorded}, or record a baseline for {target}")
     steps = steps or data.get("steps")
     warmup = warmup if warmup is not None else data.get("warmup")
+    if rule.timing and "timing" not in data:  # before the scan, not after it
+        raise errors.BadInput(f"baseline {baseline_path} has no timing samples "
+                              "(record them with `gpusync baseline --timing`)")
     report = scan(target, steps, warmup, mode, script_args)
+    why = unjudgeable(report, data, steps)
+    if why is not None:
+        return Verdict(status=GateStatus.CANNOT_JUDGE, notes=[why])
     timing = None
     if rule.timing or (rule.timing is None and "timing" in data):
         timing = _judge_step_times(data, baseline_path, target, script_args, rule, lead)
@@ -214,6 +223,33 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
         except errors.BadInput as e:  # the verdict still stands, and is printed
             verdict.notes.append(f"the suggested baseline was not written: {e}")
     return verdict
+
+
+def unjudgeable(report, data: dict, steps: int | None) -> str | None:
+    """Why a run's counts cannot be set against the baseline's, or None: a run that made no
+    step (`-- --help`, an early `sys.exit(0)`) where the baseline's did (a script without an
+    optimizer, backward or module is one step in both), one that counted its steps otherwise,
+    one that ended before the steps the baseline
+    measured (`os._exit(0)` is a script's own end), or one that never put a tensor on the GPU
+    (it took another path than the baseline's run: its syncs on CUDA are not there to count).
+    Each would pass, or read as a win whose suggested baseline stops gating anything."""
+    from .detect.steps import NONE, NOTHING_ON_GPU
+
+    unit = data.get("step_unit")  # absent in a baseline older than the field
+    if report.step_unit == NONE and unit != NONE:
+        return ("the code ended before its first step (no optimizer step, backward pass or "
+                "module forward ran): there is no step to compare with the baseline's")
+    if unit is not None and report.step_unit != unit:
+        return (f"the run counted its steps by {report.step_unit} where the baseline's counted "
+                f"them by {unit}: it took another path (other arguments, an early exit)")
+    expected = min(steps or data.get("measured_steps", 0), data.get("measured_steps", 0))
+    if report.measured_steps < expected:
+        return (f"the run ended after {report.measured_steps} measured step(s), short of the "
+                f"baseline's {expected}: an early exit cannot be compared with whole steps")
+    if NOTHING_ON_GPU in report.notes:
+        return "the code never put a tensor on the GPU, which the baseline's run did: " + \
+            "its syncs on CUDA are not there to count"
+    return None
 
 
 def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple,
@@ -232,6 +268,26 @@ def _judge_step_times(data: dict, baseline_path: str, target, script_args: tuple
     now = runs.step_times(target, "cuda", len(base), 3, command="gate", lead=lead,
                           script_args=script_args)
     return judge_timing(base, now, rule.time_factor, rule.p_max, rule.max_noise)
+
+
+def _other_target(a: str, b: str) -> bool:
+    """Whether `a` is plainly not the target `b` names: another file where both are here,
+    another file name where the recorded one is not (a baseline made in another directory),
+    another factory, or another built-in or module target."""
+    if _same_target(a, b):
+        return False
+    (file_a, fn_a), (file_b, fn_b) = _split(a), _split(b)
+    if fn_a != fn_b or not file_a.endswith(".py") or not file_b.endswith(".py"):
+        return True
+    if os.path.isfile(file_a) and os.path.isfile(file_b):
+        return True  # _same_target found them two files
+    return os.path.basename(file_a) != os.path.basename(file_b)
+
+
+def _split(target: str) -> tuple[str, str]:
+    """A target's file and factory ("" for a script)."""
+    file, _, fn = target.rpartition(":")
+    return (file, fn) if file and fn.isidentifier() else (target, "")
 
 
 def _same_target(a: str, b: str) -> bool:

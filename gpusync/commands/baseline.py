@@ -27,11 +27,17 @@ def baseline_command(target, script_args, output, steps, warmup, mode, timing, t
             rank_timeout, torchrun):
     """Record TARGET's syncs per step (and step times) as a baseline for `gpusync gate`.
     A script's arguments go after --; the gate runs it with them again."""
-    from .. import baseline, outputs, runs
+    from .. import baseline, errors, outputs, runs
+    from ..detect.steps import NOTHING_ON_GPU
 
     outputs.check(target, output=output)  # before the scan, not after
     with torchrun.lead(rank_timeout) as lead:
         report = scan_or_fail(target, steps, warmup, mode, "baseline", lead, script_args)
+        if NOTHING_ON_GPU in report.notes:  # a gate of it could only ever pass: fail closed
+            raise errors.GpusyncError(
+                "nothing to record: the code never put a tensor on the GPU (no .to('cuda'), "
+                ".cuda() or device='cuda'), so it would make no syncs on a GPU machine and a "
+                "gate of it could only pass", errors.EXIT_CANNOT_JUDGE)
         samples = None
         if timing:
             samples = runs.step_times(target, report.mode, timing_steps, 3, lead=lead,

@@ -16,12 +16,7 @@ from .ops import OpDetector
 from .phases import PhaseTracker
 from .recorder import Recorder
 from .residency_strategy import strategy_for
-from .steps import Steps, after_last_step
-
-NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
-                  "device='cuda' while torch.cuda.is_available() said True): on a GPU machine "
-                  "it would run on the CPU and make no syncs; scan with --no-virtual-cuda to "
-                  "judge it as if its tensors lived on the device")
+from .steps import NOTHING_ON_GPU, Steps, after_last_step
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,12 @@ from typing import Callable, Hashable, Sequence
 OPTIMIZER, BACKWARD, FORWARD = "optimizer", "backward", "forward"
 WORKLOAD, NONE = "workload", "none"
 _FALLBACKS = (OPTIMIZER, BACKWARD, FORWARD)
+# A report's note where a virtual CUDA run's code never used the device (session.py); the gate
+# cannot judge such a run (gate.py).
+NOTHING_ON_GPU = ("the code never put a tensor on the GPU (no .to('cuda'), .cuda() or "
+                  "device='cuda' while torch.cuda.is_available() said True): on a GPU machine "
+                  "it would run on the CPU and make no syncs; scan with --no-virtual-cuda to "
+                  "judge it as if its tensors lived on the device")
 UNIT_NOTES = {
     BACKWARD: "no optimizer step ran: steps are counted by backward passes",
     FORWARD: "no optimizer step or backward pass ran: steps are counted by top-level module "

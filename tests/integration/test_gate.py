@@ -232,3 +232,59 @@ def test_a_scripts_arguments_are_recorded_and_used_again(tmp_path):
     assert proc.returncode == 1 and "fewer syncs" in proc.stdout
     suggested = json.loads((tmp_path / "base.suggested.json").read_text())
     assert suggested["script_args"] == ["--quiet"]  # what this run was given
+
+
+# -- runs the gate cannot set against the baseline: it never passes them -------------------
+@pytest.mark.parametrize("body, args, says", [
+    ("", ("--", "--help"), "the code ended before its first step"),
+    ("    if step == 1:\n        os._exit(0)\n", (),
+     "the run ended after 1 measured step(s), short of the baseline's 3"),
+])
+def test_a_run_that_ends_early_cannot_be_judged_and_suggests_nothing(tmp_path, body, args,
+                                                                        says):
+    """`-- --help` ran no step; `os._exit(0)` is a script's own end, after 1 of the 3 steps
+    the baseline measured.  Both read as fewer syncs (`gate: unrecorded improvement`, with a
+    suggested baseline of no sites that passed everything after it), or passed."""
+    script = LOOP.replace("import torch", "import os, sys, torch\nif '--help' in sys.argv:\n"
+                          "    raise SystemExit(0)").replace("for _ in range(4):",
+                                                            "for step in range(4):")
+    (tmp_path / "train.py").write_text(script + "    v = loss.item()\n")
+    assert run("baseline", "train.py", "-o", "base.json", cwd=tmp_path).returncode == 0
+    (tmp_path / "train.py").write_text(script + "    v = loss.item()\n" + body)
+    proc = run("gate", "--baseline", "base.json", *args, cwd=tmp_path)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert says in proc.stdout and proc.stdout.rstrip().endswith("gate: cannot-judge")
+    assert not (tmp_path / "base.suggested.json").exists()
+
+
+def test_a_run_off_the_gpu_cannot_be_judged_and_is_not_recorded(project):
+    """A script whose device fell back to the CPU makes no CUDA syncs: not a win."""
+    (project / "train.py").write_text(LOOP.replace("'cuda' if torch.cuda.is_available() else "
+                                                   "'cpu'", "'cpu'") + "    v = loss.item()\n")
+    proc = gate(project, "--format", "json")
+    assert proc.returncode == 4
+    verdict = json.loads(proc.stdout)
+    assert verdict["status"] == "cannot-judge"
+    assert verdict["notes"][0].startswith("the code never put a tensor on the GPU")
+    proc = run("baseline", "train.py", "-o", "cpu.json", cwd=project)
+    assert proc.returncode == 4 and not (project / "cpu.json").exists()
+    [line] = stderr_lines(proc)
+    assert line.startswith("gpusync: nothing to record: the code never put a tensor")
+
+
+def test_a_baseline_of_another_script_is_bad_input(project):
+    (project / "other.py").write_text(LOOP)
+    proc = run("gate", "other.py", "--baseline", "base.json", cwd=project)
+    assert proc.returncode == 2 and proc.stdout == ""
+    [line] = stderr_lines(proc)
+    assert line == ("gpusync: error: baseline base.json was recorded for train.py, not other.py: "
+                    "gate train.py, or record a baseline for other.py")
+
+
+def test_a_script_without_steps_is_one_step_in_its_baseline_and_its_gate(tmp_path):
+    """No optimizer, backward or module: the whole run is one step, in both."""
+    (tmp_path / "ops.py").write_text("import torch\nx = torch.ones(4, device='cuda')\n"
+                                     "for i in range(3):\n    print((x * i).sum().item())\n")
+    assert run("baseline", "ops.py", "-o", "b.json", cwd=tmp_path).returncode == 0
+    assert json.loads((tmp_path / "b.json").read_text())["step_unit"] == "none"
+    assert run("gate", "--baseline", "b.json", cwd=tmp_path).returncode == 0
