@@ -129,6 +129,13 @@ STOPPED = ("stopped by --steps: what the script runs after its last step (a fina
            "--steps to see it")
 
 
+def unstopped(steps: int) -> str:
+    """The note for a run --steps could not stop: it ran to its end."""
+    return (f"--steps {steps} did not stop the run: an optimizer was built but never stepped, "
+            "so its steps were counted by backward passes only once it ended (gradient "
+            "accumulation steps one after many); the report covers the whole run")
+
+
 def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str,
                  args: tuple, on_session, detect: bool, virtual_cuda: bool) -> ScanResult:
     """Run the script as `python SCRIPT ARGS` runs it (targets.as_main), stopped after
@@ -157,6 +164,10 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         error = None
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
     result = _result(session, error, notes=notes)
+    if (steps is not None and not session.frozen and result.report.measured_steps > steps
+            and result.report.step_unit != "optimizer"):
+        result = dataclasses.replace(result, report=dataclasses.replace(
+            result.report, notes=(*result.report.notes, unstopped(steps))))
     # the children's sites, after the parent's: the report's per-step figures stay the parent's
     report = result.report.with_sites(_spawned.sites(spawned))
     if _spawned.placed(spawned):  # the script's device work ran in its spawned processes

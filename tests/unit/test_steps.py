@@ -83,6 +83,22 @@ def test_a_stopped_run_counts_no_sync_of_the_step_it_cut_short(tmp_path):
     assert slices["cut short by --steps (not reported)"] == 0
 
 
+def test_steps_that_cannot_stop_a_run_say_so(tmp_path):
+    """An optimizer built and never stepped: the live count waits for its steps (gradient
+    accumulation steps one after many backward passes), so --steps cannot stop the run; it
+    is counted by backward passes at its end, and the report says --steps did not apply."""
+    report = scan_script(tmp_path, '''
+import torch
+m = torch.nn.Linear(3, 1).to('cuda')
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for i in range(10):
+    opt.zero_grad()
+    m(torch.randn(4, 3, device='cuda')).sum().backward()
+''', steps=5)
+    assert report.step_unit == BACKWARD and report.measured_steps == 9
+    assert report.notes[-1].startswith("--steps 5 did not stop the run: an optimizer was built")
+
+
 def test_script_running_to_its_end_counts_its_last_step_whole(tmp_path):
     report = scan_script(tmp_path, LOOP.format(n=4))
     assert report.steps == 4 and report.measured_steps == 3
