@@ -18,6 +18,7 @@ import pytest
 
 from .api import format_sites
 from .detect.session import Session
+from .modes import check_mode
 from .report import report_of
 
 _SESSION = pytest.StashKey[Session]()
@@ -37,7 +38,7 @@ class GpusyncHandle:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "gpusync(max_syncs_per_step=None, mode='auto', warmup=1): scan the test for "
+        "gpusync(max_syncs_per_step=0, mode='auto', warmup=1): scan the test for "
         "host<-device syncs and fail when a step syncs more than max_syncs_per_step times")
 
 
@@ -51,10 +52,15 @@ _MARKER_ARGS = {"max_syncs_per_step": "an int >= 0", "mode": "one of auto, simul
                 "warmup": "an int >= 0"}
 
 
-def _marker_options(marker) -> dict:
-    """The marker's arguments, checked: a typo or a positional argument would otherwise make
-    the test pass without the check it asks for."""
+def _marker_options(item, marker) -> dict:
+    """The marker's arguments, checked: a typo, a positional argument, a second marker on the
+    same test or a mode this machine cannot run would otherwise make the test pass without
+    the check it asks for, or fail in pytest's internals."""
     name = "@pytest.mark.gpusync"
+    here = [m for node, m in item.iter_markers_with_node("gpusync") if node is item]
+    if len(here) > 1:  # a class's marker under the test's own is pytest's override; two here
+        raise pytest.UsageError(f"{name}: {len(here)} markers on one test; give one, with "
+                                "every argument it needs")
     if marker.args:
         raise pytest.UsageError(
             f"{name}: positional arguments ({', '.join(map(repr, marker.args))}) are not "
@@ -72,6 +78,12 @@ def _marker_options(marker) -> dict:
     if options.get("mode", "auto") not in ("auto", "simulate", "cuda"):
         raise pytest.UsageError(f"{name}: mode must be {_MARKER_ARGS['mode']}, "
                                 f"got {options['mode']!r}")
+    try:
+        check_mode(options.get("mode", "auto"))
+    except ValueError as e:  # mode="cuda" without a GPU: not judged here, and not passed
+        raise pytest.UsageError(f"{name}: {e}") from None
+    # a marker asks for a check: without a limit it is the strictest, no sync in a step
+    options.setdefault("max_syncs_per_step", 0)
     return options
 
 
@@ -82,7 +94,7 @@ def pytest_runtest_call(item):
         yield
         return
     try:
-        options = _marker_options(marker) if marker is not None else {}
+        options = _marker_options(item, marker) if marker is not None else {}
     except pytest.UsageError as e:
         problem = str(e)
     else:
@@ -103,4 +115,14 @@ def pytest_runtest_call(item):
         # pytrace=False: gpusync's message, not pluggy's and pytest's frames
         outcome.force_exception(pytest.fail.Exception(
             f"SyncsFound: {report.max_syncs_per_step} host<-device sync(s) in one step, at most "
-            f"{limit} allowed ({report.mode} mode):\n" + format_sites(report), pytrace=False))
+            f"{limit} allowed ({report.mode} mode):\n" + format_sites(_in_steps(report)),
+            pytrace=False))
+
+
+def _in_steps(report):
+    """The report with the sites that synced in the measured steps only: those are the
+    failure (the warm-up's and building's are listed by gpusync scan)."""
+    import dataclasses
+
+    return dataclasses.replace(report, sites=tuple(
+        s for s in report.sites if s.per_step > 0))

@@ -39,7 +39,7 @@ def test_marker_and_fixture(pytester):
 
 
 BAD_MARKERS = '''
-import pytest
+import pytest, torch
 
 RAN = []
 
@@ -59,6 +59,16 @@ def test_bool():
 def test_mode():
     RAN.append("mode")
 
+@pytest.mark.gpusync(max_syncs_per_step=0)
+@pytest.mark.gpusync(max_syncs_per_step=5)
+def test_two_markers():
+    RAN.append("two")
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here")
+@pytest.mark.gpusync(mode="cuda")
+def test_cuda_without_a_gpu():
+    RAN.append("cuda")
+
 def test_zz_no_body_ran():
     assert RAN == []
 '''
@@ -67,10 +77,42 @@ def test_zz_no_body_ran():
 def test_marker_arguments_that_check_nothing_are_errors(pytester):
     pytester.makepyfile(test_bad=BAD_MARKERS)
     result = pytester.runpytest("-p", "no:randomly")
-    result.assert_outcomes(passed=1, failed=4)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    result.assert_outcomes(passed=1, failed=6 - cuda, skipped=int(cuda))
     result.stdout.fnmatch_lines([
         "*unknown argument(s) max_sync_per_step (known: max_syncs_per_step, mode, warmup)*",
         "*positional arguments (0) are not accepted*",
         "*max_syncs_per_step must be an int >= 0, got True*",
-        "*mode must be one of auto, simulate, cuda, got 'gpu'*"])
+        "*mode must be one of auto, simulate, cuda, got 'gpu'*",
+        "*2 markers on one test; give one, with every argument it needs*"])
+    if not cuda:  # one line of gpusync's, not a traceback into gpusync/modes.py
+        result.stdout.fnmatch_lines(["*mode 'cuda' needs a CUDA device, and torch sees none*"])
+        assert "modes.py" not in result.stdout.str()
+
+
+def test_a_marker_without_a_limit_allows_no_sync_and_lists_only_the_steps_sites(pytester):
+    """`@pytest.mark.gpusync()` checked nothing; the failure listed the building's copies
+    among the sites of "N sync(s) in one step"."""
+    pytester.makepyfile(test_limit='''
+import pytest, torch
+
+@pytest.mark.gpusync(mode="simulate")
+def test_reads():
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    print(model.weight.tolist())  # building: not a step's
+    for _ in range(3):
+        loss = model(torch.randn(4, 3)).sum()
+        opt.zero_grad(); loss.backward(); opt.step()
+        loss.item()
+''')
+    # its own process: torch._dynamo, first imported by the optimizer's step, does not
+    # import again in one whose earlier runs pytester rolled sys.modules back after
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*SyncsFound: 1 host<-device sync(s) in one step, at most 0*",
+                                 "*item x3*"])
+    assert "tolist" not in result.stdout.str()
 
