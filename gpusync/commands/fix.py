@@ -73,6 +73,12 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
         raise BadInput(f"gpusync fix edits a script (train.py); {target!r} is not one")
     if apply_ and os.path.lexists(f"{target}.orig"):  # before minutes of runs, not after
         raise BadInput(f"{target}.orig exists (move it away to keep it); nothing written")
+    if apply_:
+        folder = os.path.dirname(os.path.abspath(target))
+        for path, access in ((target, os.W_OK), (folder, os.W_OK | os.X_OK)):
+            if os.path.exists(path) and not os.access(path, access):
+                raise BadInput(f"--apply: {path} is not writable (it must take the patched "
+                               f"file and {os.path.basename(target)}.orig); nothing written")
     settings = {}
     if tuned:
         from ..tune_script import load_tuned

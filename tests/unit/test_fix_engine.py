@@ -104,6 +104,36 @@ def test_apply_writes_the_file_and_keeps_the_original_and_never_overwrites_a_bac
     assert (script / "train.py").read_text() == SCRIPT  # nothing written
 
 
+def test_apply_that_cannot_write_puts_everything_back_and_prints_the_patch(script,
+                                                                           monkeypatch):
+    """An immutable file (root ignores modes, not `chattr +i`): the write fails after the
+    checks.  It was a traceback, exit 1, no patch, and a train.py.orig that refused the next
+    try."""
+    from gpusync.fix import write
+
+    def refused(path, data):
+        raise PermissionError(1, "Operation not permitted", path)
+
+    monkeypatch.setattr(write, "replace_bytes", refused)
+    proc = run_main("fix", "train.py", "--apply", cwd=script)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        "train.py: Operation not permitted; nothing written")
+    assert "+++ b/train.py" in proc.stdout  # what was verified is not lost
+    assert (script / "train.py").read_text() == SCRIPT
+    assert not (script / "train.py.orig").exists()
+
+
+def test_apply_where_the_file_cannot_be_written_is_refused_before_the_runs(script,
+                                                                          monkeypatch):
+    import gpusync.commands.fix as command
+
+    monkeypatch.setattr(command.os, "access", lambda path, mode: not path.endswith("train.py"))
+    proc = run_main("fix", "train.py", "--apply", cwd=script)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--apply: train.py is not writable" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_bad_input_is_one_line_and_exit_2(script, tmp_path):
     for args, words in ((["fix", "missing.py"], "not found"),
                         (["fix", "train.py", "--only", "nope"], "unknown remedy 'nope'"),
