@@ -142,3 +142,16 @@ def test_a_script_too_short_to_time_stops_at_its_baseline(tmp_path):
     assert proc.returncode == 3
     assert "could not be timed: only" in proc.stderr and "needs 7" in proc.stderr
     assert "candidate 2/2" not in proc.stderr  # nothing else was run
+
+
+def test_a_script_that_raises_as_it_is_is_one_line_and_what_it_printed(tmp_path, monkeypatch):
+    """As scan and fix say it: where it raised and the -v hint, not gpusync's frames."""
+    (tmp_path / "toy.py").write_text(TOY)
+    monkeypatch.setenv("TOY", "crash")
+    proc = gpusync("tune", "toy.py", "-q", cwd=tmp_path)
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("gpusync: the script as it is raised RuntimeError: toy crash at ")
+    assert lines[0].endswith("toy.py:10 (-v: the traceback)")
+    assert lines[1:] == ["what it printed last:", "TOY is 'crash'"]
+    assert "Traceback" not in proc.stderr and "gpusync/targets.py" not in proc.stderr
