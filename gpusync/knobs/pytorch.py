@@ -256,9 +256,18 @@ def spell(settings: Settings, builds: Builds) -> dict:
     """The settings as code to paste, at the places the script built the objects."""
     parts = []
     if settings.get(PIN):
-        loaders = _at(builds.get("dataloaders") or [], "where the script builds its DataLoader")
+        built = builds.get("dataloaders") or []
+        unpinned = [d for d in built if not d["pin_memory"]]
+        # a loader that pins already (pin_memory=True handed in through **kwargs, say) is
+        # left as it is: a second pin_memory= there is a TypeError
+        if unpinned or not built:
+            loaders = (f"{_at(unpinned, 'where the script builds its DataLoader')}\n"
+                       "DataLoader(..., pin_memory=True)")
+        else:
+            sites = ", ".join(d["site"] for d in built if d.get("site"))
+            loaders = "# its DataLoaders pin already" + (f" ({sites})" if sites else "")
         copies = _at(builds.get("batch_copies") or [], "where it copies the batches")
-        parts.append(f"{loaders}\nDataLoader(..., pin_memory=True)\n{copies}\n"
+        parts.append(f"{loaders}\n{copies}\n"
                      "batch.to(device, non_blocking=True)  # or batch.cuda(non_blocking=True)")
     if settings.get(FUSED):
         opts = builds.get("optimizers") or []

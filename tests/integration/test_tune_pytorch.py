@@ -115,6 +115,21 @@ def test_chosen_settings_are_spelled_without_gpusync():
     assert "gpusync" not in python
 
 
+def test_loaders_that_pin_already_are_left_as_they_are():
+    """pin_memory=True handed in through **kwargs (pytorch/examples' vae): the script's own
+    blocking copies are what the setting changes; a second pin_memory= is a TypeError."""
+    builds = {"dataloaders": [{"pin_memory": True, "site": "main.py:37"},
+                              {"pin_memory": True, "site": "main.py:41"}],
+              "batch_copies": [{"site": "main.py:64"}]}
+    python = knobs.emit({pytorch.PIN: True}, builds)["python"]
+    assert python == ("# its DataLoaders pin already (main.py:37, main.py:41)\n"
+                      "# where it copies the batches at main.py:64:\n"
+                      "batch.to(device, non_blocking=True)  # or batch.cuda(non_blocking=True)")
+    builds["dataloaders"][1]["pin_memory"] = False  # only the one that does not
+    assert knobs.emit({pytorch.PIN: True}, builds)["python"].startswith(
+        "# where the script builds its DataLoader at main.py:41:\n")
+
+
 def test_applied_settings_are_recorded_and_undone():
     """knobs.applied as gpusync run applies it: the DataLoaders built under it pin, the
     script's own values are recorded, and nothing stays set after it (cuDNN's flag either)."""
