@@ -180,8 +180,10 @@ def emit_env(tune) -> str:
     emit = script_document(tune)["emit"]
     also = ("# the other chosen settings are code: gpusync tune --emit python\n"
             if emit["python"] else "")
-    return ("".join(f"{line}\n" for line in user.export_lines(emit["env"])) or (
-        "# no environment variable carries these settings in the installed libraries\n")) + also
+    none = ("# no environment variable carries these settings in the installed libraries\n"
+            if emit["python"] else
+            "# nothing to change: the script's own settings were kept\n")
+    return ("".join(f"{line}\n" for line in user.export_lines(emit["env"])) or none) + also
 
 
 @renders("tune-emit", "python")
