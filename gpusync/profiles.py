@@ -12,7 +12,8 @@ from .fileio import read_user_file
 _KEYS = {"name": str, "description": str, "workload": str, "args": dict, "steps": int,
          "warmup": int, "requires": list, "tune": dict, "tuned": dict}
 _TUNE_KEYS = {"candidates": list, "knobs": list}
-_CANDIDATE_KEYS = {"name": str, "args": dict, "approximate": bool, "note": str}
+_CANDIDATE_KEYS = {"name": str, "args": dict, "approximate": bool, "note": str,
+                   "gpu_speed_only": bool}
 
 
 @dataclass
@@ -22,6 +23,8 @@ class ProfileCandidate:
     args: dict
     approximate: bool = False  # may change the numerics (e.g. semi_sync): needs opt-in
     note: str = ""
+    # its gain is a GPU's (streams, waits): a CPU's step time never chooses it
+    gpu_speed_only: bool = False
 _REQUIRED = ("name", "workload")
 
 
@@ -163,7 +166,8 @@ def _candidates(tune: dict, source: str) -> list[ProfileCandidate]:
         if any(c.name == item["name"] for c in out):
             raise BadInput(f"{where}: duplicate candidate name '{item['name']}'")
         out.append(ProfileCandidate(item["name"], dict(item.get("args") or {}),
-                             item.get("approximate", False), item.get("note", "")))
+                                    item.get("approximate", False), item.get("note", ""),
+                                    item.get("gpu_speed_only", False)))
     if out[0].approximate:
         raise BadInput(f"profile {source}: the baseline (first candidate) cannot be approximate")
     return out

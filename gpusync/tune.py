@@ -104,10 +104,13 @@ class Decision:
 
 def decide(result: TechniqueResult, candidates: dict[str, ProfileCandidate],
            allow_approximate: bool, tolerance: float, p_max: float, min_gain: float,
-           again_ms: list[float] | None = None) -> Decision:
+           again_ms: list[float] | None = None, gpu: bool = True) -> Decision:
     """Pure: the measured result in, the choice and a verdict per candidate out. `again_ms`:
     the reference timed again after the candidates; a candidate must beat that run too, so a
-    machine that drifted (the first run cold, a neighbour's load) cannot make a win."""
+    machine that drifted (the first run cold, a neighbour's load) cannot make a win. Without
+    a `gpu` a candidate marked `gpu_speed_only` is never chosen for speed: the built-in
+    profiles' (the writeback's, the pipelines') gain on a GPU's streams and waits, which a
+    CPU's step time does not show."""
     reference = next(m for m in result.variants if m.name == result.reference)
     noise = result.reference_noise or 0.0
     if not math.isfinite(noise):  # NaN losses, or a shape that changes from run to run
@@ -127,6 +130,10 @@ def decide(result: TechniqueResult, candidates: dict[str, ProfileCandidate],
             continue
         verdict = _judge(m, reference, candidates[m.name], allowance, allow_approximate,
                          p_max, min_gain, again_ms)
+        if (not gpu and candidates[m.name].gpu_speed_only
+                and verdict.status in (CandidateStatus.QUALIFIED, CandidateStatus.NOT_FASTER)):
+            verdict = CandidateVerdict(CandidateStatus.NOT_FASTER, (
+                f"not chosen for speed on a CPU: its gain is a GPU's (here {verdict.reason})"))
         outcomes[m.name] = verdict
         if verdict.status is CandidateStatus.QUALIFIED:
             qualified.append(m.name)
@@ -134,8 +141,10 @@ def decide(result: TechniqueResult, candidates: dict[str, ProfileCandidate],
             if gain > best_gain:
                 best, best_gain = m, gain
     if best is reference:
-        outcomes[reference.name] = CandidateVerdict(
-            CandidateStatus.CHOSEN, "baseline (no candidate clearly faster with parity)")
+        held = not gpu and any(c.gpu_speed_only for c in candidates.values())
+        outcomes[reference.name] = CandidateVerdict(CandidateStatus.CHOSEN, (
+            "baseline (on a CPU no candidate whose gain is a GPU's is chosen for speed)"
+            if held else "baseline (no candidate clearly faster with parity)"))
     else:
         outcomes[best.name] = CandidateVerdict(CandidateStatus.CHOSEN, outcomes[best.name].reason)
     return Decision(best.name, outcomes, best_gain, 1.0 - best.p90_ms / reference.p90_ms,
@@ -247,7 +256,8 @@ def run_tune(target_text: str | None, device: str, steps: int, repeats: int,
                            self_checks=SELF_CHECKS)
     candidates = {c.name: c for c in profile.candidates}
     return ProfileTune(profile, result, decide(result, candidates, allow_approximate,
-                                               tolerance, p_max, min_gain))
+                                               tolerance, p_max, min_gain,
+                                               gpu=device == "cuda"))
 
 
 def tuned_args(profile: Profile, decision: Decision) -> dict:

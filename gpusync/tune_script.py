@@ -16,7 +16,6 @@ import dataclasses
 import math
 import os
 import shlex
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,17 +273,7 @@ def _discover(plan: TunePlan, progress: Progress, lead) -> ScriptTune:
     path = plan.record()
     base_scan, failure = runs.candidate(plan.job({}, True, path), plan.timeout, lead=lead)
     if failure:  # as scan and fix say it: where it raised, and what it printed last
-        from . import verbosity
-        from .errors import UserCodeError
-
-        where = runs.raised_at(base_scan.traceback)
-        hint = "" if verbosity.verbose() or not base_scan.traceback else " (-v: the traceback)"
-        if verbosity.verbose() and base_scan.traceback:
-            sys.stderr.write(base_scan.traceback)
-        trace = "\n".join(base_scan.traceback.rstrip().splitlines()[-12:])
-        printed = base_scan.output.strip().removesuffix(trace).strip()
-        raise UserCodeError(f"the script as it is {failure}{where}{hint}"
-                            + (f"\nwhat it printed last:\n{printed}" if printed else ""))
+        raise runs.as_it_is_failed(failure, base_scan.traceback, base_scan.output)
     cands = knobs.candidates(base_scan.builds, cuda, plan.extra)
     tune = ScriptTune(plan.target, command, "cuda" if cuda else "cpu", base_scan.builds,
                       [CandidateRun(c) for c in cands], block=plan.block)

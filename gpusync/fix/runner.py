@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import runs, verbosity
-from ..errors import UserCodeError
 from ..remedies import Facts
 from ..report import Site
 from . import compare
@@ -68,13 +67,6 @@ class Runner:
         run, failure = self.run({}, observe=True)
         if run is None:  # as scan says it: where it raised, and what the script printed last
             last = self.last or runs.ChildResult(runs.ChildStatus.RUNNING)
-            where = runs.raised_at(last.traceback)
-            hint = "" if verbosity.verbose() or not last.traceback else " (-v: the traceback)"
-            if verbosity.verbose() and last.traceback:
-                sys.stderr.write(last.traceback)
-            trace = "\n".join(last.traceback.rstrip().splitlines()[-12:])  # candidate_failure's
-            printed = last.output.strip().removesuffix(trace).strip()
-            raise UserCodeError(f"the script as it is {failure}{where}{hint}"
-                                + (f"\nwhat it printed last:\n{printed}" if printed else ""))
+            raise runs.as_it_is_failed(failure or "failed", last.traceback, last.output)
         run.facts.settings = dict(self.plan.tuned)
         return run

@@ -17,12 +17,12 @@ from ..errors import BadInput
 from ..progress import Progress
 from . import inprocess, merge, process
 from .jobs import CandidateJob, FixJob, ScanJob, TimingJob
-from .results import ChildResult, ChildStatus, ScanOutcome, raised_at
+from .results import ChildResult, ChildStatus, ScanOutcome, as_it_is_failed, raised_at
 from .torchrun import Lockstep, RankEnv, torchrun_env
 
 __all__ = ["CandidateJob", "ChildResult", "FixJob", "Lockstep", "RankEnv", "ScanJob", "ScanOutcome",
-           "TimingJob", "candidate", "follow", "leading", "raised_at", "scan", "step_times",
-           "torchrun_env"]
+           "TimingJob", "as_it_is_failed", "candidate", "follow", "leading", "raised_at", "scan",
+           "step_times", "torchrun_env"]
 
 # Runs a job in one process: (job, timeout=, capture=, on_snapshot=, env=) -> ChildResult; a
 # torchrun rank's runs too. GPUSYNC_IN_PROCESS=1 is for gpusync's own tests, not users: the

@@ -50,6 +50,21 @@ def raised_at(traceback_text: str) -> str:
     return f" at {file}:{line}"
 
 
+def as_it_is_failed(failure: str, traceback_text: str, output: str) -> errors.UserCodeError:
+    """The error for a script that failed as it is (fix's and tune's first run), as scan says
+    it: where it raised and the -v hint (with -v, the traceback on stderr first), then what it
+    printed last, without the traceback the output's tail ends with."""
+    from .. import verbosity
+
+    hint = "" if verbosity.verbose() or not traceback_text else " (-v: the traceback)"
+    if verbosity.verbose() and traceback_text:
+        sys.stderr.write(traceback_text)
+    trace = "\n".join(traceback_text.rstrip().splitlines()[-12:])  # candidate_failure's
+    printed = output.strip().removesuffix(trace).strip()
+    return errors.UserCodeError(f"the script as it is {failure}{raised_at(traceback_text)}{hint}"
+                                + (f"\nwhat it printed last:\n{printed}" if printed else ""))
+
+
 def describe_death(returncode: int) -> str:
     if returncode == TIMED_OUT:
         return "ran past its time limit and was stopped"

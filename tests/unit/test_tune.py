@@ -43,6 +43,23 @@ def test_the_largest_significant_gain_with_parity_wins():
     assert d.verdicts["fast"].startswith("median 10.0% faster")
 
 
+def test_on_a_cpu_a_candidate_whose_gain_is_a_gpus_is_never_chosen_for_speed():
+    """The built-in writeback and pipeline profiles' candidates: a CPU's step time says
+    nothing of a GPU's waits (gpusync tune writeback chose by it)."""
+    res = result(measured("fast", scaled(0.9)), measured("faster", scaled(0.8)))
+    candidates = {**cands(), "faster": ProfileCandidate("faster", {}, gpu_speed_only=True)}
+    on_cpu = decide(res, candidates, False, 0.0, p_max=0.01, min_gain=0.02, gpu=False)
+    assert on_cpu.chosen == "fast"  # an ordinary candidate is still timed on a CPU
+    assert on_cpu.verdicts["faster"] == ("not clearly faster: not chosen for speed on a CPU: "
+                                         "its gain is a GPU's (here median 20.0% faster than "
+                                         "the baseline, p=8.5e-05)")
+    assert decide(res, candidates, False, 0.0, p_max=0.01, min_gain=0.02).chosen == "faster"
+    only_gpu = {n: ProfileCandidate(n, {}, gpu_speed_only=n != "base") for n in cands()}
+    d = decide(res, only_gpu, False, 0.0, p_max=0.01, min_gain=0.02, gpu=False)
+    assert d.chosen == "base" and d.verdicts["base"] == (
+        "chosen: baseline (on a CPU no candidate whose gain is a GPU's is chosen for speed)")
+
+
 def test_a_faster_candidate_with_different_results_is_rejected():
     d = choose(result(measured("wrong", scaled(0.5), diff=1e-3)))
     assert d.chosen == "base"
