@@ -198,7 +198,8 @@ def _verify(proposals: list[Proposal], original: _Original, runner: Runner,
                                        output=False)
         compared.append("printed output not compared: " + "; ".join(changes))
         return Check(run.syncs_per_step, removed, moved, compared,
-                     None if why is None else compare.differs(why, tolerance))
+                     None if why is None else compare.differs(why, tolerance,
+                                                                  original.run.record))
     output = any(p.output_matters for p in proposals)
     why, compared = _parity(original, run, tolerance, output)
     return Check(run.syncs_per_step, removed, moved, compared, why)

@@ -98,14 +98,19 @@ def parameters(base: list, other: list, rtol: float, atol: float,
                    f"{tuple(b.shape)} {b.dtype}"
         if torch.equal(a, b):
             continue
-        same = False
+        same, allowed = False, ""
         if a.is_floating_point() and scaled:
             scale = float(b.abs().max()) if b.numel() else 0.0
             same = torch.allclose(a, b, rtol=0.0, atol=atol + rtol * scale, equal_nan=True)
+            allowed = f", {atol + rtol * scale:.3g} allowed"
         elif a.is_floating_point():
             same = torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
         if not same:
-            return f"final parameter {i + 1} {tuple(a.shape)} differs from the original's"
+            by = ""
+            if a.is_floating_point() and a.numel():
+                gap = (a.double() - b.double()).abs().nan_to_num(math.inf).max()
+                by = f" by up to {float(gap):.3g}{allowed}"
+            return f"final parameter {i + 1} {tuple(a.shape)} differs from the original's{by}"
     return None
 
 
@@ -169,13 +174,15 @@ def _difference(base: dict, other: dict, rtol: float, atol: float, output: bool,
     return why
 
 
-def differs(why: str, tolerance: Tolerance) -> str:
-    """The rejection, naming the option that would admit a difference of numbers."""
+def differs(why: str, tolerance: Tolerance, base: dict | None = None) -> str:
+    """The rejection, naming the tolerance it was judged by (from the original's record
+    `base`) and the option that would admit a difference of numbers."""
     if why.startswith(("printed line", "it printed", "it called", "its optimizers")):
         return f"differs from the original: {why}"
     admit = "a larger" if tolerance.rtol or tolerance.atol or tolerance.rounding else "a"
-    return (f"differs from the original: {why} ({tolerance.option}: {admit} tolerance admits "
-            "a change that only rounds differently)")
+    applied = f"judged {tolerance.text(base)}; " if base is not None else ""
+    return (f"differs from the original: {why} ({applied}{tolerance.option}: {admit} "
+            "tolerance admits a change that only rounds differently)")
 
 
 def printed_steady(base: str, again: str, other: str) -> tuple[str | None, bool]:
@@ -211,7 +218,7 @@ def judge(base: dict, other: dict, again: Callable[[], dict | None], tolerance: 
     second = again()
     own = None if second is None else parity(base, second, tolerance, output=True)[0]
     if second is None or own is None:
-        return differs(why, tolerance), compared
+        return differs(why, tolerance, base), compared
     numbers, _ = parity(base, second, tolerance, output=False)
     if numbers is not None:
         return ("the script does not repeat its own results under the same seeds "
@@ -219,10 +226,10 @@ def judge(base: dict, other: dict, again: Callable[[], dict | None], tolerance: 
                 ), compared
     why, compared = parity(base, other, tolerance, output=False)
     if why is not None:
-        return differs(why, tolerance), compared
+        return differs(why, tolerance, base), compared
     steady, comparable = printed_steady(base["printed"], second["printed"], other["printed"])
     if steady is not None:
-        return differs(steady, tolerance), compared
+        return differs(steady, tolerance, base), compared
     if not comparable:
         if output:
             return ("what the script prints changes shape from run to run: a change that "
