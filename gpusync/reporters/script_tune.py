@@ -6,11 +6,11 @@ import json
 import time
 
 import yaml
+from tabulate import tabulate
 
 from .. import knobs
 from ..knobs import user
-from .bench import technique_table
-from .common import md_cell, md_fence
+from .common import md_cell, md_fence, md_rows
 from .registry import renders
 
 UNCHANGED = "baseline"  # the candidate that is the script as it is (JSON: "baseline")
@@ -142,14 +142,39 @@ def script_html(tune) -> str:
     return render_tune(script_document(tune), samples)
 
 
+def candidates_table(tune, candidates: list[dict], fmt: str) -> str:
+    """Every candidate, timed or not (a GPU's gain on a CPU runs once, scanned: its times are
+    `-`): the technique table's columns, from the JSON document's candidates."""
+    rows = []
+    base = candidates[0]["p50_ms"]
+    for c in candidates:
+        timed = c["p50_ms"] is not None
+        phases = ", ".join(f"{k} {n:g}" for k, n in (c["syncs_by_phase"] or {}).items()) or "-"
+        rows.append([c["name"] + (" (the script as it is)" if c["name"] == UNCHANGED else ""),
+                     f"{c['p50_ms']:.3f}" if timed else "-",
+                     f"{c['p90_ms']:.3f}" if timed else "-",
+                     f"{c['p50_ms'] / base:.3f}" if timed and base else "-",
+                     "-" if c["syncs_per_step"] is None else f"{c['syncs_per_step']:g}", phases,
+                     c["parity"] or "-"])
+    if fmt == "markdown":
+        rows = md_rows(rows)
+    head = ""
+    if tune.result is not None:
+        r = tune.result
+        head = (f"{r.repeats} samples per timed candidate, each the mean of {r.steps} steps, "
+                f"on {r.hardware}\n")
+    return head + tabulate(rows, headers=["candidate", "p50 ms", "p90 ms", "vs baseline",
+                                          "syncs/step", "syncs by phase", "parity"],
+                           tablefmt="github" if fmt == "markdown" else "simple") + "\n"
+
+
 def _script_text(tune, fmt: str) -> str:
     from ..tune import faster
 
     data = script_document(tune)
     md = fmt == "markdown"
     out = [f"## gpusync tune of {md_cell(tune.target)}" if md else f"gpusync tune of {tune.target}"]
-    if tune.result is not None:
-        out.append(technique_table(tune.result, fmt))
+    out.append(candidates_table(tune, data["candidates"], fmt))
     for c in data["candidates"]:
         line = f"- {c['name']}: {c['status']}" + (f": {c['reason']}" if c["reason"] else "")
         out.append(" ".join(line.splitlines()) if md else line)

@@ -161,3 +161,20 @@ def test_a_script_that_raises_as_it_is_is_one_line_and_what_it_printed(tmp_path,
     assert lines[0].endswith("toy.py:10 (-v: the traceback)")
     assert lines[1:] == ["what it printed last:", "TOY is 'crash'"]
     assert "Traceback" not in proc.stderr and "gpusync/targets.py" not in proc.stderr
+
+
+def test_the_table_lists_every_candidate_timed_or_not(tmp_path):
+    """On a CPU the fused optimizer's gain is a GPU's: it runs once, scanned, and was missing
+    from the table (with nothing timed there was no table at all)."""
+    (tmp_path / "toy.py").write_text(TOY)
+    proc = gpusync("tune", "toy.py", "--knob", "env:TOY=fast", "--steps", "1", "--repeats", "5",
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[0]: line.split() for line in proc.stdout.splitlines()
+            if line.startswith(("baseline", "torch.optim.fused", "env:TOY"))}
+    assert set(rows) == {"baseline", "torch.optim.fused=true", "env:TOY=fast"}
+    import torch
+
+    if not torch.cuda.is_available():
+        assert rows["torch.optim.fused=true"][1:4] == ["-", "-", "-"]  # not timed on a CPU
+    assert rows["torch.optim.fused=true"][-1] == "identical"
