@@ -34,8 +34,11 @@ from public_scripts import REPO, execute, run_env  # noqa: E402
 def _fix(copy: Path, root: Path, entry: dict[str, Any], python: str, timeout: float
          ) -> dict[str, Any]:
     env = run_env(copy.parent, {**entry, "dir": copy.name})
+    # the scan's arguments where the manifest has them (a script that uses the GPU only when
+    # told to: char_rnn's --cuda), as scripts/public_scripts.py scans it
+    args = [*map(str, entry.get("scan_args", entry.get("args", [])))]
     cmd = [python, "-m", "gpusync", "fix", entry["script"], "--format", "json", "-o",
-           "fix.json", "--", *map(str, entry.get("args", []))]
+           "fix.json", "--", *args]
     rc, _, err, timed_out = execute(cmd, copy, env, timeout, False)
     out: dict[str, Any] = {"name": entry["name"], "rc": rc, "timed_out": timed_out,
                            "error": "" if rc == 0 else err.strip().splitlines()[-1:]}
@@ -50,7 +53,7 @@ def _fix(copy: Path, root: Path, entry: dict[str, Any], python: str, timeout: fl
                                capture_output=True)
         out["git_apply"] = check.returncode == 0 or check.stderr.strip()
         scan = [python, "-m", "gpusync", "scan", entry["script"], "--format", "json", "--",
-                *map(str, entry.get("args", []))]
+                *args]
         rc, stdout, _, _ = execute(scan, copy, env, timeout, False)
         out["rescan"] = json.loads(stdout)["syncs_per_step"] if rc == 0 and stdout else None
     return out
