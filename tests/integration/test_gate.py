@@ -189,6 +189,8 @@ def _set(project, mutate):
     (lambda d: d["sites"][0].update(margin=-1), "sites[0].margin: -1"),
     (lambda d: d["sites"][0].update(margin=False), "sites[0].margin: False"),
     (lambda d: d.update(steps=0), "steps: 0"),
+    (lambda d: d.update(measured_steps=0), "measured_steps: 0"),  # a run always measures one
+    (lambda d: d.update(step_unit="epochs"), "step_unit: 'epochs'"),
     (lambda d: d.pop("warmup"), "'warmup' is a required property"),
     (lambda d: d.update(timing={"samples_ms": [1.0, "x"]}), "timing.samples_ms[1]"),
 ])
