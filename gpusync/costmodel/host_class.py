@@ -97,7 +97,7 @@ def measure(name: str | None = None) -> HostClass:
     if torch.cuda.is_available():
         try:
             figures = op_probe.measure()
-        except RuntimeError as error:  # a CUDA error: the file without them, said in one line
+        except Exception as error:  # a CUDA error, say: the file without them, in one line
             from gpusync import verbosity
 
             why = str(error).splitlines()[0] if str(error) else type(error).__name__
