@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import UserCodeError
 from ..reporters import render_as
 from .common import SystemExitCode, scan_or_fail, under_torchrun
 from .options import (
@@ -47,8 +48,15 @@ def gate_command(target, script_args, baseline_path, time_factor, p_max, max_noi
         def scan(target, steps, warmup, mode, script_args):
             return scan_or_fail(target, steps, warmup, mode, "gate", lead, script_args)
 
-        verdict = run_gate(baseline_path, target, script_args, rule, steps, warmup, mode,
-                           scan, torchrun.world, lead)
+        try:
+            verdict = run_gate(baseline_path, target, script_args, rule, steps, warmup, mode,
+                               scan, torchrun.world, lead)
+        except UserCodeError as e:
+            if fmt == "github":  # the pull request shows why, not only the log
+                from ..reporters.gate import failed_github
+
+                click.echo(failed_github(str(e)), nl=False)
+            raise
     click.echo(render_as("gate", verdict, fmt), nl=False)
     if verdict.exit_code:
         raise SystemExitCode(verdict.exit_code)

@@ -55,6 +55,12 @@ def _problem(problem) -> dict:
     return {**d, "kind": problem.kind.value}
 
 
+def failed_github(message: str) -> str:
+    """The annotation for a gate whose scan failed (exit 3): the pull request shows why the
+    check failed, not only the log."""
+    return _annotation("error", message, title="gpusync: the scanned code failed") + "\n"
+
+
 @renders("gate", "github")
 def gate_github(verdict) -> str:
     out = []

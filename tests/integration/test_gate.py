@@ -290,3 +290,13 @@ def test_a_script_without_steps_is_one_step_in_its_baseline_and_its_gate(tmp_pat
     assert run("baseline", "ops.py", "-o", "b.json", cwd=tmp_path).returncode == 0
     assert json.loads((tmp_path / "b.json").read_text())["step_unit"] == "none"
     assert run("gate", "--baseline", "b.json", cwd=tmp_path).returncode == 0
+
+
+def test_a_scan_that_fails_is_an_annotation_under_github_format(project):
+    """Exit 3 printed nothing on stdout: the pull request showed no reason."""
+    edit(project, "    raise RuntimeError('broken')\n")
+    proc = gate(project, "--format", "github")
+    assert proc.returncode == 3
+    [line] = proc.stdout.splitlines()
+    assert line.startswith("::error title=gpusync%3A the scanned code failed::the scanned code "
+                           "raised RuntimeError: broken")
