@@ -86,7 +86,7 @@ class ScriptTarget:
 def settle_threads() -> None:
     """Before the script's objects go: let threads that wait for the GIL to free what it
     left finish. gloo's runloop destroys its last allreduce's work after DDP's backward
-    returned, and the work's tensors have Python objects (the scan's rules saw them); DDP's
+    returned, and freeing its tensors takes the GIL where Python has seen them; DDP's
     reducer, freed with the GIL held, joins that thread, and the two waited for each other for
     ever (about one in 90 scans of a DDP script in one process)."""
     if "torch.distributed" in sys.modules:
