@@ -149,8 +149,9 @@ def md_rows(rows_):
 
 
 def md_line(text: str) -> str:
-    """One line of a Markdown list or heading: a newline would start a block of its own."""
-    return " ".join(text.splitlines())
+    """One line of a Markdown list or heading, shown literally: a newline would start a block
+    of its own, `<locals>` would be taken for HTML and `__iter__` for bold (md_cell)."""
+    return md_cell(text)
 
 
 def md_fence(text: str, minimum: int = 3) -> str:

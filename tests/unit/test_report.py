@@ -106,7 +106,10 @@ def test_a_spawned_processs_site_names_its_process(fmt):
         r.sites[1], process=Process(4027, "SpawnProcess-2"))))
     text = render(r, fmt)
     assert "train.py:20 (pid 4027)" in text and "train.py:10 (pid" not in text
-    assert "[in spawned process pid 4027 (SpawnProcess-2), per its own steps]" in text
+    said = "[in spawned process pid 4027 (SpawnProcess-2), per its own steps]"
+    if fmt == "markdown":  # shown literally there, not as a link's text
+        said = said.replace("[", "\\[").replace("]", "\\]")
+    assert said in text
     d = json.loads(render(r, "json"))
     assert [s["process"] for s in d["sites"]] == [None, "pid 4027 (SpawnProcess-2)"]
     from gpusync.schemas import validator
@@ -194,3 +197,14 @@ def test_a_run_that_ended_before_its_first_step_says_so(fmt):
     ended = build_report([ev("item", 0)], steps=1, warmup=1, mode="simulate", step_unit="none")
     assert "the code ended before its first step" in render(ended, fmt)
     assert "1 sync(s) in all that ran" in render(ended, fmt)
+
+
+def test_markdown_fixes_show_code_names_literally():
+    """`<locals>` was raw HTML that GitHub strips, `__iter__` a bold `iter` (Fabric's batch
+    copy's fix names `move_data_to_device.<locals>.batch_to` and `_FabricDataLoader.__iter__`)."""
+    event = dataclasses.replace(ev("H2D copy", 0), advice=(
+        "copy at apply_func.py:104 move_data_to_device.<locals>.batch_to, under "
+        "_FabricDataLoader.__iter__"))
+    text = render(build_report([event], steps=1, warmup=0, mode="simulate"), "markdown")
+    assert ("move\\_data\\_to\\_device.\\<locals\\>.batch\\_to, under "
+            "\\_FabricDataLoader.\\_\\_iter\\_\\_") in text
