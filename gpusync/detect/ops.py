@@ -95,7 +95,8 @@ class OpDetector:
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
         # the tensors of the last two batches a DataLoader handed out, by id (a WeakSet would
         # compare tensors with ==): moving one to the device begins the step that uses it
-        self._batches: list[dict[int, weakref.ref]] = [{}, {}]
+        # the leaves of the last two batches a DataLoader handed out, and the iterator of each
+        self._batches: list[tuple[dict[int, weakref.ref], object]] = [({}, None), ({}, None)]
         # where the gradients of the backward pass running now live (its roots'): a factory
         # handed a device at its top makes them (observer.cpp context_on_device)
         self.backward_on_device = True
@@ -135,15 +136,18 @@ class OpDetector:
                     self.host.mark_host(leaf)  # DataLoader batches are made in host memory
                 with contextlib.suppress(TypeError):
                     leaves[id(leaf)] = weakref.ref(leaf)
-        self._batches = [self._batches[1], leaves]
+        self._batches = [self._batches[1], (leaves, it)]
         return batch
 
     def _batch_moved(self, t: object) -> None:
         """A loader that copies each batch to the device before it fetches the next one
         (accelerate's DataLoaderShard) copies it before any fetch begins its step: the copy
         is the sign that the step begins."""
-        if any(ref() is t for ref in (b.get(id(t)) for b in self._batches) if ref is not None):
-            self.rec.tracker.batch_fetched()
+        for leaves, it in self._batches:
+            ref = leaves.get(id(t))
+            if ref is not None and ref() is t:
+                self.rec.tracker.batch_fetched(source=it)
+                return
 
     def new_parameter(self, call, cls, *args, **kwargs):
         param = call(cls, *args, **kwargs)

@@ -61,6 +61,11 @@ class PhaseTracker:
         # since a top-level forward (or a batch fetched) without autograd: an evaluation loop,
         # until the next training work
         self._eval = False
+        # the top-level modules trained so far: all of them in eval mode when a batch is
+        # fetched, it is an evaluation loop's (Hugging Face's Trainer fetches its eval batches
+        # with autograd on, after model.eval())
+        self._trained: weakref.WeakSet = weakref.WeakSet()
+        self._training_loaders: set[int] = set()  # datasets trained on during a pass (held)
         self._loaders: dict[int, _Epoch] = {}  # by the id of the dataset a DataLoader reads
         self._fetch_placed: list[str] = []  # boundaries the latest batch request placed
         self._handles: list = []
@@ -107,7 +112,7 @@ class PhaseTracker:
         return not self._module_stack and not self._in_optimizer and not self._in_backward
 
     # -- hooks -----------------------------------------------------------------------------
-    def batch_fetched(self, loader: object = None) -> None:
+    def batch_fetched(self, loader: object = None, source: object = None) -> None:
         """A DataLoader hands out a batch: outside any forward, backward or optimizer step that
         is the next iteration beginning, so copying the batch to the device belongs to it
         (not to the step before). Under no_grad (a validation loader) it moves only the
@@ -118,9 +123,20 @@ class PhaseTracker:
             self._batch_from(loader)
         self._fetch_placed = []
         if self._between_work():
-            training = torch.is_grad_enabled()
+            training = torch.is_grad_enabled() and not self._evaluating(loader or source)
             self._eval = self._eval or not training
             self._fetch_placed = self.steps.work_starts(training=training)
+
+    def _evaluating(self, iterator: object) -> bool:
+        """A batch of `iterator` (its loader's) is an evaluation loop's: not a loader trained
+        on before, and every top-level module trained so far in eval mode (model.eval()).
+        Hugging Face's Trainer fetches its eval batches with autograd on; its training loader,
+        known by then, still begins the next step after an evaluation, before model.train()."""
+        dataset = getattr(iterator, "_dataset", iterator)
+        if iterator is not None and id(dataset) in self._training_loaders:
+            return False
+        modules = list(self._trained)
+        return bool(modules) and not any(m.training for m in modules)
 
     def loader_ran_out(self, loader: object) -> None:
         """A DataLoader iterator raised StopIteration: no batch, so no step begins; an epoch's
@@ -144,6 +160,8 @@ class PhaseTracker:
         length, as Lightning's does, never sees it run out)."""
         dataset = getattr(loader, "_dataset", loader)
         epoch = self._loaders.get(id(dataset))
+        if epoch is not None and self.steps.trained() > epoch.trained:
+            self._training_loaders.add(id(dataset))  # _loaders holds it: its id stays its own
         if epoch is not None and epoch.iterator() is loader:
             return
         if epoch is not None:
@@ -162,6 +180,8 @@ class PhaseTracker:
         if self._between_work():
             training = torch.is_grad_enabled()
             self._eval = not training
+            if training and module.training:
+                self._trained.add(module)
             self.steps.work_starts(training=training)
             self._span_start = self.now()
             self.steps.begin(FORWARD, FORWARD)  # may stop the run: before the push

@@ -457,3 +457,42 @@ def test_an_agent_acting_under_inference_mode_is_one_site_whatever_ran_before(tm
     report = scan(tmp_path, text)
     [act] = [s for s in sites_at(report, text, "# ACT") if s.op == "H2D copy"]
     assert act.phase == "other" and act.count == 8
+
+
+# The Hugging Face Trainer's order around an evaluation every `eval_steps`: model.eval(), the
+# eval batches fetched with autograd on (the forward under no_grad), and model.train() inside
+# the next training step, after its batch was fetched and copied.
+EVAL_EVERY = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(4, 1).to("cuda")
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+train = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=4)
+val = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+for step, (x,) in enumerate(train):
+    x = x.to("cuda")  # COPY
+    model.train()
+    loss = model(x).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    if step % 4 == 3:
+        model.eval()
+        for (v,) in val:
+            with torch.no_grad():
+                print(model(v.to("cuda")).mean().item())  # EVAL
+'''
+
+
+def test_an_evaluation_fetched_with_autograd_on_stays_in_its_step(tmp_path):
+    """Its batches, fetched after model.eval() from a loader never trained on, are no sign of
+    the next step (they read as one: the evaluation landed in the next step, and a --steps
+    run cut it off); the training loader, known by then, still begins the next step."""
+    report = scan(tmp_path, EVAL_EVERY)
+    [evaluation] = [s for s in sites_at(report, EVAL_EVERY, "# EVAL") if s.op == "item"]
+    assert evaluation.in_steps == 2 and evaluation.count == 4  # steps 3 and 7, 2 batches each
+    assert evaluation.period == "every 4 steps"
+    [copy] = sites_at(report, EVAL_EVERY, "# COPY")
+    assert copy.per_step == 1.0 and copy.period == "every step"
+    stopped = scan(tmp_path, EVAL_EVERY, steps=3, warmup=1)  # steps 1-3: step 3 evaluates
+    [evaluation] = [s for s in sites_at(stopped, EVAL_EVERY, "# EVAL") if s.op == "item"]
+    assert evaluation.count == 2 and evaluation.per_step == pytest.approx(2 / 3)
