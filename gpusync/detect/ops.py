@@ -93,9 +93,8 @@ class OpDetector:
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
         self.device_default = 0  # >0: tensors C++ code makes from nothing live on the device
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
-        # the tensors of the last two batches a DataLoader handed out, by id (a WeakSet would
-        # compare tensors with ==): moving one to the device begins the step that uses it
-        # the leaves of the last two batches a DataLoader handed out, and the iterator of each
+        # the last two batches a DataLoader handed out, their tensors by id (a WeakSet compares
+        # with ==) and iterator: moving one to the device begins the step that uses it
         self._batches: list[tuple[dict[int, weakref.ref], object]] = [({}, None), ({}, None)]
         # where the gradients of the backward pass running now live (its roots'): a factory
         # handed a device at its top makes them (observer.cpp context_on_device)
@@ -140,14 +139,11 @@ class OpDetector:
         return batch
 
     def _batch_moved(self, t: object) -> None:
-        """A loader that copies each batch to the device before it fetches the next one
-        (accelerate's DataLoaderShard) copies it before any fetch begins its step: the copy
-        is the sign that the step begins."""
+        """A loader that copies each batch before it fetches the next (accelerate's
+        DataLoaderShard) does so before any fetch begins its step: the copy is the sign."""
         for leaves, it in self._batches:
-            ref = leaves.get(id(t))
-            if ref is not None and ref() is t:
-                self.rec.tracker.batch_fetched(source=it)
-                return
+            if (ref := leaves.get(id(t))) is not None and ref() is t:
+                return self.rec.tracker.batch_fetched(source=it)
 
     def new_parameter(self, call, cls, *args, **kwargs):
         param = call(cls, *args, **kwargs)
