@@ -87,3 +87,21 @@ def test_torchrec_pipeline_stages_are_phases_of_their_own():
                            ) == "emb_lookup"
     # the same names outside torchrec's pipelines are no stage
     assert _pipeline_stage([("/home/u/train.py", 1, "copy_batch_to_gpu")]) is None
+
+
+def test_a_module_moving_state_of_its_own_gets_the_module_move_advice():
+    """torchmetrics' Metric._apply moves its metric states after super()._apply returned:
+    no torch `_apply` frame is beneath the copy, only Module.to (it got the DataLoader
+    pinning advice, and the module-move one under Lightning, where a parent's _apply is)."""
+    from gpusync.detect.libraries.pytorch import MODULE_MOVE_ADVICE, module_move_advice
+
+    module_py = os.path.join(TORCH, "nn", "modules", "module.py")
+    metric = "/venv/lib/python3.11/site-packages/torchmetrics/metric.py"
+    under_to = [(metric, 768, "Metric._apply"), (module_py, 1380, "Module.to"),
+                ("/home/u/train.py", 105, "main")]
+    under_parent = [(metric, 768, "Metric._apply"), (module_py, 930, "Module._apply"),
+                    (module_py, 1380, "Module.to"), ("/home/u/train.py", 40, "main")]
+    assert module_move_advice("H2D copy", under_to) == MODULE_MOVE_ADVICE
+    assert module_move_advice("H2D copy", under_parent) == MODULE_MOVE_ADVICE
+    assert module_move_advice("H2D copy", [("/home/u/train.py", 9, "step")]) is None
+    assert module_move_advice("item", under_to) is None

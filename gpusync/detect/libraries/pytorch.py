@@ -91,10 +91,13 @@ MODULE_MOVE_ADVICE = ("a module's .to(device) / .cuda() copies each parameter an
 
 
 def module_move_advice(label: str, raw: list[tuple[str, int, str]]) -> str | None:
-    """MODULE_MOVE_ADVICE for a host-to-device copy made inside Module._apply."""
+    """MODULE_MOVE_ADVICE for a host-to-device copy made inside Module._apply, or under
+    Module.to / .cuda (a module's own `_apply` moving state of its own, as torchmetrics'
+    Metric._apply moves its metric states: no torch `_apply` frame is beneath it)."""
     if label != "H2D copy":
         return None
     for file, _, function in raw:
-        if function.endswith("_apply") and file.endswith(MODULE_MOVE_FILE):
+        if file.endswith(MODULE_MOVE_FILE) and function.rsplit(".", 1)[-1] in (
+                "_apply", "to", "cuda"):
             return MODULE_MOVE_ADVICE
     return None
