@@ -11,6 +11,7 @@ from typing import Callable, Iterator
 
 from . import _spawned
 from .detect.session import NOTHING_ON_GPU, Session
+from .detect.steps import OPTIMIZER
 from .errors import BadInput
 from .modes import resolve_mode
 from .report import Report, report_of
@@ -165,7 +166,7 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
     result = _result(session, error, notes=notes)
     if (steps is not None and not session.frozen and result.report.measured_steps > steps
-            and result.report.step_unit != "optimizer"):
+            and result.report.step_unit != OPTIMIZER):
         result = dataclasses.replace(result, report=dataclasses.replace(
             result.report, notes=(*result.report.notes, unstopped(steps))))
     # the children's sites, after the parent's: the report's per-step figures stay the parent's

@@ -176,10 +176,15 @@ class StepCounter:
         end was marked, the loader that ran out was a prefetching wrapper's source, exhausted
         a batch or more before the loop took its last one (timm's PrefetchLoader): the epoch
         ends in the step under way now, its last."""
-        if (self._epoch_ends and self._trained_at_end is not None
-                and self.trained() > self._trained_at_end):
+        if self._ended_early():
             self._epoch_ends[-1] = self._under_way()
         self._trained_at_end = None
+
+    def _ended_early(self) -> bool:
+        """Training went on after the last epoch end was marked (a prefetcher's source ran
+        out before the loop took its last batch)."""
+        return (bool(self._epoch_ends) and self._trained_at_end is not None
+                and self.trained() > self._trained_at_end)
 
     def _under_way(self) -> int:
         """The step under way: the one after the last boundary, or after the one that waits
@@ -217,8 +222,7 @@ class StepCounter:
                 count = len(r.boundaries) if self.stopped else len(r.boundaries) + 1
                 ends = [*r.ends, *([r.last_end] if r.last_end is not None else [])]
                 marked = list(self._epoch_ends)
-                if (marked and self._trained_at_end is not None
-                        and self.trained() > self._trained_at_end):
+                if self._ended_early():
                     marked.pop()  # a prefetcher's source ran out: the run's end ends it
                 epochs = {k for k in marked if k < count}
                 if epochs and not self.stopped:  # a run's end ends its last epoch
