@@ -113,9 +113,10 @@ def tune_script(plan: TunePlan, rule: dict, progress: Progress | None = None, le
         return _tune(plan, rule, progress, lead)
 
 
-CPU_DECIDES = ("no GPU: this run decides parity and syncs per step (exact on the virtual CUDA "
-               "device); speed only on a GPU, so the candidates whose gain is a GPU's run "
-               "once, untimed")
+# what a run without a GPU decides (a profile's tune says it too: commands/tune.py)
+NO_GPU = ("no GPU: this run decides parity and syncs per step (exact on the virtual CUDA "
+          "device); speed only on a GPU")
+CPU_DECIDES = NO_GPU + ", so the candidates whose gain is a GPU's run once, untimed"
 
 
 def _tune(plan: TunePlan, rule: dict, progress: Progress, lead) -> ScriptTune:

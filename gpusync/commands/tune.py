@@ -81,13 +81,12 @@ def _tune_profile_block(target, device, steps, repeats, rule, fmt, output) -> No
     from .. import outputs
     from ..reporters.tune import tuned_profile_text
     from ..tune import run_tune
-    from ..tune_script import CPU_DECIDES
+    from ..tune_script import NO_GPU
 
     tuned = run_tune(target, device, steps, repeats, **rule)
     if device != "cuda" and any(c.gpu_speed_only for c in tuned.profile.candidates):
-        verbosity.info("gpusync tune: " + CPU_DECIDES.split(", so the candidates")[0]
-                       + ": the candidates whose gain is a GPU's were timed on the CPU, never "
-                       "chosen for speed")
+        verbosity.info(f"gpusync tune: {NO_GPU}: the candidates whose gain is a GPU's were "
+                       "timed on the CPU, never chosen for speed")
     click.echo(render_as("tune", tuned, fmt), nl=False)
     if output:
         outputs.deliver(output, tuned_profile_text(tuned), "tuned profile")
