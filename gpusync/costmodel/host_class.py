@@ -27,10 +27,9 @@ KIND = "gpusync-host"
 SCHEMA_VERSION = 1
 # Fields a host file must give, and those it may; anything else is a misspelling.
 _REQUIRED = ("kind", "schema_version", "name", "probe_us")
-_OPTIONAL = ("cpu", "cores", "python", "torch", "measured", "view_us", "op_us",
-             "backward_op_us", "cudnn_call_us")
 # The per-op figures (op_probe.py), each optional: measured only where CUDA was.
 _PER_OP = ("view_us", "op_us", "backward_op_us", "cudnn_call_us")
+_OPTIONAL = ("cpu", "cores", "python", "torch", "measured", *_PER_OP)
 
 
 @dataclass(frozen=True)
