@@ -229,10 +229,10 @@ def unjudgeable(report, data: dict, steps: int | None) -> str | None:
     """Why a run's counts cannot be set against the baseline's, or None: a run that made no
     step (`-- --help`, an early `sys.exit(0)`) where the baseline's did (a script without an
     optimizer, backward or module is one step in both), one that counted its steps otherwise,
-    one that ended before the steps the baseline
-    measured (`os._exit(0)` is a script's own end), or one that never put a tensor on the GPU
-    (it took another path than the baseline's run: its syncs on CUDA are not there to count).
-    Each would pass, or read as a win whose suggested baseline stops gating anything."""
+    one that ended before the steps the baseline measured (`os._exit(0)` is a script's own
+    end), or one that never put a tensor on the GPU (it took another path than the baseline's
+    run: its syncs on CUDA are not there to count). Each would pass, or read as a win whose
+    suggested baseline stops gating anything."""
     from .detect.steps import NONE, NOTHING_ON_GPU
 
     unit = data.get("step_unit")  # absent in a baseline older than the field
@@ -242,7 +242,8 @@ def unjudgeable(report, data: dict, steps: int | None) -> str | None:
     if unit is not None and report.step_unit != unit:
         return (f"the run counted its steps by {report.step_unit} where the baseline's counted "
                 f"them by {unit}: it took another path (other arguments, an early exit)")
-    expected = min(steps or data.get("measured_steps", 0), data.get("measured_steps", 0))
+    measured = data.get("measured_steps", 0)
+    expected = min(steps or measured, measured)
     if report.measured_steps < expected:
         return (f"the run ended after {report.measured_steps} measured step(s), short of the "
                 f"baseline's {expected}: an early exit cannot be compared with whole steps")
