@@ -44,7 +44,9 @@ def tuned(tmp_path_factory):
     path.write_text(PLAIN)
     plan = tune_script.TunePlan(str(path), (), "simulate", block=1, repeats=5, warmup=2,
                             timeout=300)
-    rule = {"allow_approximate": False, "tolerance": 0.0, "p_max": 0.01, "min_gain": 0.02}
+    # a gain of 100% is never measured: nothing is chosen whatever a CPU's timings say (a
+    # zero_grad(set_to_none=True) could show a real gain here), so the tests read the same tune
+    rule = {"allow_approximate": False, "tolerance": 0.0, "p_max": 0.01, "min_gain": 1.0}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(runs, "runner", inprocess.run_in_process)
         return tune_script.tune_script(plan, rule), str(path)
