@@ -1,4 +1,11 @@
+import os
+
+from gpusync.detect import native
+
 pytest_plugins = ["pytester"]
+# read before pytester points HOME at a temporary folder: a subprocess run there would build
+# the C++ op observer again (half a minute) in a cache of its own
+CACHE = os.path.dirname(native.cache_dir())
 
 TEST_FILE = '''
 import pytest, torch
@@ -92,7 +99,8 @@ def test_marker_arguments_that_check_nothing_are_errors(pytester):
         assert "modes.py" not in result.stdout.str()
 
 
-def test_a_marker_without_a_limit_allows_no_sync_and_lists_only_the_steps_sites(pytester):
+def test_a_marker_without_a_limit_allows_no_sync_and_lists_only_the_steps_sites(pytester,
+                                                                                 monkeypatch):
     """`@pytest.mark.gpusync()` checked nothing; the failure listed the building's copies
     among the sites of "N sync(s) in one step"."""
     pytester.makepyfile(test_limit='''
@@ -110,6 +118,7 @@ def test_reads():
 ''')
     # its own process: torch._dynamo, first imported by the optimizer's step, does not
     # import again in one whose earlier runs pytester rolled sys.modules back after
+    monkeypatch.setenv("GPUSYNC_CACHE", CACHE)
     result = pytester.runpytest_subprocess()
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*SyncsFound: 1 host<-device sync(s) in one step, at most 0*",
