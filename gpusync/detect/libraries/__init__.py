@@ -12,7 +12,9 @@ user's level (the user cannot edit the library), the source it was read in (`sou
 file:function) and the version (`checked`). An entry with `outside` does not apply when a
 frame of the library path beneath the user's line lies in one of those paths: the same KJT
 method reached from torchrec's input distribution has the input distribution's remedy; one
-with `inside` applies only when a frame of that path lies in one of those.
+with `inside` applies only when a frame of that path lies in one of those, one with `through` only
+when a frame of that path is in one of those functions (the same division under a metric's
+forward and under its compute has two remedies).
 
 A framework's entries (FRAMEWORKS) also name the step of the framework's loop that makes the
 sync (`step`: "Trainer NaN/Inf loss filter"), since every sync of `trainer.train()` lands on
@@ -42,6 +44,7 @@ class Entry:
     text: tuple[str, ...] = ()  # the frame's source line contains one of these; () = any
     step: str = ""  # a framework's step that makes the sync, as the table shows it
     inside: tuple[str, ...] = ()  # only when the library path goes through one of these
+    through: tuple[str, ...] = ()  # only when a frame of the path is in one of these functions
 
     def matches(self, frame: Frame, path: tuple[Frame, ...]) -> bool:
         if self.path not in frame.file.replace("\\", "/"):
@@ -52,6 +55,8 @@ class Entry:
             return False
         if self.inside and not any(i in f.file.replace("\\", "/") for i in self.inside
                                    for f in path):
+            return False
+        if self.through and not any(t in f.function for t in self.through for f in path):
             return False
         if not self.text:
             return True
