@@ -30,7 +30,7 @@ from .residency import (
     says_cpu,
 )
 from .virtual_cuda import VirtualCuda
-from .virtual_device import is_cuda_device, pin_host
+from .virtual_device import DEVICE, is_cuda_device, pin_host
 from .virtual_libs import VirtualLibraries
 
 Tensor = torch.Tensor
@@ -173,7 +173,7 @@ class VirtualResidency(RealResidency):
             if out is src and not isinstance(src, torch.nn.Parameter):
                 out = copy_of(out)  # keep the host original on the host
             det.host.mark_device(out)
-            det.placed = True
+            det.placed = DEVICE.allocated = True
         if out is not src:
             copy_back_in_backward(det, out, src_on_device)
         return out
@@ -185,7 +185,7 @@ class VirtualResidency(RealResidency):
             kwargs = {**kwargs, "pin_memory": False}
         recorded = False
         if to_device:
-            det.placed = True
+            det.placed = DEVICE.allocated = True
             kwargs = {**kwargs, "device": _CPU}
             recorded = det.copies_host_data(args, kwargs, data_at)
         out = det.run(recorded, func, args, kwargs)

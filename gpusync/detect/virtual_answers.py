@@ -152,6 +152,16 @@ def _get_memory_fraction(device=None):
     return DEVICE.settings.get("memory_fraction", 1.0)
 
 
+def _empty_cache() -> None:
+    """A wait once the code has put memory on the device (events to wait for, cached segments
+    to cudaFree); before that the allocator holds nothing and returns at once
+    (CUDACachingAllocator.cpp `release_cached_blocks`: `synchronize_and_free_events`, then
+    `release_blocks` of the free, unsplit blocks). Lightning empties the cache as it sets the
+    accelerator up, before the model is on the device."""
+    if DEVICE.allocated:
+        sync("empty_cache")
+
+
 def _mem_get_info(device=None):
     """(free, total) bytes: all of the H100's 80 GiB are free."""
     _existing(device)
@@ -208,7 +218,7 @@ CUDA: dict[str, Callable[..., Any]] = {
     "cuda.random.seed": _seed,
     "cuda.random.seed_all": _seed,
     "cuda.random.initial_seed": lambda: DEVICE.seed,
-    "cuda.memory.empty_cache": lambda: sync("empty_cache"),
+    "cuda.memory.empty_cache": _empty_cache,
     "cuda.memory.mem_get_info": _mem_get_info,
     "cuda.memory.set_per_process_memory_fraction": _set_memory_fraction,
     "cuda.memory.get_per_process_memory_fraction": _get_memory_fraction,

@@ -193,6 +193,9 @@ class VirtualDevice:
         self.current = self.default
         self.nccl = False  # the default process group was asked for NCCL (it runs gloo)
         self.sync_debug = 0  # torch.cuda.set_sync_debug_mode's, as the script set it
+        # the code has put a tensor on the device: until then the caching allocator holds no
+        # block and no event, and torch.cuda.empty_cache() frees nothing and waits for nothing
+        self.allocated = False
         # the CUDA generator's state (aten/src/ATen/cuda/CUDAGeneratorImpl.cpp: a seed and a
         # Philox offset); the virtual device's random numbers come from the CPU generator, so
         # these are only what torch.cuda's RNG functions answer

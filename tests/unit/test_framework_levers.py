@@ -438,3 +438,41 @@ def test_fix_builds_the_scripts_torchmetrics_metric_without_validation(tmp_path)
     [patch] = data["patches"]
     assert patch["verification"]["removed"][0].startswith("unique at train.py:16")
     assert "MulticlassAccuracy(num_classes=3, validate_args=False)" in json.dumps(data["hunks"])
+
+
+def test_a_metrics_division_has_the_lever_of_the_call_that_computed_it():
+    """torchmetrics' _safe_divide reads a 0-dim denominator: under the metric's forward the
+    lever is update() instead (the batch's value is computed for nothing), under compute()
+    computing less often; neither is the generic indexing or pinning advice."""
+    sp = "/v/lib/python3.11/site-packages/torchmetrics/"
+    divide = Frame(sp + "utilities/compute.py", 52, "_safe_divide", True)
+    compute = (Frame(sp + "functional/classification/accuracy.py", 80, "_accuracy_reduce", True),
+               Frame(sp + "classification/accuracy.py", 180, "MulticlassAccuracy.compute", True),
+               Frame(sp + "metric.py", 611, "Metric._wrap_compute.<locals>.wrapped_func", True))
+    user = Frame("/home/u/train.py", 143, "main")
+    in_forward = known((divide, *compute,
+                        Frame(sp + "metric.py", 358, "Metric._forward_reduce_state_update",
+                              True),
+                        Frame(sp + "metric.py", 290, "Metric.forward", True), user))
+    in_compute = known((divide, *compute, user))
+    assert in_forward[1] is None and in_compute[1] is None  # the user's own call: no step
+    assert "metric.update(preds, target)" in (in_forward[0] or "")
+    assert "on_step=False" in (in_forward[0] or "")
+    assert "compute() once per epoch or log interval" in (in_compute[0] or "")
+    assert "update(" not in (in_compute[0] or "")
+
+
+def test_lightnings_first_log_of_a_name_is_a_one_time_move(tmp_path):
+    result = tmp_path / "lightning/pytorch/trainer/connectors/logger_connector/result.py"
+    result.parent.mkdir(parents=True)
+    result.write_text("        self[key].to(value.device)\n")
+    batch_to = Frame(str(tmp_path / "lightning/fabric/utilities/apply_func.py"), 104,
+                     "move_data_to_device.<locals>.batch_to", True)
+    moved = (batch_to, Frame(str(result.parent / "result.py"), 308, "_ResultMetric.to", True),
+             Frame(str(result), 1, "_ResultCollection.log", True),
+             Frame(str(tmp_path / "lightning/pytorch/core/module.py"), 500,
+                   "LightningModule.log", True),
+             Frame("/home/u/train.py", 101, "Model.training_step"))
+    fix, step = known(moved)
+    assert step is not None and step.label == "Lightning self.log, a name's first value"
+    assert "once per name, not per step" in (fix or "")

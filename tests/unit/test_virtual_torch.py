@@ -57,9 +57,15 @@ def test_a_cuda_build_is_there_and_gone_afterwards():
 def test_empty_cache_waits_for_the_device_and_peak_stats_do_not():
     with scan() as s:
         torch.cuda.reset_peak_memory_stats()
+        torch.cuda.empty_cache()  # nothing on the device yet: no block, no event, no wait
+        assert ops(s) == []
+        torch.ones(4, device="cuda")
         torch.cuda.empty_cache()
         assert ops(s) == ["empty_cache"]
         assert s.events[0].advice == ADVICE["empty_cache"]
+    with scan() as s:  # a new process's allocator holds nothing again
+        torch.cuda.empty_cache()
+        assert ops(s) == []
 
 
 def test_a_cuda_profiler_profiles_the_cpu_and_waits_on_exit(capfd):

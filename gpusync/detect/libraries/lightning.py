@@ -30,8 +30,17 @@ source:
   teardown moves the model to the host (`lightning_module.cpu()`), the loops' results and the
   logged values are moved with `move_data_to_device(..., "cpu")`, the CUDA accelerator empties
   the cache.
+- Set-up, once per fit: each loop checks its dataloaders' lengths on every rank
+  (pytorch/utilities/data.py `has_len_all_ranks`: `torch.tensor(len, device=root_device)`,
+  reduced, then `total_length == 0` and `> 0` read on the host; the loops call it in
+  `setup_data`, which returns early once their loaders are set unless they are reloaded); the
+  CUDA accelerator empties the cache in `CUDAAccelerator.setup` (pytorch/accelerators/cuda.py)
+  and `_CheckpointConnector.resume_end` empties it again after restoring.
 - `self.log(name, tensor)` moves the value with `.to(device, non_blocking=True)`, a no-op on
-  its own device; batches are moved with `non_blocking=True` (apply_func.py
+  its own device; the first `self.log` of a name builds its accumulator (`_ResultMetric`: its
+  `value` and `cumulated_batch_size` states made on the host) and moves it to the value's
+  device (`_ResultCollection.log`: `self[key].to(value.device)`, non_blocking from pageable
+  memory), a no-op on every later call; batches are moved with `non_blocking=True` (apply_func.py
   `move_data_to_device`), which overlaps only from pinned memory; so does Fabric's
   `_FabricDataLoader.__iter__` (fabric/wrappers.py).
 """
@@ -46,6 +55,9 @@ RESULT = "lightning/pytorch/trainer/connectors/logger_connector/result.py"
 LOG_METHOD = "log"
 LOG_CLASS = ("lightning.pytorch.core.module", "LightningModule")
 PROGRESS_BAR_STEP = "Lightning progress-bar metrics (prog_bar=True)"
+SETUP_CACHE = ("Lightning empties the CUDA cache as it sets the CUDA accelerator up and after "
+               "restoring the checkpoint's states (even without one): once per fit, not per "
+               "step; nothing to change")
 
 ENTRIES = (
     Entry("lightning/pytorch/trainer/trainer.py", ("Trainer._run_sanity_check",),
@@ -92,6 +104,27 @@ ENTRIES = (
           "lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py "
           "_LoggerConnector.log_metrics (convert_tensors_to_scalars)", V,
           text=("convert_tensors_to_scalars",), step="Lightning logging (log_every_n_steps)"),
+    Entry("lightning/pytorch/utilities/data.py", ("has_len_all_ranks",),
+          "as a loop sets its dataloaders up, Lightning checks their lengths on every rank "
+          "(a tensor of the length made on the device, reduced, compared on the host): once "
+          "per fit (again only where loaders are reloaded), not per step; nothing to change",
+          "lightning/pytorch/utilities/data.py has_len_all_ranks", V,
+          step="Lightning loop set-up (dataloader lengths)"),
+    Entry("lightning/pytorch/accelerators/cuda.py", ("CUDAAccelerator.setup",), SETUP_CACHE,
+          "lightning/pytorch/accelerators/cuda.py CUDAAccelerator.setup (_clear_cuda_memory)",
+          V, step="Lightning set-up (CUDA cache emptied)"),
+    Entry("lightning/pytorch/trainer/connectors/checkpoint_connector.py",
+          ("_CheckpointConnector.resume_end",), SETUP_CACHE,
+          "lightning/pytorch/trainer/connectors/checkpoint_connector.py "
+          "_CheckpointConnector.resume_end (torch.cuda.empty_cache)", V,
+          step="Lightning set-up (CUDA cache emptied)"),
+    Entry(RESULT, ("_ResultCollection.log",),
+          "the first self.log of each name builds Lightning's accumulator for it on the host "
+          "and moves it to the device (non_blocking, from pageable memory): once per name, "
+          "not per step; nothing to change",
+          "lightning/pytorch/trainer/connectors/logger_connector/result.py "
+          "_ResultCollection.log (self[key].to(value.device))", V,
+          text=("self[key].to(",), step="Lightning self.log, a name's first value"),
     Entry("lightning/fabric/wrappers.py", ("_FabricDataLoader.__iter__",),
           "Fabric's loader copies each batch with non_blocking=True, which overlaps only from "
           "pinned memory: build the DataLoader with pin_memory=True before "
