@@ -2,8 +2,9 @@
 
 Sites are keyed by SiteKey.stable (gpusync/report.py): op, phase, module, file and function,
 not the line, so moving code a few lines does not break the key; sites sharing a key add up.
-Files are stored relative to the working directory (or from site-packages on), so a baseline
-made in one clone matches in another.
+Files are stored relative to the target's project (project_root: the git work tree that holds
+the target's file, else its folder; from site-packages on for libraries), so a baseline made in
+one clone, or from another folder, matches.
 """
 from __future__ import annotations
 
@@ -39,21 +40,39 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def project_root(target: str) -> str | None:
+    """Where a target's files are keyed from: the git work tree holding its file (a script,
+    file.py:function, a profile), else that file's folder; None (the working directory) for a
+    built-in or an importable module."""
+    path = target.rpartition(":")[0] if ":" in target and not os.path.isfile(target) else target
+    if not path.endswith((".py", ".yaml", ".yml")) or not os.path.isfile(path):
+        return None
+    folder = here = os.path.dirname(os.path.abspath(path))
+    while True:
+        if os.path.exists(os.path.join(here, ".git")):
+            return here
+        parent = os.path.dirname(here)
+        if parent == here:
+            return folder
+        here = parent
+
+
 def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
     """(site, baseline key, per_step) for each per-step site (sites that ran only before the
     measured steps or only after the last step are not counted per step); under torchrun one
     per rank that made it, so a baseline and a gate count each rank on its own (`key | rank 1`).
     A spawned process's site is keyed on its own (SiteKey.stable), as its per-step figure is
     per that process's steps."""
+    root = project_root(report.target)
     for s in report.sites:
         if s.setup or s.after:
             continue
         if report.ranks > 1 and s.per_rank:
             for rank, value in s.per_rank.items():
                 if value > 0:
-                    yield s, s.key.stable(rank), value
+                    yield s, s.key.stable(rank, root), value
         else:
-            yield s, s.key.stable(), s.per_step
+            yield s, s.key.stable(root=root), s.per_step
 
 
 def keyed_sites(report: Report) -> dict[str, tuple[float, list[tuple[Site, float]]]]:
@@ -76,7 +95,7 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
         s = sites[0][0]
         merged[key] = {
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
-            "file": stable_file(s.file), "function": s.function,
+            "file": stable_file(s.file, project_root(report.target)), "function": s.function,
             "lines": sorted({site.line for site, _ in sites}), "per_step": per_step,
             "margin": 0.0, "fix": s.advice}
     data = {

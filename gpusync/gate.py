@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import errors
-from .baseline import keyed_sites
+from .baseline import keyed_sites, project_root
 from .modes import cuda_available
 from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
@@ -89,9 +89,10 @@ def compare_counts(baseline: dict, report) -> list[Problem]:
     keyed = keyed_sites(report)
     current = {key: per_step for key, (per_step, _) in keyed.items()}
     now_lines: dict[str, dict[int, tuple[str, float, str]]] = defaultdict(dict)
+    root = project_root(report.target)
     for key, (_, sites) in keyed.items():
         for s, per_step in sites:
-            now_lines[key][s.line] = (stable_file(s.file), per_step, s.advice)
+            now_lines[key][s.line] = (stable_file(s.file, root), per_step, s.advice)
     base = {s["key"]: s for s in baseline["sites"]}
     problems = []
     for key in sorted(set(current) | set(base)):

@@ -41,16 +41,17 @@ def _lists(value: Any) -> Any:
     return value
 
 
-def stable_file(path: str) -> str:
-    """A file as a baseline keeps it: relative to the working directory, or from
-    site-packages on, so that a baseline made in one clone matches in another."""
+def stable_file(path: str, root: str | None = None) -> str:
+    """A file as a baseline keeps it: relative to `root` (baseline.project_root: the target's
+    project; default the working directory), or from site-packages on, so that a baseline
+    made in one clone, or in another folder, matches."""
     if not path:
         return ""
     marker = "site-packages" + os.sep
     if marker in path:
         return path.split(marker, 1)[1]
     try:
-        rel = os.path.relpath(path)
+        rel = os.path.relpath(path, root)
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
@@ -116,12 +117,12 @@ class SiteKey:
                    (lib.file, lib.line) if lib is not None else None, e.advice,
                    function=loc.function)
 
-    def stable(self, rank: str | None = None) -> str:
+    def stable(self, rank: str | None = None, root: str | None = None) -> str:
         """A baseline's key: the op, phase, module, file and function, not the line (moving
         code a few lines keeps it), the file as stable_file has it; under torchrun the rank;
         a spawned process's site by the process's name (its pid changes from run to run)."""
-        key = f"{self.op} | {self.phase} | {self.module or '-'} | {stable_file(self.file)} | " \
-              f"{self.function}"
+        key = f"{self.op} | {self.phase} | {self.module or '-'} | " \
+              f"{stable_file(self.file, root)} | {self.function}"
         return key + (f" | rank {rank}" if rank is not None else "") + (
             f" | spawned {self.process}" if self.process is not None else "")
 

@@ -300,3 +300,21 @@ def test_a_scan_that_fails_is_an_annotation_under_github_format(project):
     [line] = proc.stdout.splitlines()
     assert line.startswith("::error title=gpusync%3A the scanned code failed::the scanned code "
                            "raised RuntimeError: broken")
+
+
+@pytest.mark.parametrize("git", [False, True])
+def test_a_baseline_recorded_from_another_folder_gates_alike(tmp_path, git):
+    """Keys are the target's project's (the git work tree, else the script's folder), not the
+    working directory's: recorded from above the script, gated from its folder, the same
+    sync was "fewer syncs" and "new site"."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(LOOP + "    v = loss.item()\n")
+    if git:
+        (tmp_path / ".git").mkdir()  # what project_root looks for
+    proc = run("baseline", "sub/train.py", "-o", "base.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    [site] = json.loads((tmp_path / "base.json").read_text())["sites"]
+    where = "sub/train.py" if git else "train.py"
+    assert site["key"] == f"item | other | - | {where} | <module>" and site["file"] == where
+    proc = run("gate", "train.py", "--baseline", "../base.json", cwd=tmp_path / "sub")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
