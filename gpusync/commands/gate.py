@@ -52,10 +52,12 @@ def gate_command(target, script_args, baseline_path, time_factor, p_max, max_noi
             verdict = run_gate(baseline_path, target, script_args, rule, steps, warmup, mode,
                                scan, torchrun.world, lead)
         except UserCodeError as e:
-            if fmt == "github":  # the pull request shows why, not only the log
-                from ..reporters.gate import failed_github
+            from ..reporters.gate import failed_github, failed_json
 
-                click.echo(failed_github(str(e)), nl=False)
+            # the pull request shows why, not only the log; a JSON reader gets a document
+            failed = {"github": failed_github, "json": failed_json}.get(fmt)
+            if failed is not None:
+                click.echo(failed(str(e)), nl=False)
             raise
     click.echo(render_as("gate", verdict, fmt), nl=False)
     if verdict.exit_code:

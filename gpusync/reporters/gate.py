@@ -55,6 +55,16 @@ def _problem(problem) -> dict:
     return {**d, "kind": problem.kind.value}
 
 
+def failed_json(message: str) -> str:
+    """The document of a gate whose scan failed (exit 3): a CI step that reads the JSON gets
+    the status and why, not an empty stdout."""
+    from ..schemas import document
+
+    return json.dumps(document("gpusync-gate", {
+        "status": "failed", "exit_code": 3, "problems": [], "notes": [message],
+        "suggested_baseline": None}), indent=2) + "\n"
+
+
 def failed_github(message: str) -> str:
     """The annotation for a gate whose scan failed (exit 3): the pull request shows why the
     check failed, not only the log."""

@@ -300,6 +300,11 @@ def test_a_scan_that_fails_is_an_annotation_under_github_format(project):
     [line] = proc.stdout.splitlines()
     assert line.startswith("::error title=gpusync%3A the scanned code failed::the scanned code "
                            "raised RuntimeError: broken")
+    proc = gate(project, "--format", "json")  # stdout was empty: a JSON reader got nothing
+    assert proc.returncode == 3
+    data = check_contract(json.loads(proc.stdout))
+    assert (data["status"], data["exit_code"], data["problems"]) == ("failed", 3, [])
+    assert data["notes"][0].startswith("the scanned code raised RuntimeError: broken")
 
 
 @pytest.mark.parametrize("git", [False, True])
