@@ -18,7 +18,6 @@ import threading
 import weakref
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 from . import native, patches
 from .calls import CallLayers
@@ -42,6 +41,7 @@ from .residency import (
     NativeTable,
     RealDevice,
     Table,
+    batch_tensors,
     device_elements,
     target_of_to,
 )
@@ -129,12 +129,11 @@ class OpDetector:
             self.rec.tracker.loader_ran_out(it)
             raise
         leaves = {}
-        for leaf in tree_leaves(batch):
-            if isinstance(leaf, Tensor):
-                if not self.real:
-                    self.host.mark_host(leaf)  # DataLoader batches are made in host memory
-                with contextlib.suppress(TypeError):
-                    leaves[id(leaf)] = weakref.ref(leaf)
+        for leaf in batch_tensors(batch):
+            if not self.real:
+                self.host.mark_host(leaf)  # DataLoader batches are made in host memory
+            with contextlib.suppress(TypeError):
+                leaves[id(leaf)] = weakref.ref(leaf)
         self._batches = [self._batches[1], (leaves, it)]
         return batch
 

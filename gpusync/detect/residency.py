@@ -22,9 +22,11 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from collections.abc import Mapping
 from types import FrameType
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .frames import source_line
 from .virtual_device import is_cuda_device
@@ -200,3 +202,15 @@ def device_elements(data, on_device) -> list:
     if type(data) in (list, tuple):
         return [t for d in data for t in device_elements(d, on_device)]
     return []
+
+
+def batch_tensors(batch: object, depth: int = 0) -> list[torch.Tensor]:
+    """The tensors of a batch: in pytree's containers, and in mappings pytree takes for one
+    leaf (Hugging Face's BatchEncoding, a UserDict, is what its collators hand out)."""
+    out: list[torch.Tensor] = []
+    for leaf in tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor):
+            out.append(leaf)
+        elif isinstance(leaf, Mapping) and depth < 4:
+            out.extend(batch_tensors(list(leaf.values()), depth + 1))
+    return out

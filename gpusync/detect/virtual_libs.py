@@ -36,6 +36,7 @@ import importlib.util
 import os
 import sys
 import weakref
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -60,6 +61,8 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
         elif isinstance(leaf, torch.nn.Module):  # its own tensors, not state_dict()'s views
             out.extend(leaf.parameters())
             out.extend(leaf.buffers())
+        elif isinstance(leaf, Mapping):  # one pytree takes for a leaf: a UserDict
+            out.extend(_tensors(list(leaf.values())))
         elif hasattr(leaf, "state_dict") and callable(leaf.state_dict):  # an optimizer
             try:
                 out.extend(_tensors(leaf.state_dict()))

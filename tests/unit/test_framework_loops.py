@@ -379,11 +379,15 @@ def test_a_script_that_never_used_the_gpu_says_so_in_the_table(tmp_path):
         assert "the code never put a tensor on the GPU" in render(report, fmt)
 
 
-def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its_step(tmp_path):
+@pytest.mark.parametrize("batch", ["tensor", "UserDict"])
+def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its_step(tmp_path,
+                                                                                       batch):
     """accelerate's DataLoaderShard (the Hugging Face Trainer's loader) moves batch k to the
     device, then fetches batch k+1, then yields batch k: the copy, not the fetch after it,
-    begins the step that uses the batch."""
+    begins the step that uses the batch. A collator's batch may be a UserDict (Hugging Face's
+    BatchEncoding), which pytree takes for one leaf: its copies fell in the step before."""
     text = '''
+    import collections
     import torch
     from torch.utils.data import DataLoader
 
@@ -393,7 +397,7 @@ def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its
             it = super().__iter__()
             current = next(it)
             while True:
-                current = current.to("cuda")  # COPY
+                current = MOVE  # COPY
                 try:
                     following = next(it)
                 except StopIteration:
@@ -403,14 +407,25 @@ def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its
                 current = following
 
 
+    def collate(rows):
+        return WRAP
+
+
     model = torch.nn.Linear(4, 1).to("cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = Shard([torch.full((4,), float(i)) for i in range(8)], batch_size=2)
+    loader = Shard([torch.full((4,), float(i)) for i in range(8)], batch_size=2,
+                   collate_fn=collate)
     for epoch in range(2):
         for x in loader:
-            loss = model(x).pow(2).mean()
+            loss = model(UNWRAP).pow(2).mean()
             opt.zero_grad(); loss.backward(); opt.step()
     '''
+    wrapped = batch == "UserDict"
+    text = text.replace("UNWRAP", 'x["x"]' if wrapped else "x")
+    text = text.replace("WRAP", 'collections.UserDict(x=torch.stack(rows))' if wrapped
+                        else "torch.stack(rows)")
+    text = text.replace("MOVE", 'collections.UserDict(x=current["x"].to("cuda"))' if wrapped
+                        else 'current.to("cuda")')
     report = scan(tmp_path, text)
     [copy] = sites_at(report, text, "# COPY")
     assert report.steps == 8 and copy.period == "every step" and copy.per_step == 1.0
