@@ -8,10 +8,14 @@ takes back the step count, reading nothing (torch/optim/adam.py _fused_adam, sgd
 The edit is fused=True at the optimizer's constructor call, the line the run saw build the
 optimizer that this scaler.step stepped; offered only for the classes that have a fused
 kernel (detect/libraries/pytorch.py FUSED_OPTIMIZERS), not built with differentiable=True or
-foreach=True (fused refuses both), whose parameters are floating point (not complex) and
-whose gradients were dense in every step observed. A fused optimizer computes the same formula
-in one kernel, which may round differently in the last bit (fused SGD under GradScaler too: it
-unscales inside the kernel): parity is judged within the dtype's rounding (runs/agree.py)."""
+foreach=True (fused refuses both), whose step() no wrapper watches (accelerate's
+AcceleratedOptimizer replaces it on the instance to tell a skipped step by its not being called:
+a fused optimizer is always called, found_inf or not, so the scheduler it steps would no longer
+skip after an overflow; torch's own LR scheduler wraps it only to warn), whose parameters are
+floating point (not complex) and whose gradients were dense in every step observed. A fused
+optimizer computes the same formula in one kernel, which may round differently in the last bit
+(fused SGD under GradScaler too: it unscales inside the kernel): parity is judged within the
+dtype's rounding (runs/agree.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +37,12 @@ def _why_not(opt: Any) -> str | None:
     cls = type(opt)
     if not cls.__module__.startswith("torch.optim") or cls.__name__ not in FUSED_OPTIMIZERS:
         return f"{cls.__module__}.{cls.__qualname__} has no fused implementation in torch"
+    step = vars(opt).get("step")  # torch's LR scheduler wraps it too, only to warn
+    if step is not None and not getattr(step, "_wrapped_by_lr_sched", False):
+        return ("its step() is wrapped on the instance, as accelerate's AcceleratedOptimizer "
+                "does to learn whether GradScaler skipped it (an overflow; the learning-rate "
+                "scheduler then skips too): a fused optimizer is always called, so where a "
+                "step overflows on the GPU the schedule would change")
     for group in opt.param_groups:
         for flag in ("differentiable", "foreach"):
             if group.get(flag):

@@ -241,3 +241,25 @@ def test_observe_notes_the_validating_distributions_and_the_stepped_optimizer(tm
         (VALIDATE_ARGS.SAMPLE, 9): (2, [[file, 7, "Normal"]]),
         (FUSED.NAME, 12): (2, [{"class": "SGD", "why_not": None, "built": [file, 4]}]),
     }
+
+
+def test_a_step_a_wrapper_watches_is_not_made_fused():
+    """accelerate's AcceleratedOptimizer replaces the optimizer's step on the instance to tell
+    a step GradScaler skipped (an overflow) by its not being called, and then skips the
+    scheduler's step too; a fused optimizer is always called, so the schedule would change on a
+    GPU where a step overflows (the virtual device's float32 autocast never overflows). torch's
+    own LR scheduler wraps step() only to warn: no reason to refuse."""
+    import torch
+
+    from gpusync.remedies.optimizers import _why_not
+
+    opt = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
+    torch.optim.lr_scheduler.StepLR(opt, step_size=1)
+    assert "step" in vars(opt) and _why_not(opt) is None
+    original = opt.step
+
+    def patched_step(*args, **kwargs):  # accelerate/optimizer.py patch_optimizer_step
+        return original(*args, **kwargs)
+
+    opt.step = patched_step
+    assert "accelerate's AcceleratedOptimizer" in (_why_not(opt) or "")
