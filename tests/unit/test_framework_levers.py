@@ -476,3 +476,45 @@ def test_lightnings_first_log_of_a_name_is_a_one_time_move(tmp_path):
     fix, step = known(moved)
     assert step is not None and step.label == "Lightning self.log, a name's first value"
     assert "once per name, not per step" in (fix or "")
+
+
+def test_gradscaler_under_accelerate_and_the_trainer_is_told_fused_would_change_the_schedule():
+    sp = "/v/lib/python3.11/site-packages/"
+    scaler = Frame(sp + "torch/amp/grad_scaler.py", 371, "GradScaler._maybe_opt_step", True)
+    wrapped = Frame(sp + "accelerate/optimizer.py", 173, "AcceleratedOptimizer.step", True)
+    user = Frame("/home/u/train.py", 195, "main")
+    plain_fix, plain = known((scaler, user))
+    assert plain is None and "fused=True" in (plain_fix or "")  # torch's own advice
+    fix, step = known((scaler, wrapped, user))
+    assert step is not None and step.label == "GradScaler step under accelerate (fp16)"
+    assert 'mixed_precision="bf16"' in (fix or "") and "does not offer it" in (fix or "")
+    trainer = Frame(sp + "transformers/trainer.py", 1943, "Trainer._run_epoch", True)
+    fix, step = known((scaler, wrapped, trainer, user))
+    assert step is not None and step.label == "Trainer GradScaler step (fp16)"
+    assert "TrainingArguments(bf16=True)" in (fix or "")
+
+
+def test_accelerates_trigger_reads_and_its_flags_copies_have_their_own_texts(tmp_path):
+    accelerator = tmp_path / "site-packages" / "accelerate" / "accelerator.py"
+    accelerator.parent.mkdir(parents=True)
+    accelerator.write_text("        self.flag_tensor = torch.tensor(1, device=self.device)\n"
+                           "        if flag_tensor.item() >= 1:\n"
+                           "            self.flag_tensor = torch.tensor(0, device=self.device)\n")
+    user = Frame("/home/u/train.py", 205, "main")
+    read = known((Frame(str(accelerator), 2, "Accelerator.check_trigger", True), user))
+    reset = known((Frame(str(accelerator), 3, "Accelerator.check_trigger", True), user))
+    made = known((Frame(str(accelerator), 1, "Accelerator.set_trigger", True), user))
+    assert read[1] is not None and read[1].label == "accelerate check_trigger"
+    assert "every N steps" in (read[0] or "")
+    for fix, step in (reset, made):
+        assert step is not None and step.label == "accelerate trigger flag"
+        assert "nothing to change" in (fix or "")
+
+
+def test_transformers_attention_mask_check_names_its_step():
+    sp = "/v/lib/python3.11/site-packages/"
+    check = Frame(sp + "transformers/masking_utils.py", 354, "_ignore_bidirectional_mask_sdpa",
+                  True)
+    fix, step = known((check, Frame("/home/u/train.py", 190, "main")))
+    assert step is not None and step.label == "transformers attention-mask check"
+    assert "leave attention_mask out" in (fix or "")

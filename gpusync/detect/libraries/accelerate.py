@@ -6,13 +6,21 @@ Trainer's use of it has transformers.py's entry). Read in the installed source:
   `_non_blocking` is `DataLoaderConfiguration.non_blocking` (utils/dataclasses.py, default
   False), given as `Accelerator(dataloader_config=...)`. A blocking copy waits for the device
   queue; a non-blocking one from a pinned batch (`DataLoader(pin_memory=True)`) does not.
-- `Accelerator.check_trigger` reads its flag with `flag_tensor.item()` on every call.
+- `Accelerator.check_trigger` reads its flag with `flag_tensor.item()` on every call; the flag
+  is made on the device from a host value (`torch.tensor(0/1, device=self.device)`) at the
+  first check, at each `set_trigger()` and after a trigger fired.
+- `AcceleratedOptimizer.step` (accelerate/optimizer.py), with a GradScaler (fp16), replaces the
+  optimizer's step with one that records being called, and takes a step GradScaler did not
+  call for an overflow (`step_was_skipped`), which `AcceleratedScheduler.step` then skips too
+  (scheduler.py) and the Trainer reads (`optimizer_step_was_skipped`). A fused optimizer is
+  always called (GradScaler hands it found_inf): no read, but no skipped scheduler step either.
 """
 from __future__ import annotations
 
 from . import Entry
 
 V = "accelerate 1.15.0"
+SCALER_STEP = "GradScaler step under accelerate (fp16)"
 
 ENTRIES = (
     Entry("accelerate/data_loader.py", ("DataLoaderShard.__iter__",
@@ -28,5 +36,23 @@ ENTRIES = (
           "Accelerator.check_trigger() reads its flag on the host at every call: call it "
           "every N steps, not every step",
           "accelerate/accelerator.py Accelerator.check_trigger (flag_tensor.item())", V,
-          step="accelerate check_trigger"),
+          text=(".item()",), step="accelerate check_trigger"),
+    Entry("accelerate/accelerator.py", ("Accelerator.check_trigger", "Accelerator.set_trigger"),
+          "accelerate makes its trigger flag on the device from a host value (torch.tensor(0 "
+          "or 1, device=...)) at the first check_trigger(), at each set_trigger() and after a "
+          "trigger fired: only as often as your condition calls set_trigger(); nothing to "
+          "change",
+          "accelerate/accelerator.py Accelerator.set_trigger, check_trigger "
+          "(torch.tensor(..., device=self.device))", V, text=("torch.tensor(",),
+          step="accelerate trigger flag"),
+    Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
+          "GradScaler reads found_inf on the host to skip a step whose fp16 gradients "
+          "overflowed, and accelerate then skips the learning-rate scheduler's step too "
+          "(AcceleratedOptimizer sees the optimizer not called): a fused optimizer would "
+          "remove the read but not that skip (gpusync fix does not offer it here); "
+          "Accelerator(mixed_precision=\"bf16\") instead of \"fp16\" needs no GradScaler, "
+          "where the GPU has bfloat16 (Ampere or newer)",
+          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step under accelerate/optimizer.py "
+          "AcceleratedOptimizer.step", V, inside=("accelerate/optimizer.py",),
+          step=SCALER_STEP),
 )

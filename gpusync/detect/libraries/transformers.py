@@ -100,4 +100,24 @@ ENTRIES = (
           "transformers/masking_utils.py _preprocess_mask_arguments, "
           "find_packed_sequence_indices", V, text=("find_packed_sequence_indices(",),
           step="transformers packed-sequence check"),
+    Entry("transformers/masking_utils.py", ("_ignore_causal_mask_sdpa",
+                                            "_ignore_bidirectional_mask_sdpa",
+                                            "flash_attention_mask"),
+          "given an attention_mask, transformers reads on the host in every forward whether "
+          "it masks anything (padding_mask.all(): a mask of all ones is dropped so attention "
+          "takes its fastest kernel), with every attention implementation: nothing to change "
+          "where batches are padded; where they never are, leave attention_mask out",
+          "transformers/masking_utils.py _ignore_causal_mask_sdpa, "
+          "_ignore_bidirectional_mask_sdpa, flash_attention_mask (.all())", V,
+          step="transformers attention-mask check"),
+    Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
+          "GradScaler reads found_inf on the host to skip a step whose fp16 gradients "
+          "overflowed, and the Trainer skips the learning-rate scheduler's step with it "
+          "(accelerate's AcceleratedOptimizer sees the optimizer not called): a fused "
+          "optimizer would remove the read but not that skip; TrainingArguments(bf16=True) "
+          "instead of fp16=True needs no GradScaler, where the GPU has bfloat16 (Ampere or "
+          "newer)",
+          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step under accelerate/optimizer.py "
+          "AcceleratedOptimizer.step", V + ", accelerate 1.15.0", inside=(TRAINER,),
+          step="Trainer GradScaler step (fp16)"),
 )
