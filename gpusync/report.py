@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ._version import __version__
 from .cost import Cost
+from .detect import events
 from .detect.events import OTHER, PHASES, Frame, FrameworkStep, SyncEvent, package_path
 from .detect.steps import NONE as NO_STEP
 from .detect.steps import UNIT_NOTES
@@ -394,7 +395,8 @@ def _site(key: SiteKey, evs: list[SyncEvent], first: int, end: int,
         line=key.line, function=key.function, frames=tuple(first_ev.frames),
         count=len(evs), per_step=len(inside) / (end - first),
         stall_ms=round(sum(stalls), 4) if stalls else None,
-        advice=first_ev.advice, detail=first_ev.detail,
+        advice=events.SETUP_COPY if setup and first_ev.advice == events.COPY_ADVICE.get(
+            key.op) else first_ev.advice, detail=first_ev.detail,
         library=CodeLine(lib.file, lib.line, lib.function) if lib is not None else None,
         setup=setup, after=after, in_steps=len(seen),
         period=SETUP if setup else (BOTH_ENDS if before else AFTER) if after else (
@@ -424,9 +426,6 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
     notes = [*([UNIT_NOTES[step_unit]] if step_unit in UNIT_NOTES else []),
              *([range_note] if range_note else []), *(notes or [])]
 
-    def measured(e: SyncEvent) -> bool:
-        return first <= e.step < end
-
     groups: dict[SiteKey, list[SyncEvent]] = defaultdict(list)
     for e in events:
         groups[SiteKey.of_event(e)].append(e)
@@ -434,7 +433,7 @@ def build_report(events: list[SyncEvent], steps: int, warmup: int, mode: str,
     sites = rank(_site(key, evs, first, end, epoch_ends, after_last)
                  for key, evs in groups.items())
 
-    in_range = [e for e in events if measured(e)]
+    in_range = [e for e in events if first <= e.step < end]
     per_step_counts = Counter(e.step for e in in_range)
     by_phase = Counter(e.phase for e in in_range)
     return Report(

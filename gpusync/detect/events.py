@@ -16,6 +16,26 @@ class Frame:
                 "library": self.library}
 
 
+# The copies' own advice (detect/rules.py ADVICE has them), here where the report, read without
+# torch, sees them: a site of these that ran only before the measured steps gets SETUP_COPY.
+COPY_ADVICE = {
+    "D2H copy": "copy non_blocking into a pinned host buffer, record an event, read after "
+    "event.query()/a host thread (event-gated copy)",
+    "H2D copy": "pin the host memory (DataLoader(pin_memory=True)) and copy with "
+    "non_blocking=True, ideally on a side stream (a train pipeline does this)",
+    "H2D copy (torch.tensor)": "build it with torch.full/torch.arange on the device, or create "
+    "it once outside the step",
+    # a DataLoader pins in its own worker / pin-memory thread; tensor.pin_memory() on the main
+    # thread is itself a host copy the step waits for
+    "pageable non_blocking copy": "pin the host side so non_blocking=True is really "
+    "asynchronous: a DataLoader's batches with DataLoader(..., pin_memory=True) (gpusync fix "
+    "writes it); a tensor of your own through a pinned buffer kept across steps",
+}
+SETUP_COPY = ("a copy made only before the measured steps (building, warm-up): not per step, "
+              "nothing to change; to skip it, make the tensor on the device "
+              "(torch.tensor(..., device=...), torch.zeros(..., device=...))")
+
+
 def package_path(file: str) -> str:
     """A library's file from its package name on ("transformers/trainer.py"); others as they
     are."""

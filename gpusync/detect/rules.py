@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import torch
 
+from .events import COPY_ADVICE
+
 aten = torch.ops.aten
 _MASK_DTYPES = (torch.bool, torch.uint8)
 
@@ -52,17 +54,7 @@ ADVICE: dict[str, str] = {
     "pinned buffer and read it after an event (gpusync.techniques.streamer)",
     "numpy": "copy non_blocking into a pinned buffer and read it after an event",
     "repr": "do not print device tensors inside the step; log every N steps",
-    "D2H copy": "copy non_blocking into a pinned host buffer, record an event, read after "
-    "event.query()/a host thread (event-gated copy)",
-    "H2D copy": "pin the host memory (DataLoader(pin_memory=True)) and copy with "
-    "non_blocking=True, ideally on a side stream (a train pipeline does this)",
-    "H2D copy (torch.tensor)": "build it with torch.full/torch.arange on the device, or create "
-    "it once outside the step",
-    # a DataLoader pins in its own worker / pin-memory thread; tensor.pin_memory() on the main
-    # thread is itself a host copy the step waits for
-    "pageable non_blocking copy": "pin the host side so non_blocking=True is really "
-    "asynchronous: a DataLoader's batches with DataLoader(..., pin_memory=True) (gpusync fix "
-    "writes it); a tensor of your own through a pinned buffer kept across steps",
+    **COPY_ADVICE,
     "cuda.synchronize": "remove it from the step; use events (event.record/stream.wait_event) to "
     "order work",
     "Event.synchronize": "poll event.query() or let a host thread wait on it",

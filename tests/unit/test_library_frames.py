@@ -105,3 +105,18 @@ def test_a_module_moving_state_of_its_own_gets_the_module_move_advice():
     assert module_move_advice("H2D copy", under_parent) == MODULE_MOVE_ADVICE
     assert module_move_advice("H2D copy", [("/home/u/train.py", 9, "step")]) is None
     assert module_move_advice("item", under_to) is None
+
+
+def test_a_copy_made_only_before_the_steps_is_told_so_not_to_pin_a_loader():
+    """A script's constants moved once (cv_example's mean and std) got the DataLoader pinning
+    advice; a per-step copy keeps it, and a library's lever is kept for a setup copy too."""
+    from gpusync.detect.events import COPY_ADVICE, SETUP_COPY
+
+    pin = COPY_ADVICE["H2D copy"]
+    events = [SyncEvent(op="H2D copy", frames=(USER_A,), step=0, advice=pin),
+              SyncEvent(op="H2D copy", frames=(USER_B,), step=1, advice=pin),
+              SyncEvent(op="H2D copy", frames=(LIB_X, USER_A), step=0, advice="a lever")]
+    report = build_report(events, steps=2, warmup=1, mode="simulate")
+    advice = {(s.line, s.library is not None): (s.setup, s.advice) for s in report.sites}
+    assert advice == {(7, False): (True, SETUP_COPY), (9, False): (False, pin),
+                      (7, True): (True, "a lever")}
