@@ -171,7 +171,9 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
             result.report, notes=(*result.report.notes, unstopped(steps))))
     # the children's sites, after the parent's: the report's per-step figures stay the parent's
     report = result.report.with_sites(_spawned.sites(spawned))
-    if _spawned.placed(spawned):  # the script's device work ran in its spawned processes
+    # the script's device work ran in its spawned processes, or the run ended before it
+    # would have put anything there (an argument parser's exit)
+    if _spawned.placed(spawned) or result.error is not None:
         report = report.without_note(NOTHING_ON_GPU)
     return dataclasses.replace(result, report=report)
 

@@ -115,11 +115,11 @@ def every_step(source: Source, stmt: ast.stmt) -> str:
         from .helpers.source import callee_name
 
         if callee_name(stmt.value) in _LOGGERS:
-            return (f"`{text}` logs it every step, and what it prints must stay the same: "
-                    "the script has no step of its own to read it at instead (gpusync does "
-                    "not invent a logging interval)")
-        return f"the value is passed to `{text}` every step"
-    return f"the value is used every step by `{text}`"
+            return (f"`{text}` logs it at every pass of its loop, and what it prints must "
+                    "stay the same: the script has no interval of its own to read it at "
+                    "instead (gpusync does not invent one)")
+        return f"the value is passed to `{text}` at every pass of its loop"
+    return f"the value is used at every pass of its loop by `{text}`"
 
 
 def deferred(site: Site, source: Source, read: Read, stmt: ast.Assign,
@@ -177,7 +177,7 @@ def _block(source: Source, stmt: ast.Assign, loop: Loop,
     top = scope.holder_in(source, block, following) if block is not None else None
     for load in used.loads:
         if top is None or scope.guard(source, load, loop) is not block:
-            raise Refused(f"`{name}` is read every step, line {load.lineno}: "
+            raise Refused(f"`{name}` is read at every pass of the loop, line {load.lineno}: "
                           f"`{scope.first_line(source, source.statement(load))}`")
     assert block is not None and top is not None
     if block.body[0].lineno == block.lineno:

@@ -120,7 +120,9 @@ def summary(report) -> str:
         return (head + f"the code {ended} before its first step (no optimizer step, backward "
                 f"pass or module forward ran); {syncs} sync(s) in all that ran")
     phases = ", ".join(f"{k} {v:g}" for k, v in report.syncs_by_phase.items()) or "none"
-    after = (f"; {report.after_last_step} after the last step (listed apart)"
+    # their sites are listed apart where they ran only there, else with the sites' own counts
+    apart = "; listed apart" if any(s.after for s in report.sites) else ""
+    after = (f"; {report.after_last_step} after the last step (not per step{apart})"
              if report.after_last_step else "")
     return (head + f"{report.syncs_per_step:g} syncs/step (max {report.max_syncs_per_step}) "
             f"over {report.measured_steps} measured step(s) after {report.warmup} warm-up; "

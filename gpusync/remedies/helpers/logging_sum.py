@@ -135,7 +135,7 @@ def _read(source: Source, load: ast.Name, loop: Loop,
     if loop in source.ancestors(load):
         block = scope.guard(source, load, loop)
         if block is None or scope.holder_in(source, block, following) is None:
-            raise Refused(f"`{acc}` is read every step, line {load.lineno}: "
+            raise Refused(f"`{acc}` is read at every pass of the loop, line {load.lineno}: "
                           f"`{scope.first_line(source, source.statement(load))}`")
         if block not in found.blocks:
             found.blocks.append(block)
