@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--manifest", default=str(REPO / "scripts" / "public_scripts.yaml"))
     ap.add_argument("--only", nargs="*", help="names to run (default: all)")
     ap.add_argument("--doc", default=None,
-                    help="markdown to write (default: docs/public-scripts.md when every script "
+                    help="markdown to write (default: docs/ and the manifest's name, "
+                         "public_scripts.yaml -> docs/public-scripts.md, when every script "
                          "runs, none with --only; '' for none)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     ap.add_argument("--python", default=sys.executable)
@@ -382,8 +383,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.diff:
             print(f"\n{r.name}:\n" + "\n".join(r.diff[:20]))
-    doc = args.doc if args.doc is not None else \
-        ("" if args.only else str(REPO / "docs" / "public-scripts.md"))
+    # the manifest's own document: a framework run wrote over the public scripts' table
+    default = REPO / "docs" / (Path(args.manifest).stem.replace("_", "-") + ".md")
+    doc = args.doc if args.doc is not None else ("" if args.only else str(default))
     if doc:
         write_doc(Path(doc), results, args.python, manifest, Path(args.manifest))
     return 0 if all(r.verdict == "ok" for r in results) else 1
