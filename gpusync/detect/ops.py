@@ -122,12 +122,8 @@ class OpDetector:
             self._observer.install()
 
     def _next_batch(self, call, it):
-        self.rec.tracker.batch_fetched(it)
-        try:
+        with self.rec.tracker.fetch(it):
             batch = call(it)
-        except StopIteration:
-            self.rec.tracker.loader_ran_out(it)
-            raise
         leaves = {}
         for leaf in batch_tensors(batch):
             if not self.real:

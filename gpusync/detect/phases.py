@@ -68,6 +68,9 @@ class PhaseTracker:
         self._training_loaders: set[int] = set()  # datasets trained on during a pass (held)
         self._loaders: dict[int, _Epoch] = {}  # by the id of the dataset a DataLoader reads
         self._fetch_placed: list[str] = []  # boundaries the latest batch request placed
+        # >0 while a DataLoader makes a batch in this thread (num_workers=0): the forwards of
+        # its transforms (torchvision's are modules) are the data's, not the model's work
+        self.fetching = 0
         self._handles: list = []
         self._thread = threading.get_ident()
 
@@ -127,6 +130,12 @@ class PhaseTracker:
             self._eval = self._eval or not training
             self._fetch_placed = self.steps.work_starts(training=training)
 
+    def fetch(self, iterator: object) -> _Fetch:
+        """Around a DataLoader iterator's __next__: the batch is asked for (batch_fetched), it
+        is made (the forwards of its transforms are not the model's), or the loader ran out."""
+        self.batch_fetched(iterator)
+        return _Fetch(self, iterator, self._ours())
+
     def _evaluating(self, iterator: object) -> bool:
         """A batch of `iterator` (its loader's) is an evaluation loop's: not a loader trained
         on before, and every top-level module trained so far in eval mode (model.eval()).
@@ -149,7 +158,8 @@ class PhaseTracker:
         if epoch is None or epoch.iterator() is not loader or epoch.ended:
             return
         epoch.ended = True
-        if self.steps.trained() > epoch.trained:
+        epoch.until = self.steps.trained()
+        if epoch.until > epoch.trained:
             self.steps.epoch_ended()
         else:
             self._eval = False
@@ -160,12 +170,16 @@ class PhaseTracker:
         length, as Lightning's does, never sees it run out)."""
         dataset = getattr(loader, "_dataset", loader)
         epoch = self._loaders.get(id(dataset))
-        if epoch is not None and self.steps.trained() > epoch.trained:
+        # trained on while its pass ran: up to its end where it ran out (an evaluation loader
+        # run once per epoch sees the next epoch's training after its own pass)
+        fed = epoch is not None and (
+            self.steps.trained() if epoch.until is None else epoch.until) > epoch.trained
+        if fed:
             self._training_loaders.add(id(dataset))  # _loaders holds it: its id stays its own
         if epoch is not None and epoch.iterator() is loader:
             return
         if epoch is not None:
-            if not epoch.ended and self.steps.trained() > epoch.trained:
+            if not epoch.ended and fed:
                 self.steps.epoch_ended()
             self.steps.next_epoch_begins()
         try:
@@ -175,7 +189,7 @@ class PhaseTracker:
         self._loaders[id(dataset)] = _Epoch(dataset, ref, self.steps.trained())
 
     def _fwd_pre(self, module, args):
-        if not self._ours():
+        if not self._ours() or self.fetching:
             return
         if self._between_work():
             training = torch.is_grad_enabled()
@@ -324,15 +338,30 @@ class PhaseTracker:
         return BACKWARD, node.name() if node is not None else None, None, None
 
 
+class _Fetch:
+    def __init__(self, tracker: PhaseTracker, iterator: object, ours: bool):
+        self.tracker, self.iterator, self.ours = tracker, iterator, ours
+
+    def __enter__(self) -> None:
+        self.tracker.fetching += self.ours
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.tracker.fetching -= self.ours
+        if kind is StopIteration:
+            self.tracker.loader_ran_out(self.iterator)
+
+
 @dataclass
 class _Epoch:
     """A DataLoader's current pass: its dataset (held, so its id stays its own), the iterator,
-    and the optimizer steps and backward passes begun before its first batch."""
+    and the optimizer steps and backward passes begun before its first batch and, once it ran
+    out, before its end."""
 
     dataset: object
     iterator: weakref.ref
     trained: int
     ended: bool = False
+    until: int | None = None  # trained() when it ran out (None: it has not)
 
 
 # What a stack says, by the identity of capture()'s cached list: (list, facts); the list is

@@ -511,3 +511,55 @@ def test_an_evaluation_fetched_with_autograd_on_stays_in_its_step(tmp_path):
     stopped = scan(tmp_path, EVAL_EVERY, steps=3, warmup=1)  # steps 1-3: step 3 evaluates
     [evaluation] = [s for s in sites_at(stopped, EVAL_EVERY, "# EVAL") if s.op == "item"]
     assert evaluation.count == 2 and evaluation.per_step == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("transform", [False, True])
+def test_an_evaluation_after_each_epoch_stays_in_that_epochs_last_step(tmp_path, transform):
+    """accelerate's examples evaluate after each epoch with a loader of their own: from the
+    second epoch on, the evaluation loader read as trained on (training had run since its
+    previous pass began, though after that pass ended), so its batches began the next step.
+    With num_workers=0 a dataset's transforms run in the scanned thread: torchvision's are
+    modules, whose forwards under autograd began a training step at each evaluation batch."""
+    text = '''
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, n):
+            self.n, self.scale = n, torch.nn.Identity()  # a transform that is a module
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            x = torch.full((4,), float(i))
+            return {"x": self.scale(x) if TRANSFORM else x, "y": torch.tensor(i % 2)}
+
+
+    rows = Rows(12)
+    train = DataLoader(rows, batch_size=4, shuffle=True)
+    evals = DataLoader(Rows(8), batch_size=4)
+    model = torch.nn.Linear(4, 2).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(3):
+        model.train()
+        for batch in train:
+            batch = {k: v.to("cuda") for k, v in batch.items()}
+            loss = torch.nn.functional.cross_entropy(model(batch["x"]), batch["y"])
+            loss.backward(); opt.step(); opt.zero_grad()
+        model.eval()
+        acc = 0
+        for batch in evals:
+            batch = {k: v.to("cuda") for k, v in batch.items()}  # EVAL COPY
+            with torch.no_grad():
+                out = model(batch["x"])
+            acc += (out.argmax(-1) == batch["y"]).long().sum()
+        print(epoch, acc.item())  # READ
+    '''.replace("TRANSFORM", str(transform))
+    report = scan(tmp_path, text)
+    assert report.epoch_ends == (2, 5, 8)
+    for marker in ("# EVAL COPY", "# READ"):
+        [site] = sites_at(report, text, marker)
+        assert site.period == "at epoch end" and site.in_steps == 3, marker
+    assert report.max_syncs_per_step == 2 + 4 + 1  # the last batch's copies, the evaluation's
