@@ -54,18 +54,31 @@ def key(site: Site, maps: dict[str, LineMap] | None = None) -> SiteKey:
         else place
 
 
+def at_places(sites: list[Site], maps: dict[str, LineMap] | None = None) -> dict[SiteKey, float]:
+    """Syncs per step at each place (key): the sites one place has in several phases (a
+    framework's read after every batch and at each validation's end) add up."""
+    totals: dict[SiteKey, float] = {}
+    for s in per_step(sites):
+        place = key(s, maps)
+        totals[place] = totals.get(place, 0.0) + s.per_step
+    return totals
+
+
 def gone(targets: list[Site], after: list[Site], maps: dict[str, LineMap],
          fewer: frozenset[Site] = frozenset()) -> tuple[str | None, list[str]]:
     """(why a target is still there, or None; the targets removed). A target in `fewer` may
-    stay at fewer syncs per step (a framework's lever: remedies/framework_args.py)."""
-    now = {key(s): s for s in per_step(after)}
+    stay at fewer syncs per step (a framework's lever: remedies/framework_args.py), all the
+    targets at its place together."""
+    now = at_places(after)
+    was = at_places(targets, maps)
     removed: list[str] = []
     for target in targets:
-        left = now.get(key(target, maps))
-        if left is not None and (target not in fewer or left.per_step >= target.per_step):
-            return f"{label(target)} is still there ({left.per_step:g}/step)", []
+        place = key(target, maps)
+        left = now.get(place)
+        if left is not None and (target not in fewer or left >= was[place]):
+            return f"{label(target)} is still there ({left:g}/step at its line)", []
         removed.append(label(target) if left is None else
-                       f"{label(target)} down to {left.per_step:g}/step")
+                       f"{label(target)} down to {left:g}/step at its line")
     return None, removed
 
 
@@ -80,20 +93,21 @@ def compare(targets: list[Site], before: list[Site], after: list[Site],
     why, removed = gone(targets, after, maps, fewer)
     if why is not None:
         return why, [], []
-    now = {key(s): s for s in per_step(after)}
-    old = {key(s, maps): s for s in per_step(before)}
+    now = at_places(after)
+    old = at_places(before, maps)
+    sites = {key(s): s for s in per_step(after)}
     budget = sum(t.per_step for t in targets)
     moved: list[str] = []
-    for identity, site in now.items():
-        was = old.get(identity)
-        if was is not None and site.per_step <= was.per_step:
+    for identity, total in now.items():
+        was, site = old.get(identity), sites[identity]
+        if was is not None and total <= was:
             continue
         if site.file in maps and site.line in maps[site.file].written:
-            moved.append(label(site))
-            budget -= site.per_step
+            moved.append(label(site, total))
+            budget -= total
             continue
-        return f"a new sync: {label(site)}" if was is None else \
-            f"{label(site)} syncs more often than before ({was.per_step:g}/step)", [], []
+        return f"a new sync: {label(site, total)}" if was is None else \
+            f"{label(site, total)} syncs more often than before ({was:g}/step)", [], []
     if budget <= 0:
         return "the syncs it moves happen as often as those it removes", [], []
     return None, removed, moved
