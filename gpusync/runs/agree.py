@@ -115,6 +115,10 @@ def parameters(base: list, other: list, rtol: float, atol: float,
 
 
 _NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")
+# a clock (00:03, 1:02:03) or a rate or duration (1.04it/s, 2.5s/it, 12 examples/s, 0.3s,
+# 15ms): a timing even where the original's two runs happened to print it alike
+_TIMING = re.compile(r"\b\d+(?::\d\d)+\b|\b\d+(?:\.\d+)?\s?(?:[A-Za-z]+/s|s/[A-Za-z]+|"
+                     r"ms|us|µs|s|sec|secs|seconds)\b")
 
 
 def printed(base: str, other: str, rtol: float = 0.0, atol: float = 0.0) -> str | None:
@@ -188,9 +192,10 @@ def differs(why: str, tolerance: Tolerance, base: dict | None = None) -> str:
 def printed_steady(base: str, again: str, other: str) -> tuple[str | None, bool]:
     """(why `other` printed differently from `base`, whether the comparison could be made),
     where the original printed `base` and, run again with the same seeds, `again`: a number
-    that differs between those two (a timing) is not compared; all else is, character for
-    character. Not comparable when the original's lines do not line up from run to run."""
-    lines = [text.splitlines() for text in (base, again, other)]
+    that differs between those two (a timing) is not compared, nor a clock, rate or duration
+    (_TIMING); all else is, character for character. Not comparable when the original's
+    lines do not line up from run to run."""
+    lines = [_TIMING.sub("<T>", text).splitlines() for text in (base, again, other)]
     if len(lines[0]) != len(lines[1]):
         return None, False
     if len(lines[2]) != len(lines[0]):
@@ -201,7 +206,8 @@ def printed_steady(base: str, again: str, other: str) -> tuple[str | None, bool]
             return None, False
         if len(parts[2]) != len(parts[0]) or any(
                 x == y and z != x for x, y, z in zip(*parts, strict=True)):
-            return f"printed line {n} is {o!r}, the original printed {b!r}", True
+            raw = base.splitlines()[n - 1], other.splitlines()[n - 1]
+            return f"printed line {n} is {raw[1]!r}, the original printed {raw[0]!r}", True
     return None, True
 
 

@@ -47,3 +47,16 @@ def test_only_the_numbers_that_vary_between_two_runs_of_the_original_are_left_ou
     assert compare.printed_steady(base, again, "done\n") == (
         "it printed 1 lines, the original 2", True)
     assert compare.printed_steady(base, "other\n", base) == (None, False)
+
+
+def test_clocks_rates_and_durations_are_timings_even_when_two_runs_print_them_alike():
+    """A progress bar's elapsed time printed 00:03 in both of the original's runs and 00:04
+    in the patched copy's: the patch was dropped (and kept in another run)."""
+    base = "Epoch 0: 100%|#| 4/4 [00:03<00:00, 1.04it/s, acc=0.500]\ntook 0.31s\n"
+    again = "Epoch 0: 100%|#| 4/4 [00:03<00:00, 1.04it/s, acc=0.500]\ntook 0.31s\n"
+    other = "Epoch 0: 100%|#| 4/4 [00:04<00:00, 0.91it/s, acc=0.500]\ntook 0.47s\n"
+    assert compare.printed_steady(base, again, other) == (None, True)
+    why, _ = compare.printed_steady(base, again, other.replace("acc=0.500", "acc=0.750"))
+    assert why == ("printed line 1 is 'Epoch 0: 100%|#| 4/4 [00:04<00:00, 0.91it/s, "
+                   "acc=0.750]', the original printed 'Epoch 0: 100%|#| 4/4 [00:03<00:00, "
+                   "1.04it/s, acc=0.500]'")
