@@ -3,7 +3,8 @@
 that built the loader and `non_blocking=True` on those copies. A loop whose copies pass
 `non_blocking=True` already from a loader that does not pin ("pageable non_blocking copy": from
 pageable memory, the copy is staged through a pinned buffer and the host waits for it) gets
-`pin_memory=True` on the loader alone.
+`pin_memory=True` on the loader alone, also where a framework makes those copies (Fabric's
+loader, Lightning's batch transfer: `move_data_to_device` with non_blocking=True).
 
 Why it is safe (torch's sources, aten/src/ATen/native/cuda/Copy.cu, copy_kernel_cuda): a
 blocking host-to-device copy ends in `at::cuda::memcpy_and_sync`, the host waiting for it; with
@@ -115,7 +116,7 @@ class _PinMemory(Remedy):
                 raise _Refused("more distinct copies were seen at this line than are kept")
             own = _copies(source, site.line, seen.values, pageable)
             builds = {b for _, bs in own for b in bs}
-            copies: dict[int, list[ast.Call]] = {site.line: [c for c, _ in own]}
+            copies: dict[int, list[ast.Call | None]] = {site.line: [c for c, _ in own]}
             for (kind, file, line), other in facts.data.items():
                 if kind == COPY and file == site.file and line != site.line and not other.more:
                     with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
@@ -132,7 +133,7 @@ class _PinMemory(Remedy):
             return Proposal(NAME, site, tuple(sorted(edits)),
                             _pinned_summary(pins, sorted(copies)))
         edits += [source.set_keyword(c, "non_blocking", "True")
-                  for cs in copies.values() for c in cs]
+                  for cs in copies.values() for c in cs if c is not None]
         return Proposal(NAME, site, tuple(sorted(edits)), _summary(pins, sorted(copies)))
 
 
@@ -163,17 +164,26 @@ def _lines(numbers: list[int]) -> str:
 
 
 def _copies(source: Source, line: int, values: list[dict], pageable: bool = False
-            ) -> list[tuple[ast.Call, set]]:
+            ) -> list[tuple[ast.Call | None, set]]:
     """Each copy call of `line` with the builds of the loaders whose tensors it copies; raises
     _Refused where one is not safe to make non_blocking (`pageable`: where the copies do not
     all pass non_blocking themselves, or are not safe to make truly asynchronous)."""
     by_end: dict[Any, list[dict]] = {}
     for v in values:
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)
-    out = []
+    out: list[tuple[ast.Call | None, set]] = []
     for end, group in by_end.items():
         call = source.call_ending(line, end, ("to", "cuda"))
         what = f"{source.segment(call)} at line {line}" if call else f"a copy at line {line}"
+        if pageable and any(v.get("built") for v in group) and not all(
+                v["direct"] for v in group):
+            # a framework's own copy (Fabric's, Lightning's batch_to) with non_blocking=True:
+            # pinning the loader is the whole edit, and nothing of the script reads the host
+            # batch after it; what else the line copies, the verification's scan judges
+            if not all(v["non_blocking"] for v in group if v.get("built")):
+                raise _Refused(f"{what} does not pass non_blocking=True on every copy")
+            out.append((None, {tuple(v["built"]) for v in group if v.get("built")}))
+            continue
         if not any(v.get("built") for v in group):
             raise _Refused(f"line {line} also copies {what.split(' at line')[0]}, a tensor no "
                            "DataLoader yielded as is (computed from a batch, or a view of one): "

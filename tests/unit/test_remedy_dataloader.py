@@ -268,3 +268,19 @@ def test_the_scans_advice_for_a_pageable_non_blocking_copy_is_the_loaders_pinnin
     advice = ADVICE[dataloader.PAGEABLE]
     assert "DataLoader(..., pin_memory=True)" in advice
     assert "tensor.pin_memory()" not in advice
+
+
+def test_a_frameworks_own_non_blocking_copy_gets_the_loader_pinned():
+    """Fabric's loader (and Lightning's batch transfer) copies each batch with
+    non_blocking=True from library code: pinning the loader is the whole edit. It was refused
+    as "copies by library code it calls"; a copy the framework makes blocking still is."""
+    text = TRAIN.replace("    x, y = x.to(device), y.to(device)\n", "    step(x, y)\n")
+    framework = {5: [("step(x, y)", True, True, False)]}
+    answer = dataloader.PIN_MEMORY.propose(site(5, dataloader.PAGEABLE), Source(PATH, text),
+                                           facts_for(text, framework))
+    assert isinstance(answer, Proposal)
+    assert apply(text, list(answer.edits)) == text.replace(
+        "batch_size=8)", "batch_size=8, pin_memory=torch.cuda.is_available())")
+    blocking = {5: [("step(x, y)", True, False, False)]}
+    answer = dataloader.PIN_MEMORY.propose(site(5), Source(PATH, text), facts_for(text, blocking))
+    assert isinstance(answer, Refusal) and "copies by library code it calls" in answer.reason
