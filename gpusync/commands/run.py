@@ -35,5 +35,7 @@ def run_command(tuned, command):
     if warning:
         click.echo(f"gpusync run: warning: {warning}", err=True)
     code = compile_script(target.path)
-    with knobs.applied(settings, {}), as_main(target.path, words) as globs:
+    # only the families the file sets: importing fbgemm-gpu for a plain script adds a root
+    # logging handler, and Lightning's log lines then print twice
+    with knobs.applied(settings, {}, discover=False), as_main(target.path, words) as globs:
         exec(code, globs)  # as `python train.py ARGS`: its folder first on sys.path

@@ -179,3 +179,18 @@ def test_the_table_lists_every_candidate_timed_or_not(tmp_path):
     if not torch.cuda.is_available():
         assert rows["torch.optim.fused=true"][1:4] == ["-", "-", "-"]  # not timed on a CPU
     assert rows["torch.optim.fused=true"][-1] == "identical"
+
+
+def test_run_imports_only_the_libraries_its_settings_act_on(tmp_path):
+    """`gpusync run` of a plain script's tuned file imported fbgemm-gpu, which adds a root
+    logging handler: Lightning's log lines then printed twice."""
+    from tests.conftest import run_cli
+
+    (tmp_path / "s.py").write_text("import logging, sys\n"
+                                   "print('fbgemm_gpu' in sys.modules, "
+                                   "logging.getLogger().handlers)\n")
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({
+        "kind": "gpusync-tune", "schema_version": 1, "settings": {"env:TOY": "fast"}}))
+    proc = run_cli("run", "tuned.yaml", "--", "python", "s.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "False []\n"
