@@ -231,9 +231,10 @@ def unjudgeable(report, data: dict, steps: int | None) -> str | None:
     step (`-- --help`, an early `sys.exit(0)`) where the baseline's did (a script without an
     optimizer, backward or module is one step in both), one that counted its steps otherwise,
     one that ended before the steps the baseline measured (`os._exit(0)` is a script's own
-    end), or one that never put a tensor on the GPU (it took another path than the baseline's
-    run: its syncs on CUDA are not there to count). Each would pass, or read as a win whose
-    suggested baseline stops gating anything."""
+    end, `--steps` fewer than the baseline's) or went on past them (more epochs), or one that
+    never put a tensor on the GPU (it took another path than the baseline's run: its syncs on
+    CUDA are not there to count). Each would pass, or read as a win whose suggested baseline
+    stops gating anything."""
     from .detect.steps import NONE, NOTHING_ON_GPU
 
     unit = data.get("step_unit")  # absent in a baseline older than the field
@@ -243,11 +244,16 @@ def unjudgeable(report, data: dict, steps: int | None) -> str | None:
     if unit is not None and report.step_unit != unit:
         return (f"the run counted its steps by {report.step_unit} where the baseline's counted "
                 f"them by {unit}: it took another path (other arguments, an early exit)")
-    measured = data.get("measured_steps", 0)
-    expected = min(steps or measured, measured)
+    expected = data.get("measured_steps", 0)
     if report.measured_steps < expected:
         return (f"the run ended after {report.measured_steps} measured step(s), short of the "
-                f"baseline's {expected}: an early exit cannot be compared with whole steps")
+                f"baseline's {expected}: an early exit cannot be compared with whole steps"
+                + (f" (--steps {steps})" if steps and steps < expected else ""))
+    if report.measured_steps > expected:
+        return (f"the run measured {report.measured_steps} steps where the baseline's "
+                f"measured {expected}: per-step figures of what syncs every N steps or at an "
+                "epoch's end are comparable over the same steps only (gate with the "
+                "baseline's arguments and --steps, or record it again)")
     if NOTHING_ON_GPU in report.notes:
         return "the code never put a tensor on the GPU, which the baseline's run did: " + \
             "its syncs on CUDA are not there to count"

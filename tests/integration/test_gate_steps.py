@@ -46,3 +46,23 @@ def test_the_suggested_baseline_of_a_steps_baseline_is_adopted_and_passes(tmp_pa
     suggested.replace(tmp_path / "base.json")
     gate = gpusync("gate", "train.py", "--baseline", "base.json", cwd=tmp_path)
     assert gate.returncode == 0, gate.stdout + gate.stderr
+
+
+def test_a_run_over_other_steps_than_the_baselines_cannot_be_judged(tmp_path):
+    """Per-step figures of what syncs every N steps or at an epoch's end are comparable over
+    the same steps only: a longer run (more epochs) and a shorter --steps both read as an
+    "unrecorded improvement" whose suggested baseline dropped the periodic sites."""
+    (tmp_path / "train.py").write_text(LOOP.replace("range(8)", "range(int(__import__('sys')"
+                                                    ".argv[1]))").replace(
+        "print(loss.item())", "if i % 4 == 3:\n            print(loss.item())"))
+    assert gpusync("baseline", "train.py", "-o", "base.json", "--", "8",
+                   cwd=tmp_path).returncode == 0
+    assert gpusync("gate", "train.py", "--baseline", "base.json",
+                   cwd=tmp_path).returncode == 0
+    longer = gpusync("gate", "train.py", "--baseline", "base.json", "--", "16", cwd=tmp_path)
+    assert longer.returncode == 4 and "the run measured 15 steps where the baseline's " \
+        "measured 7" in longer.stdout
+    shorter = gpusync("gate", "train.py", "--baseline", "base.json", "--steps", "3",
+                      cwd=tmp_path)
+    assert shorter.returncode == 4 and "short of the baseline's 7" in shorter.stdout
+    assert not (tmp_path / "base.suggested.json").exists()
