@@ -57,6 +57,16 @@ def project_root(target: str) -> str | None:
         here = parent
 
 
+def project_file(target: str) -> str | None:
+    """The target's file relative to its project (project_root), as a baseline records it
+    (`target_file`): the same from any working directory."""
+    root = project_root(target)
+    if root is None:
+        return None
+    path = target.rpartition(":")[0] if ":" in target and not os.path.isfile(target) else target
+    return os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+
+
 def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
     """(site, baseline key, per_step) for each per-step site (sites that ran only before the
     measured steps or only after the last step are not counted per step); under torchrun one
@@ -113,6 +123,8 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
     }
     if script_args:
         data["script_args"] = list(script_args)
+    if report.target and (where := project_file(report.target)) is not None:
+        data["target_file"] = where
     if timing_ms is not None:
         data["timing"] = {"device": timing_hardware, "samples_ms": [round(x, 4) for x in timing_ms]}
     return data

@@ -198,6 +198,11 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
         return Verdict(status=GateStatus.CANNOT_JUDGE,
                        notes=["the baseline was measured on a GPU; this machine has none"])
     recorded = data.get("target") or None
+    if target is not None and recorded is not None and not _same_target(target, recorded) \
+            and data.get("target_file") is not None \
+            and baseline.project_file(target) == data["target_file"] \
+            and _split(target)[1] == _split(recorded)[1]:
+        recorded = target  # the same file of its project, named from another folder
     if target is None or (recorded is not None and _same_target(target, recorded)):
         target = recorded  # one target however it is spelled: the baseline's run, again
         script_args = script_args or tuple(data.get("script_args") or ())

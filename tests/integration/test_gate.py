@@ -323,3 +323,18 @@ def test_a_baseline_recorded_from_another_folder_gates_alike(tmp_path, git):
     assert site["key"] == f"item | other | - | {where} | <module>" and site["file"] == where
     proc = run("gate", "train.py", "--baseline", "../base.json", cwd=tmp_path / "sub")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_gate_from_another_folder_runs_the_baselines_arguments(tmp_path):
+    """Recorded as `train.py -- 2` in its folder, gated as `sub/train.py` from above: the
+    recorded arguments were dropped (the two spellings did not name one file from here)."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "train.py").write_text(
+        LOOP.replace("range(4)", "range(int(__import__('sys').argv[1]))")
+        + "    v = loss.item()\n")
+    proc = run("baseline", "train.py", "-o", "base.json", "--", "6", cwd=tmp_path / "sub")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((tmp_path / "sub" / "base.json").read_text())
+    assert data["target_file"] == "train.py" and data["script_args"] == ["6"]
+    proc = run("gate", "sub/train.py", "--baseline", "sub/base.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
