@@ -74,13 +74,15 @@ def script_document(tune) -> dict:
     candidates = []
     for run in tune.runs:
         m = measured.get(run.candidate.name)
+        # a run that raised counted the syncs of its steps up to the failure: no figure
+        report = run.report if _status(tune, run) != "failed" else None
         candidates.append({
             "name": run.candidate.name, "settings": run.candidate.settings,
             "status": _status(tune, run), "reason": _reason(tune, run),
             "p50_ms": round(m.p50_ms, 4) if m else None,
             "p90_ms": round(m.p90_ms, 4) if m else None,
-            "syncs_per_step": run.report.syncs_per_step if run.report is not None else None,
-            "syncs_by_phase": run.report.syncs_by_phase if run.report is not None else None,
+            "syncs_per_step": report.syncs_per_step if report is not None else None,
+            "syncs_by_phase": report.syncs_by_phase if report is not None else None,
             "parity": run.parity or (m.parity if m else None),
             "peak_alloc_mb": run.peak_alloc_mb,
             "peak_reserved_mb": run.peak_reserved_mb, "output": run.output or None})

@@ -45,6 +45,8 @@ def test_candidates_that_crash_or_change_results(tmp_path):
     assert by["env:TOY=crash"]["status"] == "failed"
     assert "toy crash" in by["env:TOY=crash"]["reason"]
     assert "toy crash" in by["env:TOY=crash"]["output"]  # the last lines it printed
+    # its steps up to the crash are no figure of the candidate's
+    assert by["env:TOY=crash"]["syncs_per_step"] is None
     assert by["env:TOY=changed"]["status"] == "rejected"
     assert "differ" in by["env:TOY=changed"]["reason"]
     assert by["env:TOY=fast"]["parity"] == "identical"
