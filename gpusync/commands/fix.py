@@ -84,6 +84,13 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
         from ..tune_script import load_tuned
 
         settings = load_tuned(tuned)
+        # remedies/tuned.py writes torchrec's and fbgemm's; the others have no edit here
+        left = sorted(k for k in settings if not k.startswith(("torchrec.", "fbgemm.",
+                                                                 "gpusync.")))
+        if left:
+            click.echo(f"gpusync fix: --tuned: not written into the script: {', '.join(left)} "
+                       f"(`gpusync tune --emit python` prints their code to paste; `gpusync "
+                       f"run {tuned} -- python SCRIPT` applies them unedited)", err=True)
     with tempfile.TemporaryDirectory(prefix="gpusync-fix-") as folder:
         plan = FixPlan(target, tuple(script_args), resolved_mode(mode), steps, warmup,
                     seed, rtol, atol, timeout, folder, settings)

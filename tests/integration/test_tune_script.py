@@ -196,3 +196,16 @@ def test_run_imports_only_the_libraries_its_settings_act_on(tmp_path):
     proc = run_cli("run", "tuned.yaml", "--", "python", "s.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "False []\n"
+
+
+def test_fix_says_which_tuned_settings_it_does_not_write(tmp_path):
+    """`fix --tuned` wrote torchrec's and fbgemm's settings and passed over torch.* in
+    silence, though the docs said it writes them."""
+    (tmp_path / "toy.py").write_text(TOY)
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({
+        "kind": "gpusync-tune", "schema_version": 1,
+        "settings": {"torch.optim.fused": True, "env:TOY": "fast"}}))
+    proc = gpusync("fix", "toy.py", "--tuned", "tuned.yaml", "--steps", "2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert ("gpusync fix: --tuned: not written into the script: env:TOY, torch.optim.fused "
+            "(`gpusync tune --emit python` prints their code") in proc.stderr
