@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from . import patches, virtual_surface, virtual_torch
+from .virtual_autocast import Float32Autocast
 from .virtual_device import (
     DEVICE,
     VirtualStream,
@@ -151,6 +152,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "pin_memory", _pin_memory))
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
+        handles.append(Float32Autocast())
         handles += virtual_torch.install(sync)
         handles.append(_BareIndex())
         if dist.is_available():

@@ -196,3 +196,25 @@ def test_a_cuda_build_keeps_its_own_cuda_version(monkeypatch):
         assert torch.version.cuda == "13.0"
         assert torch.backends.cudnn.is_available()
     assert torch.version.cuda == "13.0"
+
+
+def test_cuda_autocast_takes_a_half_batch_and_computes_in_float32():
+    """Fabric's 16-mixed precision casts the batch to half itself; CUDA's autocast then casts
+    batch and weights to one dtype. The virtual device's autocast, which cast nothing, stopped
+    the script at its first matmul ("mat1 and mat2 must have the same dtype")."""
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    with scan() as s:
+        m = model.to("cuda")
+        with torch.autocast("cuda", dtype=torch.float16):
+            assert torch.is_autocast_enabled("cuda")
+            out = m(x.to("cuda").half())
+            conv = torch.nn.functional.conv2d(torch.randn(1, 3, 5, 5, device="cuda").half(),
+                                              torch.randn(2, 3, 3, 3, device="cuda"))
+            both = torch.cat([out.half(), out])
+        assert (out.dtype, conv.dtype, both.dtype) == (torch.float32,) * 3
+        assert not torch.is_autocast_enabled("cpu")
+        assert set(ops(s)) == {"H2D copy"}  # the moves to the device, nothing of autocast's
+    # torch's own CPU autocast kernels are back after the scan
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model(x).dtype == torch.bfloat16
