@@ -527,3 +527,24 @@ def test_transformers_attention_mask_check_names_its_step():
     fix, step = known((check, Frame("/home/u/train.py", 190, "main")))
     assert step is not None and step.label == "transformers attention-mask check"
     assert "leave attention_mask out" in (fix or "")
+
+
+@pytest.mark.parametrize("frames, label, lever", [
+    ((("lightning/pytorch/callbacks/early_stopping.py", 249,
+       "EarlyStopping._evaluate_stopping_criteria"),), "Lightning EarlyStopping",
+     "check_finite=False"),
+    ((("lightning/pytorch/callbacks/lr_monitor.py", 217, "LearningRateMonitor._extract_stats"),),
+     "Lightning LearningRateMonitor", 'logging_interval="epoch"'),
+    ((("torch/nn/utils/clip_grad.py", 109, "_get_total_norm"),
+      ("lightning/fabric/fabric.py", 534, "Fabric.clip_gradients")), "Fabric clip_gradients",
+     "error_if_nonfinite=False"),
+    ((("torch/amp/grad_scaler.py", 371, "GradScaler._maybe_opt_step"),
+      ("lightning/pytorch/plugins/precision/amp.py", 80, "MixedPrecision.optimizer_step")),
+     "GradScaler step under Lightning (16-mixed)", 'precision="bf16-mixed"'),
+])
+def test_lightning_and_fabric_callbacks_and_precision_have_their_levers(frames, label, lever):
+    sp = "/v/lib/python3.11/site-packages/"
+    path = tuple(Frame(sp + f, line, fn, True) for f, line, fn in frames)
+    fix, step = known((*path, Frame("/home/u/train.py", 40, "main")))
+    assert step is not None and step.label == label
+    assert lever in (fix or "")

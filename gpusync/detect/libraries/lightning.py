@@ -125,6 +125,37 @@ ENTRIES = (
           "lightning/pytorch/trainer/connectors/logger_connector/result.py "
           "_ResultCollection.log (self[key].to(value.device))", V,
           text=("self[key].to(",), step="Lightning self.log, a name's first value"),
+    Entry("lightning/pytorch/callbacks/early_stopping.py", ("EarlyStopping.",),
+          "EarlyStopping reads the monitored value on the host each time it checks (by default "
+          "at each validation's end: finite with check_finite=True, compared with the best, "
+          "formatted into its message): once per validation, not per step; "
+          "EarlyStopping(check_finite=False) drops one read",
+          "lightning/pytorch/callbacks/early_stopping.py EarlyStopping._run_early_stopping_check",
+          V, step="Lightning EarlyStopping"),
+    Entry("lightning/pytorch/callbacks/lr_monitor.py", ("LearningRateMonitor.",),
+          "LearningRateMonitor makes each learning rate a device tensor (torch.tensor(lr, "
+          "device=...)) for callback_metrics at every logging step: "
+          "LearningRateMonitor(logging_interval=\"epoch\"), or a larger "
+          "Trainer(log_every_n_steps=N)",
+          "lightning/pytorch/callbacks/lr_monitor.py LearningRateMonitor._extract_stats", V,
+          step="Lightning LearningRateMonitor"),
+    Entry("lightning/fabric/fabric.py", ("Fabric.clip_gradients",),
+          "fabric.clip_gradients(...) checks the gradients' norm on the host: its "
+          "error_if_nonfinite is True by default; pass error_if_nonfinite=False (a check of "
+          "your own: torch._assert_async(torch.isfinite(norm)))",
+          "lightning/fabric/fabric.py Fabric.clip_gradients (clip_grad_norm_, "
+          "error_if_nonfinite=True)", V, step="Fabric clip_gradients"),
+    Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
+          "GradScaler reads found_inf on the host before stepping a non-fused optimizer "
+          "(16-mixed precision): a fused optimizer (fused=True) removes the read, but "
+          "Lightning's and Fabric's MixedPrecision refuse it with gradient clipping "
+          "(gradient_clip_val, fabric.clip_gradients); precision=\"bf16-mixed\" needs no "
+          "GradScaler, where the GPU has bfloat16 (Ampere or newer)",
+          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step under "
+          "lightning/*/plugins/precision/amp.py MixedPrecision.optimizer_step", V,
+          inside=("lightning/fabric/plugins/precision/amp.py",
+                  "lightning/pytorch/plugins/precision/amp.py"),
+          step="GradScaler step under Lightning (16-mixed)"),
     Entry("lightning/fabric/wrappers.py", ("_FabricDataLoader.__iter__",),
           "Fabric's loader copies each batch with non_blocking=True, which overlaps only from "
           "pinned memory: build the DataLoader with pin_memory=True before "
