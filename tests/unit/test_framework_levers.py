@@ -548,3 +548,18 @@ def test_lightning_and_fabric_callbacks_and_precision_have_their_levers(frames, 
     fix, step = known((*path, Frame("/home/u/train.py", 40, "main")))
     assert step is not None and step.label == label
     assert lever in (fix or "")
+
+
+def test_fabric_collectives_of_a_number_and_torchmetrics_bincount_have_their_levers(tmp_path):
+    fabric = tmp_path / "site-packages" / "lightning" / "fabric" / "fabric.py"
+    fabric.parent.mkdir(parents=True)
+    fabric.write_text("        data = convert_to_tensors(data, device=self.device)\n")
+    made = Frame(str(tmp_path / "site-packages/lightning_utilities/core/apply_func.py"), 70,
+                 "apply_to_collection", True)
+    user = Frame("/home/u/train.py", 149, "run")
+    fix, step = known((made, Frame(str(fabric), 1, "Fabric.all_gather", True), user))
+    assert step is not None and step.label == "Fabric collective of a Python number"
+    assert "keep the value on the device" in (fix or "")
+    count = Frame("/v/site-packages/torchmetrics/utilities/data.py", 241, "_bincount", True)
+    fix, step = known((count, user))
+    assert step is None and 'average="micro"' in (fix or "")

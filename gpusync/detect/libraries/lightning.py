@@ -139,6 +139,13 @@ ENTRIES = (
           "Trainer(log_every_n_steps=N)",
           "lightning/pytorch/callbacks/lr_monitor.py LearningRateMonitor._extract_stats", V,
           step="Lightning LearningRateMonitor"),
+    Entry("lightning/fabric/fabric.py", ("Fabric.all_gather", "Fabric.all_reduce",
+                                         "Fabric.broadcast"),
+          "Fabric makes a Python number it is given into a device tensor from the host "
+          "(convert_to_tensors: torch.tensor(x, device=...)): keep the value on the device "
+          "(sum the losses as a tensor, not with .item()) and hand Fabric that tensor",
+          "lightning/fabric/fabric.py Fabric.all_gather (convert_to_tensors)", V,
+          text=("convert_to_tensors(",), step="Fabric collective of a Python number"),
     Entry("lightning/fabric/fabric.py", ("Fabric.clip_gradients",),
           "fabric.clip_gradients(...) checks the gradients' norm on the host: its "
           "error_if_nonfinite is True by default; pass error_if_nonfinite=False (a check of "

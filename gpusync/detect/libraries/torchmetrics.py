@@ -42,5 +42,12 @@ ENTRIES = (
     Entry("torchmetrics/utilities/compute.py", ("_safe_divide",),
           f"computing a torchmetrics metric {READ}: call compute() once per epoch or log "
           "interval, not every step", SAFE_DIVIDE, V),
+    Entry("torchmetrics/utilities/data.py", ("_bincount",),
+          "torchmetrics counts with torch.bincount in this metric's update, which reads the "
+          "values' maximum on the host (the size of its output): update the metric less often "
+          "(every N steps, or on the evaluation set only), or, for the classification "
+          "metrics, average=\"micro\" where micro averaging is what you report (it counts "
+          "without bincount)",
+          "torchmetrics/utilities/data.py _bincount (torch.bincount)", V),
 )
 LIBRARY_ADVICE: tuple[Entry, ...] = ()
