@@ -563,3 +563,14 @@ def test_fabric_collectives_of_a_number_and_torchmetrics_bincount_have_their_lev
     count = Frame("/v/site-packages/torchmetrics/utilities/data.py", 241, "_bincount", True)
     fix, step = known((count, user))
     assert step is None and 'average="micro"' in (fix or "")
+
+
+def test_accelerates_save_state_is_a_checkpoint_step():
+    sp = "/v/lib/python3.11/site-packages/"
+    save = (Frame(sp + "torch/serialization.py", 1, "save", True),
+            Frame(sp + "accelerate/checkpointing.py", 2, "save_accelerator_state", True),
+            Frame(sp + "accelerate/accelerator.py", 3, "Accelerator.save_state", True),
+            Frame("/home/u/train.py", 267, "training_function"))
+    fix, step = known(save)
+    assert step is not None and step.label == "accelerate checkpoint (save_state)"
+    assert "checkpoint less often" in (fix or "")

@@ -45,6 +45,12 @@ ENTRIES = (
           "accelerate/accelerator.py Accelerator.set_trigger, check_trigger "
           "(torch.tensor(..., device=self.device))", V, text=("torch.tensor(",),
           step="accelerate trigger flag"),
+    Entry("accelerate/accelerator.py", ("Accelerator.save_state", "Accelerator.save_model"),
+          "Accelerator.save_state / save_model copy the model's and the optimizer's tensors to "
+          "the host (safetensors, torch.save), each one a blocking copy: checkpoint less often "
+          "(your script's checkpointing interval), not per step",
+          "accelerate/accelerator.py Accelerator.save_state, save_model", V,
+          step="accelerate checkpoint (save_state)"),
     Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
           "GradScaler reads found_inf on the host to skip a step whose fp16 gradients "
           "overflowed, and accelerate then skips the learning-rate scheduler's step too "
