@@ -222,6 +222,12 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     if rule.timing or (rule.timing is None and "timing" in data):
         timing = _judge_step_times(data, baseline_path, target, script_args, rule, lead)
     verdict = combine(compare_counts(data, report), timing)
+    after = [s for s in report.sites if s.after]
+    if after:  # a script of one epoch: its evaluation and checkpoint, never a step's
+        verdict.notes.append(
+            f"{len(after)} site(s) synced only after the last step, not gated (a baseline "
+            "counts per step): " + ", ".join(f"{s.op} at {s.relative_where}" for s in after[:5])
+            + (", ..." if len(after) > 5 else ""))
     if verdict.only_improvements:
         try:
             verdict.suggested_baseline = baseline.suggest(data, report, baseline_path,

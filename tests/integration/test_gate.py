@@ -338,3 +338,12 @@ def test_a_gate_from_another_folder_runs_the_baselines_arguments(tmp_path):
     assert data["target_file"] == "train.py" and data["script_args"] == ["6"]
     proc = run("gate", "sub/train.py", "--baseline", "sub/base.json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_syncs_only_after_the_last_step_are_named_as_not_gated(project):
+    """A script of one epoch: a read added to its final evaluation passed in silence."""
+    (project / "train.py").write_text(LOOP + "    v = loss.item()\nprint(float(loss))\n")
+    proc = gate(project)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "note: 1 site(s) synced only after the last step, not gated (a baseline counts " \
+        "per step): float() at train.py:9" in proc.stdout
