@@ -27,7 +27,8 @@ KIND = "gpusync-baseline"
 # syncs are keyed at the user's file and function, and setup-only sites are left out; 4:
 # `ranks`, and under torchrun each rank's sites keyed on their own ("| rank N"); 5: phase
 # "eval" and an optimizer step's closure as forward change keys, and sites after the last
-# step are left out
+# step are left out; 6: files keyed from the target's project (project_root), a framework's
+# step in the key ("| via Lightning progress-bar metrics (prog_bar=True)"), target_file
 BASELINE_SCHEMA = VERSIONS[KIND]
 
 
@@ -77,12 +78,15 @@ def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
     for s in report.sites:
         if s.setup or s.after:
             continue
+        # every sync of a framework's loop is at the user's fit() line: its step tells them
+        # apart (a progress bar's read every batch, an epoch's metrics)
+        via = f" | via {s.framework.label}" if s.framework is not None else ""
         if report.ranks > 1 and s.per_rank:
             for rank, value in s.per_rank.items():
                 if value > 0:
-                    yield s, s.key.stable(rank, root), value
+                    yield s, s.key.stable(rank, root) + via, value
         else:
-            yield s, s.key.stable(root=root), s.per_step
+            yield s, s.key.stable(root=root) + via, s.per_step
 
 
 def keyed_sites(report: Report) -> dict[str, tuple[float, list[tuple[Site, float]]]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 VERSIONS = {
     "gpusync-scan": 7,
-    "gpusync-baseline": 5,
+    "gpusync-baseline": 6,
     "gpusync-gate": 1,
     "gpusync-bench": 1,
     "gpusync-bench-all": 1,

@@ -53,7 +53,7 @@ def gate(project, *extra):
 
 def test_baseline_is_readable_and_stable(project):
     data = check_contract(json.loads((project / "base.json").read_text()))
-    assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 5
+    assert data["kind"] == "gpusync-baseline" and data["schema_version"] == 6
     assert [s["key"] for s in data["sites"]] == ["item | other | - | train.py | <module>"]
     assert data["sites"][0]["per_step"] == 1.0 and data["syncs_by_phase"] == {"other": 1.0}
     for key in ("device", "torch", "gpusync", "commit", "created", "steps", "warmup"):
@@ -130,7 +130,7 @@ def test_margin_in_baseline_allows_extra_syncs(project):
     (None, "cannot read baseline"),
     ("{not json", "is corrupt"),
     ('{"kind": "other"}', "is not a gpusync baseline"),
-    ('{"kind": "gpusync-baseline", "schema_version": 5, "sites": [{"key": 1}]}', "is invalid"),
+    ('{"kind": "gpusync-baseline", "schema_version": 6, "sites": [{"key": 1}]}', "is invalid"),
     ("[" * 100000 + "]" * 100000, "is corrupt"),
     ('{"kind": "gpusync-baseline", "schema_version": 7, "sites": []}', "schema_version 7"),
     ('{"kind": "gpusync-baseline", "schema_version": 1, "sites": []}', "schema_version 1"),

@@ -9,7 +9,7 @@ from gpusync import baseline
 from gpusync.errors import BadInput
 
 VALID = {
-    "schema_version": 5, "kind": "gpusync-baseline", "target": "train.py", "mode": "simulate",
+    "schema_version": 6, "kind": "gpusync-baseline", "target": "train.py", "mode": "simulate",
     "device": "cpu", "torch": "2.5.0", "gpusync": "0.1.0", "commit": None,
     "created": "2026-01-01T00:00:00+00:00", "steps": 8, "warmup": 1, "measured_steps": 8,
     "syncs_per_step": 1.0, "max_syncs_per_step": 1, "syncs_by_phase": {"other": 1.0},
@@ -129,12 +129,12 @@ def test_schema_violations_name_the_json_path(tmp_path, mutate, expected):
     assert f"is invalid: {expected}" in message, message
 
 
-@pytest.mark.parametrize("version", [1, 2, 3, 4, 6, "5", True, None])
+@pytest.mark.parametrize("version", [1, 2, 3, 4, 5, 7, "6", True, None])
 def test_only_the_schema_version_this_gpusync_reads(tmp_path, version):
     text = changed(lambda d: d.update(schema_version=version) if version is not None
                    else d.pop("schema_version"))
     message = load_error(tmp_path, text)
-    assert f"has schema_version {version!r}; this gpusync reads 5" in message
+    assert f"has schema_version {version!r}; this gpusync reads 6" in message
     assert "record it again with `gpusync baseline`" in message
 
 

@@ -120,3 +120,19 @@ def test_a_copy_made_only_before_the_steps_is_told_so_not_to_pin_a_loader():
     advice = {(s.line, s.library is not None): (s.setup, s.advice) for s in report.sites}
     assert advice == {(7, False): (True, SETUP_COPY), (9, False): (False, pin),
                       (7, True): (True, "a lever")}
+
+
+def test_a_frameworks_steps_are_keyed_apart_in_a_baseline():
+    """Every sync of trainer.fit() is at its line: a progress bar's read every batch and an
+    epoch's metrics shared one key, and a gate's message took one step's fix for the other."""
+    from gpusync.detect.events import FrameworkStep
+
+    lib = Frame("/v/site-packages/lightning/fabric/utilities/apply_func.py", 134, "to_item", True)
+    bar = FrameworkStep("Lightning progress-bar metrics (prog_bar=True)", "r.py", 1, "metrics")
+    end = FrameworkStep("Lightning epoch-end metrics", "l.py", 2, "on_epoch_end")
+    events = [SyncEvent(op="item", frames=(lib, USER_A), step=s, framework=f, advice=a)
+              for s in (1, 2) for f, a in ((bar, "prog_bar=False"), (end, "once per epoch"))]
+    data = baseline.from_report(build_report(events, steps=3, warmup=1, mode="simulate"))
+    assert {s["key"].rpartition(" | via ")[2]: s["fix"] for s in data["sites"]} == {
+        "Lightning progress-bar metrics (prog_bar=True)": "prog_bar=False",
+        "Lightning epoch-end metrics": "once per epoch"}
