@@ -266,9 +266,13 @@ def spell(settings: Settings, builds: Builds) -> dict:
         else:
             sites = ", ".join(d["site"] for d in built if d.get("site"))
             loaders = "# its DataLoaders pin already" + (f" ({sites})" if sites else "")
-        copies = _at(builds.get("batch_copies") or [], "where it copies the batches")
-        parts.append(f"{loaders}\n{copies}\n"
-                     "batch.to(device, non_blocking=True)  # or batch.cuda(non_blocking=True)")
+        blocking = builds.get("batch_copies") or []  # copies that wait: a framework's pass
+        if blocking or not builds.get("dataloaders"):  # non_blocking already (Fabric's)
+            copies = (f"{_at(blocking, 'where it copies the batches')}\n"
+                      "batch.to(device, non_blocking=True)  # or batch.cuda(non_blocking=True)")
+        else:
+            copies = "# its batches are copied with non_blocking=True already"
+        parts.append(f"{loaders}\n{copies}")
     if settings.get(FUSED):
         opts = builds.get("optimizers") or []
         names = dict.fromkeys(o["class"] for o in opts) or {"Adam": None}

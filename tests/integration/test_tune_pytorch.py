@@ -130,6 +130,12 @@ def test_loaders_that_pin_already_are_left_as_they_are():
     builds["dataloaders"][1]["pin_memory"] = False  # only the one that does not
     assert knobs.emit({pytorch.PIN: True}, builds)["python"].startswith(
         "# where the script builds its DataLoader at main.py:41:\n")
+    # a framework copies the batches with non_blocking=True (Fabric's loader): no copy to
+    # edit, and none to invent
+    del builds["batch_copies"]
+    assert knobs.emit({pytorch.PIN: True}, builds)["python"].endswith(
+        "DataLoader(..., pin_memory=True)\n# its batches are copied with non_blocking=True "
+        "already")
 
 
 def test_applied_settings_are_recorded_and_undone():
