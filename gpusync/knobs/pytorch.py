@@ -223,26 +223,43 @@ def _install_zero_grad(set_to_none, builds: Builds, patches) -> list:
 @contextlib.contextmanager
 def _benchmark(value, builds: Builds, patches) -> Iterator[list]:
     """cudnn.benchmark set for the run (and again whenever the script builds a convolution,
-    in case it set its own before); the script's own value recorded at its first one."""
+    and at the first one's forward, in case it set its own before: Lightning's
+    Trainer(benchmark=True) sets it after the model is built); the script's own value recorded
+    at its first convolution's forward, where it takes effect."""
     import torch
     from torch.nn.modules.conv import _ConvNd
 
     cudnn: Any = torch.backends.cudnn
     saved = cudnn.benchmark
 
+    hooks: list = []  # the first forward's, made with the first convolution
+
     def init(call, conv, *args, **kwargs):
         if not builds.get("convs"):
             builds["cudnn_benchmark"] = bool(cudnn.benchmark)
+            hooks.append(torch.nn.modules.module.register_module_forward_pre_hook(first_forward))
         builds["convs"] = builds.get("convs", 0) + 1
         if value is not None:
             cudnn.benchmark = bool(value)
         return call(conv, *args, **kwargs)
+
+    def first_forward(module, args) -> None:
+        if not isinstance(module, _ConvNd):
+            return
+        for hook in hooks:  # once: every module's forward passes here until then
+            hook.remove()
+        if value is None:
+            builds["cudnn_benchmark"] = bool(cudnn.benchmark)
+        else:
+            cudnn.benchmark = bool(value)
 
     if value is not None:
         cudnn.benchmark = bool(value)
     try:
         yield [patches.add_layer(_ConvNd, "__init__", init)]
     finally:
+        for hook in hooks:
+            hook.remove()
         if value is not None:  # untouched otherwise: after torch's disable_global_flags() any
             cudnn.benchmark = saved  # assignment raises, even of the value it has
 

@@ -220,3 +220,27 @@ def test_with_nothing_chosen_the_json_says_why_there_is_no_code(tuned):
     assert data["emit"]["why"] != "nothing chosen, the script's own settings kept: "
     assert render_as("tune-emit", tune, "python").startswith(
         "# nothing to change: the script's own settings were kept")
+
+
+def test_cudnn_benchmark_is_read_and_set_where_the_convolutions_run():
+    """Lightning's Trainer(benchmark=True) sets it after the model is built: read at the
+    first convolution's construction, the baseline said false and =true was offered; and a
+    candidate's setting was undone by the Trainer's before the first forward."""
+    import torch
+
+    cudnn = torch.backends.cudnn
+    saved = cudnn.benchmark
+    hooks = dict(torch.nn.modules.module._global_forward_pre_hooks)
+    try:
+        for setting, seen in ({}, not saved), ({pytorch.BENCHMARK: saved}, saved):
+            builds: dict = {}
+            with knobs.applied(setting, builds):
+                conv = torch.nn.Conv1d(1, 1, 1)
+                cudnn.benchmark = not saved  # the framework's, after the model
+                conv(torch.ones(1, 1, 2))
+                assert cudnn.benchmark is seen
+            if not setting:
+                assert builds["cudnn_benchmark"] is (not saved)
+    finally:
+        cudnn.benchmark = saved
+    assert dict(torch.nn.modules.module._global_forward_pre_hooks) == hooks  # none left
