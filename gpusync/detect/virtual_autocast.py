@@ -8,8 +8,9 @@ While a CUDA autocast region is on, CPU autocast is on too (`torch.set_autocast_
 layer), and every op with a CPU autocast kernel (127 overloads in torch 2.13: the matmuls,
 convolutions, losses, linalg and FFT ops of its lists) runs gpusync's instead: half and bfloat16
 tensors cast to float32, then the op below autocast; the promoting ones (cat, stack,
-index_copy) run below autocast as they are (type promotion gives the widest dtype). Removed
-with the virtual device: the library's kernels are deregistered, torch's come back.
+index_copy) run below autocast as they are (type promotion gives the widest dtype). While the
+script's own CPU autocast region is on, torch's kernels are back (it computes in bfloat16 as it
+does plainly); removed with the virtual device.
 """
 from __future__ import annotations
 
@@ -49,25 +50,35 @@ class Float32Autocast:
 
     def __init__(self):
         self._cpu_on = False  # CPU autocast turned on by this layer (the script's own: left)
+        self._ops = [name for name in torch._C._dispatch_get_all_op_names()
+                     if name.startswith("aten::")
+                     and torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU")]
+        self._lib: Any = None
+        self._register()
+        self._layer = patches.add_layer(torch, "set_autocast_enabled", self._set)
+
+    def _register(self) -> None:
         self._lib = torch.library.Library("aten", "IMPL")
         with warnings.catch_warnings():  # "overriding a previously registered kernel"
             warnings.simplefilter("ignore")
-            for name in torch._C._dispatch_get_all_op_names():
-                if not name.startswith("aten::") or \
-                        not torch._C._dispatch_has_kernel_for_dispatch_key(name, "AutocastCPU"):
-                    continue
+            for name in self._ops:
                 base, _, overload = name[len("aten::"):].partition(".")
                 op = getattr(getattr(torch.ops.aten, base), overload or "default")
                 self._lib.impl(name[len("aten::"):], _kernel(op, base not in _PROMOTING),
                                "AutocastCPU")
-        self._layer = patches.add_layer(torch, "set_autocast_enabled", self._set)
 
     def _set(self, call, *args, **kwargs):
         out = call(*args, **kwargs)
         if len(args) != 2:  # the deprecated set_autocast_enabled(enabled): not a device's
             return out
         device, enabled = args
-        if str(device) == "cuda":
+        if str(device) == "cpu":  # the script's own CPU autocast: torch's kernels meanwhile
+            if enabled and self._lib is not None:
+                self._lib._destroy()
+                self._lib = None
+            elif not enabled and self._lib is None:
+                self._register()
+        elif str(device) == "cuda":
             if enabled and not self._cpu_on and not torch.is_autocast_enabled("cpu"):
                 call("cpu", True)
                 self._cpu_on = True
@@ -81,4 +92,6 @@ class Float32Autocast:
         if self._cpu_on:
             torch.set_autocast_enabled("cpu", False)
             self._cpu_on = False
-        self._lib._destroy()
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None

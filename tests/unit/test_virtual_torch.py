@@ -202,7 +202,7 @@ def test_cuda_autocast_takes_a_half_batch_and_computes_in_float32():
     """Fabric's 16-mixed precision casts the batch to half itself; CUDA's autocast then casts
     batch and weights to one dtype. The virtual device's autocast, which cast nothing, stopped
     the script at its first matmul ("mat1 and mat2 must have the same dtype")."""
-    model = torch.nn.Linear(4, 2)
+    model, on_host = torch.nn.Linear(4, 2), torch.nn.Linear(4, 2)
     x = torch.randn(3, 4)
     with scan() as s:
         m = model.to("cuda")
@@ -215,6 +215,10 @@ def test_cuda_autocast_takes_a_half_batch_and_computes_in_float32():
         assert (out.dtype, conv.dtype, both.dtype) == (torch.float32,) * 3
         assert not torch.is_autocast_enabled("cpu")
         assert set(ops(s)) == {"H2D copy"}  # the moves to the device, nothing of autocast's
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the script's own: as plainly
+            assert on_host(x).dtype == torch.bfloat16
+        with torch.autocast("cuda", dtype=torch.float16):  # and gpusync's again after it
+            assert m(x.to("cuda").half()).dtype == torch.float32
     # torch's own CPU autocast kernels are back after the scan
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert model(x).dtype == torch.bfloat16
