@@ -41,11 +41,17 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def split_target(target: str) -> tuple[str, str]:
+    """A target's file and factory ("" for a script, a profile or a built-in)."""
+    file, _, fn = target.rpartition(":")
+    return (file, fn) if file and fn.isidentifier() else (target, "")
+
+
 def project_root(target: str) -> str | None:
     """Where a target's files are keyed from: the git work tree holding its file (a script,
     file.py:function, a profile), else that file's folder; None (the working directory) for a
     built-in or an importable module."""
-    path = target.rpartition(":")[0] if ":" in target and not os.path.isfile(target) else target
+    path = split_target(target)[0]
     if not path.endswith((".py", ".yaml", ".yml")) or not os.path.isfile(path):
         return None
     folder = here = os.path.dirname(os.path.abspath(path))
@@ -64,8 +70,7 @@ def project_file(target: str) -> str | None:
     root = project_root(target)
     if root is None:
         return None
-    path = target.rpartition(":")[0] if ":" in target and not os.path.isfile(target) else target
-    return os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+    return os.path.relpath(os.path.abspath(split_target(target)[0]), root).replace(os.sep, "/")
 
 
 def rank_sites(report: Report) -> Iterator[tuple[Site, str, float]]:
@@ -105,11 +110,12 @@ def from_report(report: Report, timing_ms: list[float] | None = None, timing_har
     """`steps`: the --steps the scan was asked for (None: the target's own default, or a
     script run to its end), which the gate asks for again so both count the same steps."""
     merged: dict[str, dict] = {}
+    root = project_root(report.target)
     for key, (per_step, sites) in keyed_sites(report).items():
         s = sites[0][0]
         merged[key] = {
             "key": key, "op": s.op, "phase": s.phase, "hook": s.hook, "module": s.module,
-            "file": stable_file(s.file, project_root(report.target)), "function": s.function,
+            "file": stable_file(s.file, root), "function": s.function,
             "lines": sorted({site.line for site, _ in sites}), "per_step": per_step,
             "margin": 0.0, "fix": s.advice}
     data = {

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import errors
-from .baseline import keyed_sites, project_root
+from .baseline import keyed_sites, project_root, split_target
 from .modes import cuda_available
 from .report import stable_file
 from .stats import mann_whitney_greater, relative_iqr
@@ -201,7 +201,7 @@ def run_gate(baseline_path: str, target: str | None, script_args: tuple, rule: R
     if target is not None and recorded is not None and not _same_target(target, recorded) \
             and data.get("target_file") is not None \
             and baseline.project_file(target) == data["target_file"] \
-            and _split(target)[1] == _split(recorded)[1]:
+            and split_target(target)[1] == split_target(recorded)[1]:
         recorded = target  # the same file of its project, named from another folder
     if target is None or (recorded is not None and _same_target(target, recorded)):
         target = recorded  # one target however it is spelled: the baseline's run, again
@@ -295,18 +295,12 @@ def _other_target(a: str, b: str) -> bool:
     another factory, or another built-in or module target."""
     if _same_target(a, b):
         return False
-    (file_a, fn_a), (file_b, fn_b) = _split(a), _split(b)
+    (file_a, fn_a), (file_b, fn_b) = split_target(a), split_target(b)
     if fn_a != fn_b or not file_a.endswith(".py") or not file_b.endswith(".py"):
         return True
     if os.path.isfile(file_a) and os.path.isfile(file_b):
         return True  # _same_target found them two files
     return os.path.basename(file_a) != os.path.basename(file_b)
-
-
-def _split(target: str) -> tuple[str, str]:
-    """A target's file and factory ("" for a script)."""
-    file, _, fn = target.rpartition(":")
-    return (file, fn) if file and fn.isidentifier() else (target, "")
 
 
 def _same_target(a: str, b: str) -> bool:
@@ -315,7 +309,5 @@ def _same_target(a: str, b: str) -> bool:
 
     if a == b:
         return True
-    (file_a, _, fn_a), (file_b, _, fn_b) = a.rpartition(":"), b.rpartition(":")
-    if not (file_a and file_b and fn_a.isidentifier()):
-        file_a, fn_a, file_b, fn_b = a, "", b, ""
+    (file_a, fn_a), (file_b, fn_b) = split_target(a), split_target(b)
     return fn_a == fn_b and os.path.isfile(file_a) and same_file(file_a, file_b)
