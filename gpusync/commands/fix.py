@@ -84,9 +84,9 @@ def fix_command(target, script_args, apply_, fmt, output, steps, warmup, mode, s
         from ..tune_script import load_tuned
 
         settings = load_tuned(tuned)
-        # remedies/tuned.py writes torchrec's and fbgemm's; the others have no edit here
-        left = sorted(k for k in settings if not k.startswith(("torchrec.", "fbgemm.",
-                                                                 "gpusync.")))
+        from ..remedies.helpers.tuned_edits import WRITTEN
+
+        left = sorted(k for k in settings if k not in WRITTEN)
         if left:
             click.echo(f"gpusync fix: --tuned: not written into the script: {', '.join(left)} "
                        f"(`gpusync tune --emit python` prints their code to paste; `gpusync "

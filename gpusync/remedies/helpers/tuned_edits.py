@@ -25,6 +25,8 @@ STREAM = "torchrec.emb_lookup_stream"
 AFTER = "torchrec.embedding_lookup_after_data_dist"
 PRECOMPUTE = "fbgemm.precompute_writeback"  # gpusync/knobs/fbgemm.py's
 WRITEBACK = "gpusync.writeback"
+# the settings this file spells into a script (`gpusync fix --tuned`); the others have no edit
+WRITTEN = (PIPELINE, STREAM, AFTER, PRECOMPUTE, WRITEBACK)
 KIND = {cls: kind for kind, cls in PIPELINES.items()}
 START_BATCH_DEFAULT = 900  # TrainPipelineSemiSync's (torchrec 1.9.2); tune runs it with 0
 CONFIG = "UserEnabledConfigDefinition"
