@@ -27,15 +27,18 @@ import ast
 import contextlib
 from typing import Any, Iterator
 
+from ..detect.libraries import accelerate
 from ..report import Site
 from .helpers import syntax
 from .helpers.callsite import caller
 from .helpers.dataloaders import Listener, Loader, listening, passes_non_blocking
 from .helpers.observe import Facts
-from .helpers.source import Edit, Source
+from .helpers.source import Edit, Source, callee_name
 from .remedy import Proposal, Refusal, Remedy
 
 NAME = "dataloader.pin_memory"
+ACCELERATE = "accelerate.non_blocking"
+_CONFIG = "DataLoaderConfiguration"
 PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True
 BUILD, BATCH, COPY = "dataloader.build", "dataloader.batch", "dataloader.copy"
 _PIN_MEMORY_AT = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler,
@@ -105,7 +108,7 @@ class _PinMemory(Remedy):
         """pin_memory=True on the loader(s) whose yielded tensors this line copies,
         non_blocking=True on every copy of those tensors in the file (the same edits from each
         of its copy sites)."""
-        if site.op not in ("H2D copy", PAGEABLE):
+        if site.op not in ("H2D copy", PAGEABLE) or _by_accelerate(site):
             return None
         pageable = site.op == PAGEABLE  # the copies pass non_blocking=True: only the pinning lacks
         seen = facts.at(COPY, site.file, site.line)
@@ -264,5 +267,119 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
                               f"{torch}.cuda.is_available()" if torch else "True")
 
 
+def _by_accelerate(site: Site) -> bool:
+    return site.framework is not None and site.framework.label == accelerate.BATCH_COPY_STEP
+
+
+class _AcceleratorNonBlocking(Remedy):
+    """accelerate's prepared loader copies each batch with send_to_device(...,
+    non_blocking=False) by default (detect/libraries/accelerate.py): the script's
+    `Accelerator(...)` gets `dataloader_config=DataLoaderConfiguration(non_blocking=True)` and
+    the DataLoader(s) it prepares `pin_memory=True` (accelerate builds its loader with the
+    given loader's pin_memory: data_loader.py prepare_data_loader). The batch reaches the script
+    only on the device, so nothing of the script can write into the host batch after its copy."""
+
+    NAME = ACCELERATE
+
+    def propose(self, site: Site, source: Source, facts: Facts) -> Proposal | Refusal | None:
+        if site.op not in ("H2D copy", PAGEABLE) or not _by_accelerate(site):
+            return None
+        try:
+            call = _accelerator(source)
+            config = _config_edits(source, call)
+            pins = [(b, _pin_edit(source, facts, b)) for b in _prepared(source, facts, site)]
+        except _Refused as e:
+            return Refusal(ACCELERATE, site, str(e))
+        pinned = [b[1] for b, e in pins if e is not None]
+        already = [b[1] for b, e in pins if e is None]
+        loaders = (f"pin_memory=True on the DataLoader at {_lines(pinned)}" if pinned else
+                   f"the DataLoader at {_lines(already)} pins its batches already")
+        return Proposal(ACCELERATE, site, tuple(sorted([*config, *(e for _, e in pins if e)])), (
+            f"Accelerator(..., dataloader_config=DataLoaderConfiguration(non_blocking=True)) at "
+            f"line {call.lineno}; {loaders}: accelerate copies each pinned batch to the device "
+            "without the host waiting for it (the device still runs the copy before the kernels "
+            "that read it); the same batches"))
+
+
+def _accelerator(source: Source) -> ast.Call:
+    """The file's one Accelerator(...) call, which may be given a dataloader_config."""
+    calls = [n for n in ast.walk(source.tree) if isinstance(n, ast.Call)
+             and callee_name(n) == "Accelerator"]
+    if len(calls) != 1:
+        where = f" (lines {', '.join(str(c.lineno) for c in calls)})" if calls else ""
+        raise _Refused(f"{len(calls) or 'no'} Accelerator(...) call{'s' if calls else ''} in "
+                       f"the file{where}: build the one that prepares the loader with "
+                       "dataloader_config=DataLoaderConfiguration(non_blocking=True)")
+    call = calls[0]
+    for kw in call.keywords:
+        if kw.arg == "dataloader_config":
+            raise _Refused(f"dataloader_config={source.segment(kw.value)} is given at line "
+                           f"{call.lineno}: set non_blocking=True in it")
+        if kw.arg is None:
+            raise _Refused(f"Accelerator(..., **{source.segment(kw.value)}) at line "
+                           f"{call.lineno} may pass dataloader_config already")
+    return call
+
+
+def _config_edits(source: Source, call: ast.Call) -> list[Edit]:
+    """dataloader_config=DataLoaderConfiguration(non_blocking=True) on `call`, by the name the
+    file has for the class, or with an import of it from accelerate.utils."""
+    for node in ast.walk(source.tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "accelerate":
+            for alias in node.names:
+                if alias.name == _CONFIG:
+                    return [source.set_keyword(call, "dataloader_config",
+                                               f"{alias.asname or _CONFIG}(non_blocking=True)")]
+    module = source.imported_as("accelerate")
+    if module is not None:
+        return [source.set_keyword(call, "dataloader_config",
+                                   f"{module}.utils.{_CONFIG}(non_blocking=True)")]
+    line = f"from accelerate.utils import {_CONFIG}"
+    anchor = next((n for n in source.tree.body if isinstance(n, ast.ImportFrom)
+                   and (n.module or "").split(".")[0] == "accelerate"), None)
+    importing = (source.insert(((anchor.end_lineno or anchor.lineno) + 1, 0),
+                               line + source.newline) if anchor is not None
+                 else source.insert_before(source.statement(call), line))
+    return [importing,
+            source.set_keyword(call, "dataloader_config", f"{_CONFIG}(non_blocking=True)")]
+
+
+def _prepared(source: Source, facts: Facts, site: Site) -> list[tuple]:
+    """The builds ([file, line, end line, end column]) of the DataLoader(...) calls of this file
+    whose loaders the prepare(...) calls that built the copied loaders were given."""
+    seen = facts.at(COPY, site.file, site.line)
+    lines = {v["built"][1] for v in (seen.values if seen else []) if v.get("built")}
+    if not lines:
+        raise _Refused(f"no DataLoader's batch was seen copied at line {site.line}")
+    for line in lines:
+        batches = facts.at(BATCH, site.file, line)
+        odd = sorted({t for v in (batches.values if batches else []) for t in v["odd"]})
+        if odd:
+            raise _Refused(f"the batches prepared at line {line} hold {', '.join(odd)} objects "
+                           "(the collate_fn's): pin_memory=True pins only the tensors in tuples, "
+                           "lists and dicts")
+    prepares = [c for c in ast.walk(source.tree) if isinstance(c, ast.Call)
+                and isinstance(c.func, ast.Attribute) and c.func.attr in ("prepare",
+                "prepare_data_loader") and any(c.lineno <= n <= (c.end_lineno or c.lineno)
+                                               for n in lines)]
+    names = {a.id for c in prepares for a in c.args if isinstance(a, ast.Name)}
+    loaders = [a for c in prepares for a in c.args if isinstance(a, ast.Call)
+               and callee_name(a) == "DataLoader"]
+    loaders += [n.value for n in ast.walk(source.tree) if isinstance(n, ast.Assign)
+                and isinstance(n.value, ast.Call) and callee_name(n.value) == "DataLoader"
+                and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)]
+    builds = []
+    for loader in loaders:
+        built = facts.at(BUILD, source.path, loader.lineno)
+        ends = [v["end"] for v in built.values] if built else []
+        builds += [(source.path, loader.lineno, *end) for end in ends if end[0] is not None
+                   and source.call_ending(loader.lineno, tuple(end), ("DataLoader",)) is loader]
+    if not builds:
+        raise _Refused(f"the loader prepared at line {', '.join(map(str, sorted(lines)))} is "
+                       "not built by a DataLoader(...) call of this file that the run made")
+    return sorted(set(builds), key=str)
+
+
 PIN_MEMORY = _PinMemory()
-REMEDIES = (PIN_MEMORY,)
+ACCELERATOR_NON_BLOCKING = _AcceleratorNonBlocking()
+REMEDIES = (PIN_MEMORY, ACCELERATOR_NON_BLOCKING)

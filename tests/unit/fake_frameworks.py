@@ -1,5 +1,5 @@
-"""Tiny stand-ins of Hugging Face's Trainer and Lightning's Trainer for the tests of where a
-framework's syncs are placed and which levers fix them (CI has neither framework installed).
+"""Tiny stand-ins of Hugging Face's Trainer, accelerate and Lightning's Trainer for the tests
+of where a framework's syncs are placed and which levers fix them (CI has none installed).
 Each is written under a `site-packages` folder of the test's tmp dir, so gpusync takes it for
 an installed library, with the files, functions and source lines that the entries of
 gpusync/detect/libraries/ (transformers.py, lightning.py) name; the scripts put that folder
@@ -88,6 +88,60 @@ TRANSFORMERS = {
                 if step % self.args.logging_steps == 0:
                     tr_loss_scalar = tr_loss.mean().item()
                     print({"loss": round(tr_loss_scalar / step, 4)})
+        """,
+}
+
+# accelerate in a user's own loop, as 1.15 writes it: Accelerator.prepare wraps a DataLoader in
+# a DataLoaderShard that builds its own loader with the given one's pin_memory
+# (data_loader.py prepare_data_loader) and moves each batch with send_to_device(...,
+# non_blocking=DataLoaderConfiguration.non_blocking)
+ACCELERATE = {
+    "accelerate/__init__.py": """
+        from .accelerator import Accelerator
+        from .utils import DataLoaderConfiguration
+        """,
+    "accelerate/utils/__init__.py": """
+        from dataclasses import dataclass
+
+
+        @dataclass
+        class DataLoaderConfiguration:
+            non_blocking: bool = False
+        """,
+    "accelerate/utils/operations.py": TRANSFORMERS["accelerate/utils/operations.py"],
+    "accelerate/data_loader.py": """
+        import torch
+        from .utils.operations import send_to_device
+
+
+        class DataLoaderShard:
+            def __init__(self, loader, device, non_blocking):
+                self.base_dataloader = torch.utils.data.DataLoader(
+                    loader.dataset, batch_size=loader.batch_size, pin_memory=loader.pin_memory)
+                self.device, self._non_blocking = device, non_blocking
+
+            def __iter__(self):
+                for batch in self.base_dataloader:
+                    batch = send_to_device(batch, self.device, non_blocking=self._non_blocking)
+                    yield batch
+        """,
+    "accelerate/accelerator.py": """
+        import torch
+        from .data_loader import DataLoaderShard
+        from .utils import DataLoaderConfiguration
+
+
+        class Accelerator:
+            def __init__(self, dataloader_config=None):
+                self.config = dataloader_config or DataLoaderConfiguration()
+
+            def prepare(self, *objects):
+                return tuple(self._prepare(o) for o in objects)
+
+            def _prepare(self, obj):
+                if isinstance(obj, torch.utils.data.DataLoader):
+                    return DataLoaderShard(obj, "cuda", self.config.non_blocking)
+                return obj.to("cuda") if isinstance(obj, torch.nn.Module) else obj
         """,
 }
 

@@ -21,6 +21,7 @@ from . import Entry
 
 V = "accelerate 1.15.0"
 SCALER_STEP = "GradScaler step under accelerate (fp16)"
+BATCH_COPY_STEP = "accelerate batch copy"
 
 ENTRIES = (
     Entry("accelerate/data_loader.py", ("DataLoaderShard.__iter__",
@@ -31,7 +32,7 @@ ENTRIES = (
           "accelerate.utils) and the DataLoader with pin_memory=True, so the copy overlaps",
           "accelerate/data_loader.py DataLoaderShard.__iter__ (send_to_device(..., "
           "non_blocking=self._non_blocking))", V, text=("send_to_device",),
-          step="accelerate batch copy"),
+          step=BATCH_COPY_STEP),
     Entry("accelerate/accelerator.py", ("Accelerator.check_trigger",),
           "Accelerator.check_trigger() reads its flag on the host at every call: call it "
           "every N steps, not every step",
