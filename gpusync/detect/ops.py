@@ -43,6 +43,7 @@ from .residency import (
     Table,
     batch_tensors,
     device_elements,
+    no_elements,
     target_of_to,
 )
 from .residency_strategy import ResidencyStrategy
@@ -436,6 +437,8 @@ class OpDetector:
         if data_at is None:
             return False
         data = args[data_at] if len(args) > data_at else kwargs.get("data")
+        if no_elements(data):
+            return False
         if isinstance(data, Tensor):
             if self.host.on_device(data):
                 return False

@@ -24,6 +24,7 @@ import sys
 import weakref
 from collections.abc import Mapping
 from types import FrameType
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_leaves
@@ -175,11 +176,29 @@ _COMPRESSED = (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.spars
 def bus_copies(t: Tensor) -> int:
     """The copies moving t across the bus makes: a sparse tensor's _to_copy
     (TensorConversions.cpp) moves its parts one by one, COO its indices and values, a
-    compressed layout its compressed indices, plain indices and values."""
+    compressed layout its compressed indices, plain indices and values. A part with no
+    elements is no copy: copy_impl returns before the copy kernel when `iter.numel() == 0`
+    (aten/src/ATen/native/Copy.cpp), so no cudaMemcpy and no wait (transformers' KV cache
+    starts each layer with `torch.tensor([], device=...)`)."""
     layout = t.layout
     if layout == torch.strided:
-        return 1
-    return 2 if layout == torch.sparse_coo else 3 if layout in _COMPRESSED else 1
+        return 1 if t.numel() else 0
+    if layout == torch.sparse_coo:
+        return 2 if t._nnz() else 0
+    if layout in _COMPRESSED:
+        return 3 if t._nnz() else 1  # the compressed indices hold rows + 1 entries
+    return 1
+
+
+def no_elements(data: Any) -> bool:
+    """Data for torch.tensor(data) that makes a tensor with no elements ([], [[], []], an
+    empty array): nothing is copied up."""
+    if isinstance(data, Tensor):
+        return data.numel() == 0
+    if isinstance(data, (list, tuple)):
+        return all(no_elements(d) for d in data)
+    size = getattr(data, "size", None)  # a numpy array's element count
+    return isinstance(size, int) and size == 0
 
 
 def copy_of(t: Tensor) -> Tensor:

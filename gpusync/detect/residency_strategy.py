@@ -76,8 +76,8 @@ class RealResidency:
 
     def copy(self, det: Judge, src_dev: bool, dst_dev: bool, nb: bool, src, dst) -> bool:
         """copy_(dst, src, non_blocking=nb): recorded when it crosses the bus and the host
-        waits for it."""
-        return det.bus_copy(src_dev, not dst_dev, nb, src, dst)
+        waits for it (a copy of no elements copies nothing: residency.bus_copies)."""
+        return det.bus_copy(src_dev, not dst_dev, nb, src, dst, _copies(dst))
 
     def factory(self, det: Judge, func, args, kwargs, data_at: int | None):
         """A factory given device= (or pin_memory=); `data_at`: where the data argument of a
@@ -127,7 +127,7 @@ class SimulatedResidency(RealResidency):
         return func(*args, **kwargs)
 
     def copy(self, det: Judge, src_dev: bool, dst_dev: bool, nb: bool, src, dst) -> bool:
-        if dst_dev != src_dev and not nb:
+        if dst_dev != src_dev and not nb and _copies(dst):
             return det.record("D2H copy" if src_dev else "H2D copy")
         return False
 
@@ -216,6 +216,11 @@ COPY_BACK = ("in backward of the copy on this forward line: its gradient is copi
              "with a blocking copy (ToCopyBackward0)")
 COPY_BACK_ADVICE = ("keep both sides of the graph on one device: whatever uses the gradient on "
                  "the other side (a host table's optimizer step) waits for it to come back")
+
+
+def _copies(dst) -> int:
+    """copy_ into `dst`: one copy, none where it has no elements (residency.bus_copies)."""
+    return 0 if isinstance(dst, Tensor) and dst.numel() == 0 else 1
 
 
 def copy_back_in_backward(det, out: Tensor, src_on_device: bool) -> None:

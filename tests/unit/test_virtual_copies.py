@@ -81,3 +81,24 @@ def test_each_host_index_tensor_is_one_copy(observer):
         z[li].sum()
         assert ops(s, start) == ["H2D copy"] * 3  # lj's move, li's copy in each op
     assert z.grad[:, 0, 1].tolist() == [1.0, 1.0]
+
+
+def test_a_copy_of_no_elements_is_no_copy(observer):
+    """copy_impl returns before the copy kernel when there is nothing to copy
+    (aten/src/ATen/native/Copy.cpp, `iter.numel() == 0`): no cudaMemcpy, no wait. transformers'
+    KV cache starts each layer with `torch.tensor([], device=...)` in every forward."""
+    with Session(mode="simulate", virtual_cuda=True) as s:
+        device = torch.randn(3, 4, device="cuda")
+        start = len(s.events)
+        empty = [torch.tensor([], device="cuda"), torch.tensor([[], []], device="cuda"),
+                 torch.empty(0, 4).to("cuda"), torch.zeros(0, dtype=torch.long).cuda(),
+                 device[:0].cpu(), torch.as_tensor(torch.ones(0), device="cuda"),
+                 _coo().coalesce().sparse_mask(torch.sparse_coo_tensor(
+                     torch.zeros(2, 0, dtype=torch.long), torch.ones(0), (2, 2))).to("cuda")]
+        torch.empty(0, 4).copy_(device[:0])
+        assert ops(s, start) == []
+        assert all(t.numel() == 0 or t.is_sparse for t in empty)
+        assert [e.is_cuda for e in empty] == [True, True, True, True, False, True, True]
+        torch.tensor([1.0], device="cuda")
+        torch.ones(1, 4).copy_(device[:1])
+        assert ops(s, start) == ["H2D copy (torch.tensor)", "D2H copy"]
