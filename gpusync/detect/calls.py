@@ -363,6 +363,10 @@ class CallLayers:
                                                     get=getter(det.handle_is_cuda))
         self._add(Tensor, "get_device", self._handled("get_device", det.handle_get_device,
                                                       method=True))
+        observer = getattr(det.host, "observer", None)
+        if observer is not None:
+            self._add(torch.autograd.graph.saved_tensors_hooks, "__init__",
+                      _placing_packed(observer))
 
     def _add(self, owner: Any, name: str, layer) -> None:
         self._handles.append(patches.add_layer(owner, name, layer))
@@ -372,6 +376,22 @@ class CallLayers:
         for h in reversed(handles):
             h.remove()
         OPEN.remove(self)
+
+
+def _placing_packed(observer):
+    """saved_tensors_hooks(pack, unpack) with a pack hook that has the C++ observer place what
+    it is handed first: autograd hands it tensors of the op in flight that the observer would
+    place only when the op ends, or never (observer.cpp, place_packed). The hook's result is
+    its own."""
+    def layer(call, hooks, pack_hook, unpack_hook):
+        def pack(tensor):
+            observer.place_packed(tensor)
+            return pack_hook(tensor)
+
+        functools.update_wrapper(pack, pack_hook)
+        return call(hooks, pack, unpack_hook)
+
+    return layer
 
 
 OPEN = _Open()

@@ -180,6 +180,11 @@ OpTable& op_table();
 struct ResidencyTable {
   std::mutex lock;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
+  // The storages of the tracked tensors: a tensor made by no op (autograd's SavedVariable
+  // hands a saved-tensor hook `tensor_data()` of a saved output; activation checkpointing
+  // keeps a recomputed output's `detach()` after the output itself is gone) shares its
+  // storage with the tensor it was made from and lives where that storage does.
+  std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> storages;
   size_t sweep_at = 4096;
 };
 
@@ -305,6 +310,32 @@ class Observer {
   bool is_host(const at::Tensor& t) const {
     std::lock_guard<std::mutex> guard(table_->lock);
     return host(t);
+  }
+  // Autograd saves an op's outputs for backward inside the op, before its RecordFunction
+  // ends and settle() places them, and an opaque op's inner outputs are never placed: a
+  // saved-tensor pack hook (activation checkpointing compares the devices that forward and
+  // the recomputation saved; save_on_cpu copies device tensors off) is handed `tensor_data()`
+  // of such an output, which the table does not know. Told of it before the hook runs
+  // (detect/calls.py), it is placed where the op in flight puts its outputs, unless it shares
+  // its storage with one of the op's host inputs (a saved input).
+  void place_packed(const at::Tensor& t) {
+    std::lock_guard<std::mutex> guard(table_->lock);
+    if (tracks_device_ && !tracked(t) && in_flight_output(t)) to_device(t);
+  }
+  bool in_flight_output(const at::Tensor& t) const {
+    for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
+      if (!it->visible) continue;
+      if (!it->has_tensor || it->all_host) return false;
+      c10::StorageImpl* storage = storage_of(t.unsafeGetTensorImpl());
+      for (uint8_t i = 0; i < it->host_count; ++i) {
+        Impl* input = it->host_inputs[i];
+        if (input == t.unsafeGetTensorImpl() || (storage && storage_of(input) == storage)) {
+          return false;
+        }
+      }
+      return true;
+    }
+    return false;
   }
   void mark_host(const at::Tensor& t) {
     std::lock_guard<std::mutex> guard(table_->lock);
@@ -686,27 +717,53 @@ class Observer {
   }
 
   // The table's lock held:
-  bool host(const at::Tensor& t) const {
-    return (table_->tensors.count(t.unsafeGetTensorImpl()) != 0) != tracks_device_;
+  bool host(const at::Tensor& t) const { return tracked(t) != tracks_device_; }
+  bool tracked(const at::Tensor& t) const {
+    const auto& tensors = table_->tensors;
+    Impl* impl = t.unsafeGetTensorImpl();
+    if (tensors.count(impl) != 0) return true;
+    c10::StorageImpl* storage = storage_of(impl);
+    if (storage == nullptr) return false;
+    return live(table_->storages, storage);
+  }
+  using Storages =
+      std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>>;
+  static bool live(const Storages& storages, c10::StorageImpl* storage) {
+    auto found = storages.find(storage);
+    return found != storages.end() && !found->second.expired();
+  }
+  static c10::StorageImpl* storage_of(Impl* impl) {
+    return impl->has_storage() ? impl->unsafe_storage().unsafeGetStorageImpl() : nullptr;
   }
   void to_host(const at::Tensor& t) { tracks_device_ ? untrack(t) : track(t); }
   void to_device(const at::Tensor& t) { tracks_device_ ? track(t) : untrack(t); }
   void track(const at::Tensor& t) {
     if (!t.defined()) return;
     auto& tensors = table_->tensors;
-    bool added = tensors.try_emplace(t.unsafeGetTensorImpl(),
-                                     c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
+    Impl* impl = t.unsafeGetTensorImpl();
+    bool added = tensors.try_emplace(impl, c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
                      .second;
+    if (c10::StorageImpl* storage = storage_of(impl)) {
+      table_->storages.insert_or_assign(storage, impl->unsafe_storage().getWeakStorageImpl());
+    }
     if (added && tensors.size() > table_->sweep_at) sweep();
   }
   void untrack(const at::Tensor& t) {
-    if (t.defined()) table_->tensors.erase(t.unsafeGetTensorImpl());
+    if (!t.defined()) return;
+    table_->tensors.erase(t.unsafeGetTensorImpl());
+    if (c10::StorageImpl* storage = storage_of(t.unsafeGetTensorImpl())) {
+      table_->storages.erase(storage);
+    }
   }
 
   void sweep() {
     auto& tensors = table_->tensors;
     for (auto it = tensors.begin(); it != tensors.end();) {
       it = it->second.expired() ? tensors.erase(it) : std::next(it);
+    }
+    auto& storages = table_->storages;
+    for (auto it = storages.begin(); it != storages.end();) {
+      it = it->second.expired() ? storages.erase(it) : std::next(it);
     }
     table_->sweep_at = std::max<size_t>(4096, tensors.size() * 2);
   }
@@ -880,6 +937,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("on_recorded"), py::arg("tracks_device") = false)
       .def("is_host", &Observer::is_host)
       .def("on_device", [](const Observer& o, const at::Tensor& t) { return !o.is_host(t); })
+      .def("place_packed", &Observer::place_packed)
       .def_property_readonly("tracks_device", &Observer::tracks_device)
       .def_readwrite("backward_on_device", &Observer::backward_on_device)
       .def("mark_host", &Observer::mark_host)

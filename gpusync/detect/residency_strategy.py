@@ -120,8 +120,10 @@ class SimulatedResidency(RealResidency):
             recorded = not non_blocking(args, kwargs) and det.record_times(
                 "H2D copy", bus_copies(src))
             out = det.run(recorded, func, args, kwargs)
-            if out is src and not isinstance(src, torch.nn.Parameter):
-                out = out.clone()  # keep the host original on the host
+            if out is src:
+                # keep the host original on the host: a Parameter too (Module.to sets the copy
+                # as its .data, as on CUDA), so no host alias shares the device copy's storage
+                out = out.clone()
             det.host.mark_device(out)
             return out
         return func(*args, **kwargs)
@@ -170,7 +172,7 @@ class VirtualResidency(RealResidency):
             out = copy_of(out) if out is src else out  # a CUDA run makes a new host tensor
             det.host.mark_host(out)
         else:
-            if out is src and not isinstance(src, torch.nn.Parameter):
+            if out is src:
                 out = copy_of(out)  # keep the host original on the host
             det.host.mark_device(out)
             det.placed = DEVICE.allocated = True

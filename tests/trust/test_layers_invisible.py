@@ -524,3 +524,43 @@ def test_a_bare_device_index_fails_again_after_the_scan(tmp_path):
     if torch.version.cuda is None:
         with pytest.raises(RuntimeError):
             torch.device(0)
+
+
+def test_activation_checkpointing_recomputes_where_forward_saved(tmp_path, capfd):
+    """Non-reentrant checkpointing compares the device of each tensor autograd saved in forward
+    with the recomputed one's (a mismatch raises CheckpointError): a saved-tensor hook is handed
+    tensors of the op in flight that the C++ observer places only when the op ends, or never
+    inside an opaque op like scaled_dot_product_attention (observer.cpp place_packed). A
+    Parameter moved to the device leaves its host alias on the host, as on CUDA."""
+    assert_same(tmp_path, capfd, """
+        import torch
+        from torch.utils.checkpoint import checkpoint
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        torch.manual_seed(0)
+        block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8),
+                                    torch.nn.GELU())
+        w = torch.randn(8, 8)
+        block[0].weight = torch.nn.Parameter(w)
+        block.to(dev)
+        opt = torch.optim.SGD(block.parameters(), lr=0.1)
+        attention = torch.nn.functional.scaled_dot_product_attention
+        seen = []
+
+        def pack(t):
+            seen.append(t.device.type == torch.device(dev).type)
+            return t
+
+        for step in range(3):
+            x = torch.randn(4, 8, device=dev, requires_grad=True)
+            y = checkpoint(block, x, use_reentrant=False)
+            q = torch.randn(2, 2, 4, 8, device=dev, requires_grad=True)
+            z = checkpoint(attention, q, q, q, use_reentrant=False)
+            (y.sum() + z.sum()).backward()
+            opt.step()
+            opt.zero_grad()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                torch.nn.functional.layer_norm(x, (8,), block[1].weight).sum()
+            print("|", step, round(y.sum().item(), 4), all(seen), w.device.type,
+                  round(w.sum().item(), 4))
+        """)
