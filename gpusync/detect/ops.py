@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import weakref
 
 import torch
 
 from . import native, patches
+from .batches import RecentBatches
 from .calls import CallLayers
 from .dispatch import (
     RULES_BY_NAME,
@@ -94,9 +94,7 @@ class OpDetector:
         self.closed = False  # uninstalled: a mode left on another thread's stack records nothing
         self.device_default = 0  # >0: tensors C++ code makes from nothing live on the device
         self.placed = False  # virtual CUDA: the code asked for a tensor on the device
-        # the last two batches a DataLoader handed out, their tensors by id (a WeakSet compares
-        # with ==) and iterator: moving one to the device begins the step that uses it
-        self._batches: list[tuple[dict[int, weakref.ref], object]] = [({}, None), ({}, None)]
+        self._batches = RecentBatches()  # moving one to the device begins the step using it
         # where the gradients of the backward pass running now live (its roots'): a factory
         # handed a device at its top makes them (observer.cpp context_on_device)
         self.backward_on_device = True
@@ -125,21 +123,19 @@ class OpDetector:
     def _next_batch(self, call, it):
         with self.rec.tracker.fetch(it):
             batch = call(it)
-        leaves = {}
-        for leaf in batch_tensors(batch):
-            if not self.real:
+        leaves = batch_tensors(batch)
+        if not self.real:
+            for leaf in leaves:
                 self.host.mark_host(leaf)  # DataLoader batches are made in host memory
-            with contextlib.suppress(TypeError):
-                leaves[id(leaf)] = weakref.ref(leaf)
-        self._batches = [self._batches[1], (leaves, it)]
+        self._batches.handed_out(it, leaves)
         return batch
 
     def _batch_moved(self, t: object) -> None:
         """A loader that copies each batch before it fetches the next (accelerate's
         DataLoaderShard) does so before any fetch begins its step: the copy is the sign."""
-        for leaves, it in self._batches:
-            if (ref := leaves.get(id(t))) is not None and ref() is t:
-                return self.rec.tracker.batch_fetched(source=it)
+        iterator = self._batches.iterator_of(t)
+        if iterator is not None:
+            self.rec.tracker.batch_fetched(source=iterator)
 
     def new_parameter(self, call, cls, *args, **kwargs):
         param = call(cls, *args, **kwargs)

@@ -498,6 +498,57 @@ for step, (x,) in enumerate(train):
 '''
 
 
+def test_a_copy_before_fetch_loader_keeps_its_steps_across_an_evaluation(tmp_path):
+    """The Hugging Face Trainer's eval_steps: an evaluation in the middle of an epoch fetches
+    (and copies) batches of its own between two of the training loader's, which copies each
+    batch before it fetches the next (accelerate's DataLoaderShard, both). The training batch's
+    copy still begins its step (the last batches are kept per loader); it fell in the step
+    before ("in 5 of 7 steps")."""
+    text = """
+    import torch
+    from torch.utils.data import DataLoader
+
+
+    class Shard(DataLoader):
+        def __iter__(self):
+            it = super().__iter__()
+            current = next(it)
+            while True:
+                current = current.to("cuda")  # COPY
+                try:
+                    following = next(it)
+                except StopIteration:
+                    yield current
+                    return
+                yield current
+                current = following
+
+
+    class EvalShard(Shard):
+        def __iter__(self):
+            for batch in DataLoader.__iter__(self):
+                yield batch.to("cuda")  # EVAL COPY
+
+
+    model = torch.nn.Linear(4, 1).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = iter(Shard([torch.full((4,), float(i)) for i in range(18)], batch_size=2))
+    val = EvalShard([torch.ones(4) for _ in range(6)], batch_size=2)
+    for step in range(8):
+        model.train()
+        loss = model(next(batches)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if step % 3 == 1:
+            model.eval()
+            with torch.no_grad():
+                print(sum(model(v).mean().item() for v in val))
+    """
+    report = scan(tmp_path, text)
+    assert report.steps == 8
+    [copy] = sites_at(report, text, "# COPY")
+    assert copy.per_step == 1.0 and copy.period == "every step", copy.period
+
+
 def test_an_evaluation_fetched_with_autograd_on_stays_in_its_step(tmp_path):
     """Its batches, fetched after model.eval() from a loader never trained on, are no sign of
     the next step (they read as one: the evaluation landed in the next step, and a --steps
