@@ -85,9 +85,17 @@ def _knob(name: str, group: str, doc: str, script_value, gpu_only=True, **more) 
     return Knob(name, (False, True), group, doc, script_value, **more)
 
 
+def _pin_limits(builds: Builds, value, settings: Settings) -> str | None:
+    written = builds.get("batch_written") or []
+    if value and written:
+        return (f"{_at(written, 'a batch copied')[2:-1]} is changed in place after the copy: a "
+                "non_blocking copy could read the change")
+    return _kept(value, _script_pin(builds))
+
+
 KNOBS = [
     _knob(PIN, "dataloader", "DataLoader(pin_memory=True) and non_blocking copies of its "
-          "batches", _script_pin, not_applicable=lambda b, v, s: _kept(v, _script_pin(b))),
+          "batches", _script_pin, not_applicable=_pin_limits),
     _knob(FUSED, "optimizer", "fused=True for the torch.optim optimizers that have it",
           _script_fused, not_applicable=_fused_limits),
     _knob(SET_TO_NONE, "zero_grad", "zero_grad(set_to_none=True) where the script passes False",
@@ -146,6 +154,9 @@ class _Loaders(Listener):
 
     def batch(self, seen: Loader, odd: list[str]) -> None:
         self.seen += 1
+
+    def written(self, seen: Loader, site: CallSite | None) -> None:
+        _add_site(self.builds, "batch_written", {"site": _shown(site)})
 
     def copy(self, tensor, seen: Loader | None, args: tuple, kwargs: dict) -> dict:
         """A batch tensor copied as yielded: recorded where the script copies it blocking,

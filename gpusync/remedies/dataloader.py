@@ -41,6 +41,7 @@ ACCELERATE = "accelerate.non_blocking"
 _CONFIG = "DataLoaderConfiguration"
 PAGEABLE = "pageable non_blocking copy"  # detect/rules.py: the copy passes non_blocking=True
 BUILD, BATCH, COPY = "dataloader.build", "dataloader.batch", "dataloader.copy"
+WRITTEN = "dataloader.written"  # a tensor copied at the line was changed in place afterwards
 _PIN_MEMORY_AT = 7  # DataLoader(dataset, batch_size, shuffle, sampler, batch_sampler,
 #                     num_workers, collate_fn, pin_memory, ...): its position
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))  # pin_memory leaves them as they are
@@ -88,6 +89,11 @@ class _Watch(Listener):
                                    "direct": site.direct}, where=site.where)
 
 
+    def written(self, seen: Loader, site) -> None:
+        if site is not None:
+            self.facts.note(WRITTEN, True, where=site.where)
+
+
 def _build(seen: Loader) -> list:
     """[file, line, end line, end column] of the call that built the loader."""
     site = seen.site
@@ -117,13 +123,13 @@ class _PinMemory(Remedy):
         try:
             if seen.more:
                 raise _Refused("more distinct copies were seen at this line than are kept")
-            own = _copies(source, site.line, seen.values, pageable)
+            own = _copies(source, site.line, seen.values, pageable, facts)
             builds = {b for _, bs in own for b in bs}
             copies: dict[int, list[ast.Call | None]] = {site.line: [c for c, _ in own]}
             for (kind, file, line), other in facts.data.items():
                 if kind == COPY and file == site.file and line != site.line and not other.more:
                     with contextlib.suppress(_Refused):  # a copy line of its own: its own refusal
-                        theirs = _copies(source, line, other.values, pageable)
+                        theirs = _copies(source, line, other.values, pageable, facts)
                         if theirs and all(bs <= builds for _, bs in theirs):
                             copies[line] = [c for c, _ in theirs]
             pins = [(b, _pin_edit(source, facts, b)) for b in sorted(builds, key=str)]
@@ -166,11 +172,15 @@ def _lines(numbers: list[int]) -> str:
     return f"line{'s' if len(numbers) > 1 else ''} {', '.join(map(str, numbers))}"
 
 
-def _copies(source: Source, line: int, values: list[dict], pageable: bool = False
-            ) -> list[tuple[ast.Call | None, set]]:
+def _copies(source: Source, line: int, values: list[dict], pageable: bool = False,
+            facts: Facts | None = None) -> list[tuple[ast.Call | None, set]]:
     """Each copy call of `line` with the builds of the loaders whose tensors it copies; raises
     _Refused where one is not safe to make non_blocking (`pageable`: where the copies do not
     all pass non_blocking themselves, or are not safe to make truly asynchronous)."""
+    if facts is not None and facts.at(WRITTEN, source.path, line) is not None:
+        raise _Refused(f"a batch tensor copied at line {line} was changed in place after the "
+                       "copy, by code the script runs after it (seen in the run): a "
+                       "non_blocking copy could read the change")
     by_end: dict[Any, list[dict]] = {}
     for v in values:
         by_end.setdefault(tuple(v["end"]) if v.get("end") else None, []).append(v)

@@ -120,3 +120,39 @@ def test_the_layers_are_removed_on_an_exception():
     assert all(a is b for a, b in zip(_attributes(), before, strict=True))
     assert DataLoader.__init__ is before[0] and dataloaders._WATCHER.listeners == []
     assert "to" not in torch.Tensor.__dict__  # TensorBase's, as before
+
+
+
+
+def test_a_yielded_tensor_written_after_its_copy_is_told_once():
+    class Told(Recorder):
+        def __init__(self):
+            super().__init__()
+            self.told = []
+
+        def written(self, seen, site):
+            self.told.append(site)
+
+    listener = Told()
+    loader = DataLoader(torch.arange(12.).reshape(6, 2), batch_size=2)
+    with listening(listener):
+        for i, batch in enumerate(loader):
+            batch.to(torch.float64)
+            if i == 0:
+                batch.add_(1)  # after its copy: told at the next batch
+        kept = next(iter(loader))
+        kept.to(torch.float64)
+        kept.mul_(2)  # told when the listening ends
+    assert len(listener.told) == 2
+    assert all(site is not None for site in listener.told)
+
+
+def test_tunes_pin_memory_is_not_applicable_where_a_batch_is_written_after_its_copy():
+    from gpusync.knobs import pytorch as torch_knobs
+
+    [pin] = [k for k in torch_knobs.KNOBS if k.name == torch_knobs.PIN]
+    loaders = {"dataloaders": [{"pin_memory": False, "site": "t.py:3"}]}
+    written = {**loaders, "batch_written": [{"site": "t.py:9"}]}
+    assert "t.py:9 is changed in place after the copy" in pin.not_applicable(written, True, {})
+    assert pin.not_applicable(loaders, True, {}) is None
+    assert pin.not_applicable(written, False, {}) is None

@@ -284,3 +284,40 @@ def test_a_frameworks_own_non_blocking_copy_gets_the_loader_pinned():
     blocking = {5: [("step(x, y)", True, False, False)]}
     answer = dataloader.PIN_MEMORY.propose(site(5), Source(PATH, text), facts_for(text, blocking))
     assert isinstance(answer, Refusal) and "copies by library code it calls" in answer.reason
+
+
+def test_a_batch_written_in_place_after_its_copy_by_a_function_is_refused(tmp_path):
+    """A non_blocking copy from pinned memory reads the host batch when the device gets to it:
+    a write after the copy, here inside a function the loop calls (no name on the copy's line
+    shows it), could reach the device. The run sees the batch's version counter move."""
+    text = '''
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+device = "cuda"
+loader = DataLoader(TensorDataset(torch.randn(32, 4)), batch_size=8)
+model = torch.nn.Linear(4, 1).to(device)
+
+
+def update_stats(batch):
+    batch.mul_(0.5)
+
+
+for (inputs,) in loader:
+    x = inputs.to(device)
+    update_stats(inputs)
+    model(x).sum().backward()
+'''.lstrip()
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    result = _run(path)
+    facts = Facts.from_json(result.facts)
+    assert facts.at(dataloader.WRITTEN, str(path), 14) is not None
+    copy = next(s for s in result.report.sites if s.line == 14)
+    refused = dataloader.PIN_MEMORY.propose(copy, Source.read(path), facts)
+    assert isinstance(refused, Refusal)
+    assert "changed in place after the copy" in refused.reason
+    clean = text.replace("    update_stats(inputs)\n", "    update_stats(inputs.clone())\n")
+    path.write_text(clean)
+    facts = Facts.from_json(_run(path).facts)
+    assert facts.at(dataloader.WRITTEN, str(path), 14) is None

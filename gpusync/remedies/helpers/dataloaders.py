@@ -19,6 +19,7 @@ from typing import Any, Iterator
 from .callsite import CallSite, caller
 
 _PLAIN = (str, bytes, int, float, complex, bool, type(None))  # pin_memory leaves them as they are
+_COPIES_KEPT = 64  # copies of yielded tensors watched for a write after them
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class Listener:
                kwargs: dict) -> None:
         """After Tensor.to / .cuda, with the keyword arguments it was called with."""
 
+    def written(self, seen: Loader, site: CallSite | None) -> None:
+        """A tensor `seen`'s loader yielded, copied at `site`, was changed in place after that
+        copy (its version counter moved: seen at the next batch, or when the listening ends).
+        Made non_blocking, that copy could read the change."""
+
 
 def passes_non_blocking(args: tuple, kwargs: dict) -> bool:
     """The copy's caller chose non_blocking itself (by keyword, or a bool by position)."""
@@ -67,6 +73,9 @@ class _Watcher:
         self.handles: list = []
         self.lock = threading.Lock()
         self.kept: dict[int, tuple[weakref.ref, Loader]] = {}
+        # yielded tensors copied: (the tensor, its version at the copy, its loader, the copy's
+        # site), the latest _COPIES_KEPT
+        self.copies: list[tuple[weakref.ref, int, Loader, CallSite | None]] = []
 
     def keep(self, obj: Any, seen: Loader) -> None:
         key, kept = id(obj), self.kept
@@ -96,6 +105,7 @@ class _Watcher:
 
     def next(self, call, it, *args, **kwargs):
         data = call(it, *args, **kwargs)
+        self.check_writes(list(self.listeners))
         seen = self.seen(it) or Loader(None, bool(getattr(it, "_pin_memory", False)))
         asked = [listener for listener in list(self.listeners) if listener.follows(seen)]
         if asked:
@@ -129,7 +139,26 @@ class _Watcher:
         out = call(tensor, *args, **kwargs)
         for listener in listeners:
             listener.copied(tensor, out, seen, args, kwargs)
+        if seen is not None and out is not tensor:
+            with contextlib.suppress(TypeError):
+                self.copies.append((weakref.ref(tensor), tensor._version, seen, caller()))
+                del self.copies[:-_COPIES_KEPT]
         return out
+
+    def check_writes(self, listeners: list[Listener]) -> None:
+        """Tell `listeners` of the copied yielded tensors written since their copy; forget
+        those gone."""
+        kept = []
+        for ref, version, seen, site in self.copies:
+            tensor = ref()
+            if tensor is None:
+                continue
+            if tensor._version != version:
+                for listener in listeners:
+                    listener.written(seen, site)
+            else:
+                kept.append((ref, version, seen, site))
+        self.copies = kept
 
     def install(self) -> None:
         import torch
@@ -149,6 +178,7 @@ class _Watcher:
         while self.handles:
             self.handles.pop().remove()
         self.kept.clear()
+        self.copies.clear()
 
 
 _WATCHER = _Watcher()
@@ -171,6 +201,7 @@ def listening(listener: Listener) -> Iterator[Listener]:
         yield listener
     finally:
         with watcher.lock:
+            watcher.check_writes([listener])
             watcher.listeners.remove(listener)
             if not watcher.listeners:
                 watcher.uninstall()
