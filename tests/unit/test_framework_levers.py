@@ -487,9 +487,19 @@ def test_lightnings_first_log_of_a_name_is_a_one_time_move(tmp_path):
     assert "once per name, not per step" in (fix or "")
 
 
+# GradScaler's own read of found_inf, and its call of the optimizer's step (the entries read
+# the line's text: a sync inside the optimizer has _maybe_opt_step beneath it too)
+_SCALER = importlib.util.find_spec("torch.amp.grad_scaler").origin
+_SCALER_LINES = open(_SCALER, encoding="utf-8").read().splitlines()
+FOUND_INF_LINE = next(i for i, text in enumerate(_SCALER_LINES, 1)
+                      if "found_inf_per_device" in text and "sum(" in text)
+STEP_LINE = next(i for i, text in enumerate(_SCALER_LINES[FOUND_INF_LINE:], FOUND_INF_LINE + 1)
+                 if "optimizer.step(" in text)
+
+
 def test_gradscaler_under_accelerate_and_the_trainer_is_told_fused_would_change_the_schedule():
     sp = "/v/lib/python3.11/site-packages/"
-    scaler = Frame(sp + "torch/amp/grad_scaler.py", 371, "GradScaler._maybe_opt_step", True)
+    scaler = Frame(_SCALER, FOUND_INF_LINE, "GradScaler._maybe_opt_step", True)
     wrapped = Frame(sp + "accelerate/optimizer.py", 173, "AcceleratedOptimizer.step", True)
     user = Frame("/home/u/train.py", 195, "main")
     plain_fix, plain = known((scaler, user))
@@ -501,6 +511,18 @@ def test_gradscaler_under_accelerate_and_the_trainer_is_told_fused_would_change_
     fix, step = known((scaler, wrapped, trainer, user))
     assert step is not None and step.label == "Trainer GradScaler step (fp16)"
     assert "TrainingArguments(bf16=True)" in (fix or "")
+
+
+def test_a_sync_inside_the_optimizer_a_gradscaler_steps_is_not_the_scalers():
+    """timm's AdamP reads its projection's cosine on the host in its step: GradScaler's frame is
+    beneath that sync too, but its found_inf advice (fused=True) is not this sync's."""
+    sp = "/v/lib/python3.11/site-packages/"
+    adamp = Frame(sp + "timm/optim/adamp.py", 38, "projection", True)
+    stepping = Frame(_SCALER, STEP_LINE, "GradScaler._maybe_opt_step", True)
+    wrapped = Frame(sp + "accelerate/optimizer.py", 173, "AcceleratedOptimizer.step", True)
+    for path in ((adamp, stepping), (adamp, stepping, wrapped)):
+        fix, step = known((*path, Frame("/home/u/train.py", 40, "main")))
+        assert step is None and "fused=True" not in (fix or "")
 
 
 def test_accelerates_trigger_reads_and_its_flags_copies_have_their_own_texts(tmp_path):
@@ -538,13 +560,14 @@ def test_transformers_attention_mask_check_names_its_step():
     ((("torch/nn/utils/clip_grad.py", 109, "_get_total_norm"),
       ("lightning/fabric/fabric.py", 534, "Fabric.clip_gradients")), "Fabric clip_gradients",
      "error_if_nonfinite=False"),
-    ((("torch/amp/grad_scaler.py", 371, "GradScaler._maybe_opt_step"),
+    (((_SCALER, FOUND_INF_LINE, "GradScaler._maybe_opt_step"),
       ("lightning/pytorch/plugins/precision/amp.py", 80, "MixedPrecision.optimizer_step")),
      "GradScaler step under Lightning (16-mixed)", 'precision="bf16-mixed"'),
 ])
 def test_lightning_and_fabric_callbacks_and_precision_have_their_levers(frames, label, lever):
     sp = "/v/lib/python3.11/site-packages/"
-    path = tuple(Frame(sp + f, line, fn, True) for f, line, fn in frames)
+    path = tuple(Frame(f if f.startswith("/") else sp + f, line, fn, True)
+                 for f, line, fn in frames)
     fix, step = known((*path, Frame("/home/u/train.py", 40, "main")))
     assert step is not None and step.label == label
     assert lever in (fix or "")

@@ -18,6 +18,7 @@ Trainer's use of it has transformers.py's entry). Read in the installed source:
 from __future__ import annotations
 
 from . import Entry
+from .pytorch import FOUND_INF
 
 V = "accelerate 1.15.0"
 SCALER_STEP = "GradScaler step under accelerate (fp16)"
@@ -61,5 +62,5 @@ ENTRIES = (
           "where the GPU has bfloat16 (Ampere or newer)",
           "torch/amp/grad_scaler.py GradScaler._maybe_opt_step under accelerate/optimizer.py "
           "AcceleratedOptimizer.step", V, inside=("accelerate/optimizer.py",),
-          step=SCALER_STEP),
+          step=SCALER_STEP, text=(FOUND_INF,)),
 )

@@ -47,6 +47,7 @@ source:
 from __future__ import annotations
 
 from . import Entry
+from .pytorch import FOUND_INF
 
 V = "lightning 2.6.6"
 RESULT = "lightning/pytorch/trainer/connectors/logger_connector/result.py"
@@ -162,7 +163,7 @@ ENTRIES = (
           "lightning/*/plugins/precision/amp.py MixedPrecision.optimizer_step", V,
           inside=("lightning/fabric/plugins/precision/amp.py",
                   "lightning/pytorch/plugins/precision/amp.py"),
-          step="GradScaler step under Lightning (16-mixed)"),
+          step="GradScaler step under Lightning (16-mixed)", text=(FOUND_INF,)),
     Entry("lightning/fabric/wrappers.py", ("_FabricDataLoader.__iter__",),
           "Fabric's loader copies each batch with non_blocking=True, which overlaps only from "
           "pinned memory: build the DataLoader with pin_memory=True before "

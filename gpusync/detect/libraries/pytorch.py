@@ -50,6 +50,11 @@ ENTRIES = (
           "torch/optim/lr_scheduler.py ReduceLROnPlateau.step", V),
 )
 
+# GradScaler's own read (grad_scaler.py _maybe_opt_step: `sum(v.item() for v in
+# optimizer_state["found_inf_per_device"].values())`); a sync inside the optimizer it steps
+# has _maybe_opt_step beneath it too
+FOUND_INF = "found_inf_per_device"
+
 LIBRARY_ADVICE = (
     Entry("torch/amp/grad_scaler.py", ("_maybe_opt_step",),
           # no class named: the sync's frames do not say which optimizer it steps, and an
@@ -59,7 +64,8 @@ LIBRARY_ADVICE = (
           "Adagrad have it: your own class, e.g. SGD(..., fused=True) for an SGD; gpusync fix "
           "writes it at your constructor), whose step GradScaler hands found_inf to on the "
           "device",
-          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step", V),
+          "torch/amp/grad_scaler.py GradScaler._maybe_opt_step", V,
+          text=(FOUND_INF,)),
     Entry("torch/nn/utils/clip_grad.py", (),
           "clip_grad_norm_(error_if_nonfinite=True) reads the norm on the host: drop "
           "error_if_nonfinite, or check with torch._assert_async(torch.isfinite(norm))",

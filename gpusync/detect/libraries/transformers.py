@@ -27,6 +27,7 @@ the host, each with the TrainingArguments field that is its lever (a Trainer use
 from __future__ import annotations
 
 from . import Entry
+from .pytorch import FOUND_INF
 
 V = "transformers 5.24.0"
 TRAINER = "transformers/trainer.py"
@@ -119,5 +120,5 @@ ENTRIES = (
           "newer)",
           "torch/amp/grad_scaler.py GradScaler._maybe_opt_step under accelerate/optimizer.py "
           "AcceleratedOptimizer.step", V + ", accelerate 1.15.0", inside=(TRAINER,),
-          step="Trainer GradScaler step (fp16)"),
+          step="Trainer GradScaler step (fp16)", text=(FOUND_INF,)),
 )
