@@ -158,22 +158,27 @@ def capture(skip: int = 1) -> tuple[list[tuple[str, int, str]], tuple[Frame, ...
 
 def user_frames(raw: list[tuple[str, int, str]], limit: int = 32) -> tuple[Frame, ...]:
     """Innermost first: the library frames down to the user's innermost one (the path
-    beneath the site), then the user's frames and other libraries' (torch's own plumbing
-    between user frames, such as Module.__call__, is left out)."""
+    beneath the site, whole: `generate()` under a Trainer's evaluation is deeper than 32
+    frames, and the site is the user's line), then up to `limit` frames from there, the user's
+    and other libraries' (torch's own plumbing between user frames, such as Module.__call__,
+    is left out)."""
     out: list[Frame] = []
-    reached_user = False
+    reached_user = 0  # frames kept from the user's innermost one on
     for f, ln, fn in raw:
         kind = _kind(f)
         if kind == _MACHINERY:
             continue
         if kind == _USER:
-            reached_user = True
+            reached_user = reached_user or len(out) + 1
         elif reached_user and f.startswith(_TORCH_DIR):
             continue
         out.append(Frame(f, ln, fn, library=kind == _LIBRARY))
-        if len(out) == limit:
+        if (reached_user and len(out) - reached_user + 1 >= limit) or len(out) >= _PATH_KEPT:
             break
     return tuple(out)
+
+
+_PATH_KEPT = 160  # frames kept at most (a stack with no user frame keeps its innermost)
 
 
 def source_line(filename: str, lineno: int) -> str:

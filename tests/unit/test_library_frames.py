@@ -31,6 +31,18 @@ def test_machinery_is_dropped_and_libraries_are_marked():
     assert not any("gpusync" in f.file or "click" in f.file for f in frames)
 
 
+def test_a_library_path_deeper_than_the_limit_still_reaches_the_users_line():
+    """`generate()` under a Seq2SeqTrainer's evaluation is deeper than 32 library frames: the
+    site is still the user's line beneath them, and frames past it are kept up to the limit."""
+    raw = ([(LIB, n, "deep") for n in range(40)] + [("/home/u/train.py", 31, "<module>")]
+           + [("/home/u/main.py", n, "outer") for n in range(50)])
+    frames = user_frames(raw)
+    assert [f.line for f in frames[:40]] == list(range(40)) and frames[39].library
+    assert frames[40] == Frame("/home/u/train.py", 31, "<module>", False)
+    assert len(frames) == 40 + 32
+    assert len(user_frames([(LIB, n, "deep") for n in range(500)])) == 160
+
+
 def event(*frames, step=1, op="tolist"):
     return SyncEvent(op=op, frames=tuple(frames), step=step)
 
