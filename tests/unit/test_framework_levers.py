@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from gpusync.detect.events import Frame, FrameworkStep
-from gpusync.detect.libraries import known
+from gpusync.detect.libraries import FRAMEWORKS, known
 from gpusync.remedies import REMEDIES, Facts, Proposal, Refusal
 from gpusync.remedies.framework_args import (
     METRIC_VALIDATION,
@@ -542,13 +542,25 @@ def test_accelerates_trigger_reads_and_its_flags_copies_have_their_own_texts(tmp
         assert "nothing to change" in (fix or "")
 
 
+def test_the_two_mask_reads_do_not_send_the_user_from_one_to_the_other():
+    """A causal model without attention_mask reads whether the batch packs sequences; with one,
+    sdpa reads whether it masks anything: each lever produced the other read (7.2 -> 8.2 syncs
+    per step following the packed check's advice)."""
+    steps = {e.step: e.advice for e in FRAMEWORKS}
+    packed = steps["transformers packed-sequence check"]
+    assert "one read per forward either way" in packed and "give the batch" not in packed
+    assert 'attn_implementation="eager"' in packed
+    mask = steps["transformers attention-mask check"]
+    assert "packed-sequence check" in mask and "every attention implementation" not in mask
+
+
 def test_transformers_attention_mask_check_names_its_step():
     sp = "/v/lib/python3.11/site-packages/"
     check = Frame(sp + "transformers/masking_utils.py", 354, "_ignore_bidirectional_mask_sdpa",
                   True)
     fix, step = known((check, Frame("/home/u/train.py", 190, "main")))
     assert step is not None and step.label == "transformers attention-mask check"
-    assert "leave attention_mask out" in (fix or "")
+    assert "can leave attention_mask out" in (fix or "") and "packed-sequence check" in fix
 
 
 @pytest.mark.parametrize("frames, label, lever", [

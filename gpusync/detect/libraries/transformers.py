@@ -94,10 +94,12 @@ ENTRIES = (
           inside=(TRAINER,)),
     Entry("transformers/masking_utils.py", ("_preprocess_mask_arguments",
                                             "find_packed_sequence_indices"),
-          "with position_ids and no attention_mask, transformers checks on the host in every "
+          "a causal model given no attention_mask checks on the host in every training "
           "forward whether a batch packs several sequences per row "
-          "(find_packed_sequence_indices: (mask[:, -1] == 0).all()): give the batch an "
-          "attention_mask (the tokenizer's; a data collator that keeps it)",
+          "(find_packed_sequence_indices: (mask[:, -1] == 0).all()): nothing to change with "
+          "sdpa or flash attention, where an attention_mask brings its own read instead (the "
+          "attention-mask check: one read per forward either way); with "
+          "attn_implementation=\"eager\" and the batch's attention_mask neither is read",
           "transformers/masking_utils.py _preprocess_mask_arguments, "
           "find_packed_sequence_indices", V, text=("find_packed_sequence_indices(",),
           step="transformers packed-sequence check"),
@@ -106,8 +108,12 @@ ENTRIES = (
                                             "flash_attention_mask"),
           "given an attention_mask, transformers reads on the host in every forward whether "
           "it masks anything (padding_mask.all(): a mask of all ones is dropped so attention "
-          "takes its fastest kernel), with every attention implementation: nothing to change "
-          "where batches are padded; where they never are, leave attention_mask out",
+          "takes its fastest kernel), with sdpa and flash attention (eager attention only for "
+          "an encoder's bidirectional mask): nothing to change where batches are padded; "
+          "where they never are, an "
+          "encoder (a bidirectional mask) can leave attention_mask out, while a causal model "
+          "without one reads whether the batch packs sequences instead (the packed-sequence "
+          "check)",
           "transformers/masking_utils.py _ignore_causal_mask_sdpa, "
           "_ignore_bidirectional_mask_sdpa, flash_attention_mask (.all())", V,
           step="transformers attention-mask check"),
