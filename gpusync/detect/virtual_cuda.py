@@ -38,6 +38,7 @@ from .virtual_device import (
     pin_host,
     sync,
 )
+from .virtual_syncbn import SyncBatchNormKernels
 
 
 def _nccl_to_gloo(call, *args, **kwargs):
@@ -153,6 +154,7 @@ def _install() -> list:
         handles.append(patches.add_layer(torch.Tensor, "is_pinned", _is_pinned))
         handles.append(patches.add_layer(torch.Tensor, "record_stream", _record_stream))
         handles.append(Float32Autocast())
+        handles.append(SyncBatchNormKernels())
         handles += virtual_torch.install(sync)
         handles.append(_BareIndex())
         if dist.is_available():

@@ -43,6 +43,15 @@ ENTRIES = (
           "torch/nn/modules/transformer.py TransformerEncoder.forward "
           "(torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask)", V,
           text=("_nested_tensor_from_mask",)),
+    Entry("torch/nn/modules/_functions.py", ("SyncBatchNorm.forward",),
+          "SyncBatchNorm drops the statistics of ranks with an empty batch with a boolean "
+          "mask (count_all[mask], mean_all[mask], invstd_all[mask]): three host reads per "
+          "layer in every training forward (pytorch/pytorch#78549; skipped while a CUDA graph "
+          "captures): nothing to change in your code short of plain BatchNorm (no "
+          "convert_sync_batchnorm) where each GPU's batch is large enough for its own "
+          "statistics",
+          "torch/nn/modules/_functions.py SyncBatchNorm.forward ([mask])", V,
+          text=("[mask]",)),
     Entry("torch/optim/lr_scheduler.py", ("ReduceLROnPlateau.step",),
           "ReduceLROnPlateau.step(metric) takes float(metric): step it with a host float "
           "you compute anyway when you log (e.g. every N steps or once per epoch: "
