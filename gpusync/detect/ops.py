@@ -409,7 +409,14 @@ class OpDetector:
 
     def handle_to_host_read(self, label):
         def handler(func, args, kwargs):
-            recorded = self.host.on_device(args[0]) and self.record(label)
+            on_device = self.host.on_device(args[0])
+            if on_device and label == "numpy" and self.virtual and not (
+                    kwargs.get("force") or (len(args) > 1 and args[1])):
+                # tensor_numpy.cpp: only force=True copies a CUDA tensor to the host first
+                raise TypeError(f"can't convert {current_device()} device type tensor to "
+                                "numpy. Use Tensor.cpu() to copy the tensor to host memory "
+                                "first.")
+            recorded = on_device and self.record(label)
             return self.run(recorded, func, args, kwargs)
 
         return handler
@@ -421,7 +428,6 @@ class OpDetector:
         else:
             self.host.mark_host(args[0])
         return out
-
 
     def handle_factory(self, func, args, kwargs, data_at: int | None = None):
         """A factory given device= (or pin_memory=); `data_at`: where the data argument of a

@@ -102,3 +102,19 @@ def test_a_copy_of_no_elements_is_no_copy(observer):
         torch.tensor([1.0], device="cuda")
         torch.ones(1, 4).copy_(device[:1])
         assert ops(s, start) == ["H2D copy (torch.tensor)", "D2H copy"]
+
+
+def test_numpy_of_a_device_tensor_raises_as_on_cuda_unless_forced(observer):
+    """tensor_numpy.cpp refuses a CUDA tensor ("can't convert cuda:0 device type tensor to
+    numpy"), np.asarray too (Tensor.__array__); only numpy(force=True) copies it to the host
+    first. A script that would crash there on a GPU stops there in the scan."""
+    import numpy as np
+
+    with Session(mode="simulate", virtual_cuda=True) as s:
+        x = torch.ones(3, device="cuda")
+        for read in (x.numpy, lambda: np.asarray(x)):
+            with pytest.raises(TypeError, match="can't convert cuda:0 device type tensor"):
+                read()
+        assert x.numpy(force=True).sum() == 3.0 and x.cpu().numpy().sum() == 3.0
+        assert torch.ones(2).numpy().sum() == 2.0  # a host tensor's
+        assert ops(s) == ["numpy", "D2H copy"]
