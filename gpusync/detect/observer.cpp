@@ -180,10 +180,9 @@ OpTable& op_table();
 struct ResidencyTable {
   std::mutex lock;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
-  // The storages of the tracked tensors: a tensor made by no op (autograd's SavedVariable
-  // hands a saved-tensor hook `tensor_data()` of a saved output; activation checkpointing
-  // keeps a recomputed output's `detach()` after the output itself is gone) shares its
-  // storage with the tensor it was made from and lives where that storage does.
+  // The storages of what saved-tensor hooks were handed on the device (place_packed): a
+  // tensor made from one by no op the observer sees (activation checkpointing keeps a
+  // recomputed output's `detach()`) shares its storage and lives where it does.
   std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> storages;
   size_t sweep_at = 4096;
 };
@@ -320,7 +319,14 @@ class Observer {
   // its storage with one of the op's host inputs (a saved input).
   void place_packed(const at::Tensor& t) {
     std::lock_guard<std::mutex> guard(table_->lock);
-    if (tracks_device_ && !tracked(t) && in_flight_output(t)) to_device(t);
+    if (!tracks_device_ || !(tracked(t) || in_flight_output(t))) return;
+    to_device(t);
+    // what the hook keeps of it may be made where no op is seen (the recomputation's detach
+    // runs with the observer quiet): it lives where this storage does
+    if (c10::StorageImpl* storage = storage_of(t.unsafeGetTensorImpl())) {
+      table_->storages.insert_or_assign(
+          storage, t.unsafeGetTensorImpl()->unsafe_storage().getWeakStorageImpl());
+    }
   }
   bool in_flight_output(const at::Tensor& t) const {
     for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
@@ -448,7 +454,11 @@ class Observer {
       for (const auto& o : outputs) {
         each_tensor(o, [&](const at::Tensor& t) {
           Impl* impl = t.unsafeGetTensorImpl();
-          if (!host(t) || (impl != f.self_host && f.host_input(impl))) return;
+          // tracked by itself even where its storage says so already: marks by storage alone
+          // would not outlive the tensor that put the storage there
+          if (table_->tensors.count(impl) != 0 || (impl != f.self_host && f.host_input(impl))) {
+            return;
+          }
           to_device(t);
         });
       }
@@ -723,8 +733,7 @@ class Observer {
     Impl* impl = t.unsafeGetTensorImpl();
     if (tensors.count(impl) != 0) return true;
     c10::StorageImpl* storage = storage_of(impl);
-    if (storage == nullptr) return false;
-    return live(table_->storages, storage);
+    return storage != nullptr && live(table_->storages, storage);
   }
   using Storages =
       std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>>;
@@ -743,17 +752,12 @@ class Observer {
     Impl* impl = t.unsafeGetTensorImpl();
     bool added = tensors.try_emplace(impl, c10::weak_intrusive_ptr<Impl>(t.getIntrusivePtr()))
                      .second;
-    if (c10::StorageImpl* storage = storage_of(impl)) {
-      table_->storages.insert_or_assign(storage, impl->unsafe_storage().getWeakStorageImpl());
-    }
     if (added && tensors.size() > table_->sweep_at) sweep();
   }
+  // A packed storage stays the device's: on CUDA a tensor sharing a device tensor's memory is
+  // on the device whatever marked it (entries go when the storage dies).
   void untrack(const at::Tensor& t) {
-    if (!t.defined()) return;
-    table_->tensors.erase(t.unsafeGetTensorImpl());
-    if (c10::StorageImpl* storage = storage_of(t.unsafeGetTensorImpl())) {
-      table_->storages.erase(storage);
-    }
+    if (t.defined()) table_->tensors.erase(t.unsafeGetTensorImpl());
   }
 
   void sweep() {
