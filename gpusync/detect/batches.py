@@ -31,6 +31,10 @@ class RecentBatches:
         if len(self._by_iterator) > ITERATORS_KEPT:
             del self._by_iterator[next(iter(self._by_iterator))]
 
+    def empty(self) -> bool:
+        """No DataLoader has handed out a batch in this run."""
+        return not self._by_iterator
+
     def iterator_of(self, t: object) -> object | None:
         """The live iterator among whose last two batches `t` is, if any."""
         for iterator, pair in list(self._by_iterator.values()):

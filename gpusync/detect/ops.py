@@ -136,6 +136,8 @@ class OpDetector:
         iterator = self._batches.iterator_of(t)
         if iterator is not None:
             self.rec.tracker.batch_fetched(source=iterator)
+        elif self._batches.empty() and torch.is_grad_enabled():
+            self.rec.tracker.batch_fetched()  # a loop of its own (get_batch): its batch's copy
 
     def new_parameter(self, call, cls, *args, **kwargs):
         param = call(cls, *args, **kwargs)

@@ -452,6 +452,36 @@ def test_an_inference_forward_is_eval_and_moving_the_model_after_it_is_not(tmp_p
     assert {s.phase for s in sites_at(report, text, "# TEARDOWN")} == {"other"}
 
 
+def test_a_loop_without_a_dataloader_begins_its_step_with_its_batchs_copy(tmp_path):
+    """nanoGPT's get_batch(): the batch is sliced from a host tensor and copied at the top of
+    each iteration. Like a DataLoader batch's, that copy belongs to the step that uses it (it
+    fell in the step before: "in 10 of 11 steps", 1.8 per step, and another figure with
+    --steps)."""
+    text = """
+    import torch
+    data = torch.randn(100, 4)
+    model = torch.nn.Linear(4, 1).to("cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+    def get_batch(i):
+        x = data[i * 4:(i + 1) * 4]
+        return x.to("cuda"), x.sum(1, keepdim=True).to("cuda")  # COPY
+
+
+    for it in range(10):
+        x, y = get_batch(it)
+        loss = (model(x) - y).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        if it % 3 == 0:
+            print(loss.item())
+    """
+    for steps in (None, 5):
+        report = scan(tmp_path, text, **({"steps": steps} if steps else {}))
+        [copy] = sites_at(report, text, "# COPY")
+        assert copy.period == "every step" and copy.per_step == 2.0, (steps, copy.period)
+
+
 def test_an_agent_acting_under_inference_mode_is_one_site_whatever_ran_before(tmp_path):
     """A DQN acts greedily under inference_mode at every environment step and trains only
     once its buffer fills: with autograd back on between two actions (the action's .item()),
