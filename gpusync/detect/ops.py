@@ -48,7 +48,7 @@ from .residency import (
 )
 from .residency_strategy import ResidencyStrategy
 from .rules import QUIET, SCALAR_LABELS, cpu_branch_only, sparse_on_device
-from .virtual_device import current_device
+from .virtual_device import current_device, refuse_numpy
 from .virtual_libs import VirtualLibraries
 
 Tensor = torch.Tensor
@@ -412,12 +412,8 @@ class OpDetector:
     def handle_to_host_read(self, label):
         def handler(func, args, kwargs):
             on_device = self.host.on_device(args[0])
-            if on_device and label == "numpy" and self.virtual and not (
-                    kwargs.get("force") or (len(args) > 1 and args[1])):
-                # tensor_numpy.cpp: only force=True copies a CUDA tensor to the host first
-                raise TypeError(f"can't convert {current_device()} device type tensor to "
-                                "numpy. Use Tensor.cpu() to copy the tensor to host memory "
-                                "first.")
+            if on_device and label == "numpy" and self.virtual:
+                refuse_numpy(args, kwargs)
             recorded = on_device and self.record(label)
             return self.run(recorded, func, args, kwargs)
 

@@ -26,6 +26,14 @@ def refuse(call: str, why: str):
         f"gpusync: {call} cannot run on the virtual CUDA device (no GPU): {why}") from None
 
 
+def refuse_numpy(args: tuple, kwargs: dict) -> None:
+    """Tensor.numpy() of a device tensor raises as on CUDA (torch/csrc/utils/tensor_numpy.cpp):
+    only numpy(force=True) copies it to the host first."""
+    if not (kwargs.get("force") or (len(args) > 1 and args[1])):
+        raise TypeError(f"can't convert {current_device()} device type tensor to numpy. Use "
+                        "Tensor.cpu() to copy the tensor to host memory first.")
+
+
 def current_device() -> torch.device:
     """The virtual GPU of this process: cuda:LOCAL_RANK under torchrun (one GPU per rank), or
     the one torch.cuda.set_device chose."""
