@@ -542,6 +542,33 @@ def test_accelerates_trigger_reads_and_its_flags_copies_have_their_own_texts(tmp
         assert "nothing to change" in (fix or "")
 
 
+def test_trainer_features_that_read_get_their_settings_as_levers(tmp_path):
+    """include_num_input_tokens_seen counts each micro-batch's tokens on the host,
+    torch_empty_cache_steps empties the cache every N steps, load_best_model_at_end copies the
+    best checkpoint up once: each names its setting (the advice was for transformers' own
+    lines, and the last read as "the summed loss")."""
+    trainer = tmp_path / "site-packages" / "transformers" / "trainer.py"
+    trainer.parent.mkdir(parents=True)
+    trainer.write_text("def training_step():\n    clear_device_cache()\n"
+                       "def _finalize_training():\n    self._load_best_model()\n"
+                       "    return self._tr_loss.item()\n")
+    user = Frame("/home/u/train.py", 34, "<module>")
+    track = Frame(str(trainer), 9, "Trainer._track_num_input_tokens", True)
+    empty = Frame(str(trainer), 2, "Trainer.training_step", True)
+    finalize = Frame(str(trainer), 4, "Trainer._finalize_training", True)
+    best = Frame(str(trainer), 9, "Trainer._load_best_model", True)
+    loss = Frame(str(trainer), 5, "Trainer._finalize_training", True)
+    cases = [((track,), "Trainer token count (include_num_input_tokens_seen)",
+              'include_num_input_tokens_seen=...'),
+             ((empty,), "Trainer torch_empty_cache_steps", "torch_empty_cache_steps=N"),
+             ((best, finalize), "Trainer load_best_model_at_end", "load_best_model_at_end"),
+             ((loss,), "Trainer end of training", "the summed loss")]
+    for path, label, lever in cases:
+        fix, step = known((*path, user))
+        assert step is not None and step.label == label, (label, step)
+        assert lever in (fix or ""), label
+
+
 def test_the_two_mask_reads_do_not_send_the_user_from_one_to_the_other():
     """A causal model without attention_mask reads whether the batch packs sequences; with one,
     sdpa reads whether it masks anything: each lever produced the other read (7.2 -> 8.2 syncs

@@ -81,7 +81,28 @@ ENTRIES = (
           "the Trainer reads the summed loss once when training ends: not per step, nothing "
           "to change",
           "transformers/trainer.py Trainer._finalize_training (self._tr_loss.item())", V,
-          step="Trainer end of training"),
+          text=("_tr_loss",), step="Trainer end of training"),
+    Entry(TRAINER, ("Trainer._load_best_model",),
+          "load_best_model_at_end=True: when training ends the Trainer loads the best "
+          "checkpoint on the host and copies each of its tensors to the model on the device "
+          "(load_state_dict): once, not per step; nothing to change",
+          "transformers/trainer.py Trainer._load_best_model (safetensors load_file(..., "
+          "device=\"cpu\"), model.load_state_dict)", V,
+          step="Trainer load_best_model_at_end"),
+    Entry(TRAINER, ("Trainer._track_num_input_tokens",),
+          "TrainingArguments(include_num_input_tokens_seen=...) counts each micro-batch's "
+          "tokens on the host (torch.as_tensor(count, device=...), then gather(...).sum()"
+          ".item()): leave it at \"no\" (the default) unless the count is logged (command "
+          "line: --include_num_input_tokens_seen no)",
+          "transformers/trainer.py Trainer._track_num_input_tokens", V,
+          step="Trainer token count (include_num_input_tokens_seen)"),
+    Entry(TRAINER, ("Trainer.training_step",),
+          "TrainingArguments(torch_empty_cache_steps=N) empties the CUDA cache every N steps "
+          "(accelerate's clear_device_cache: torch.cuda.empty_cache frees cached blocks and "
+          "waits for the device): leave it unset (the default) unless memory fragmentation "
+          "needs it, or raise N",
+          "transformers/trainer.py Trainer.training_step (clear_device_cache())", V,
+          text=("clear_device_cache",), step="Trainer torch_empty_cache_steps"),
     Entry("accelerate/data_loader.py", ("DataLoaderShard.__iter__",
                                         "DataLoaderDispatcher.__iter__"),
           "the Trainer's loader (accelerate's) copies each batch to the device with "
