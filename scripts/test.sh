@@ -3,13 +3,12 @@
 # whole test suite. Extra arguments go to pytest (after ours: `-n 0` runs it in one process;
 # PYTEST_XDIST_AUTO_NUM_WORKERS=N sets how many workers `auto` means).
 # -n auto: one pytest-xdist worker per core; most tests wait on child processes that import
-# torch, so the suite is CPU-bound and scales with the cores. The longest modules are
-# collected first (tests/conftest.py LONGEST_FIRST), and an idle worker takes queued tests
-# from the other (--dist worksteal): with --dist load the tests already handed to one worker
-# ran on it alone for minutes at the end while the other had none (CPU 60% used, not 94%).
+# torch, so the suite is CPU-bound and scales with the cores. Tests go to the workers one by
+# one in collection order (--dist load; the longest modules collected first, or
+# --dist worksteal, were slower: docs/benchmarks/suite.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet .
 .venv/bin/mypy --no-error-summary
-exec .venv/bin/python -m pytest -q -n auto --dist worksteal "$@"
+exec .venv/bin/python -m pytest -q -n auto --dist load "$@"

@@ -117,27 +117,7 @@ def run_main(*args, cwd=None):
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-# The longest modules first (each test's time on 2 cores: `pytest --durations=100`; the wheel's
-# set-up builds a venv on a fresh clone): pytest-xdist hands tests out in collection order, so
-# a long test collected late ran on one worker while the other had nothing left (the suite's
-# tail); started first, the short tests fill in around them.
-LONGEST_FIRST = (
-    "tests/trust/test_opdb_differential.py", "tests/integration/test_wheel.py",
-    "tests/integration/test_ranks.py", "tests/trust/test_runs_as_python.py",
-    "tests/unit/test_framework_levers.py", "tests/trust/test_virtual_device.py",
-    "tests/trust/test_processes.py", "tests/trust/test_layers_invisible.py",
-    "tests/integration/test_tune.py", "tests/integration/test_isolation.py",
-    "tests/integration/test_scan_gpu.py", "tests/integration/test_builtins.py",
-)
-
-
-def _longest_first(item) -> int:
-    path = item.nodeid.split("::", 1)[0]
-    return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=_longest_first)  # stable: the rest keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
