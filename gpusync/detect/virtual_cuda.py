@@ -50,6 +50,9 @@ def _nccl_to_gloo(call, *args, **kwargs):
 
 
 def _pin_memory(call, self, *args, **kwargs):
+    if self.is_cuda:  # a device tensor (the op detector answers is_cuda): CUDA refuses it
+        raise RuntimeError(f"cannot pin '{self.type()}' "
+                           "only dense CPU tensors can be pinned")
     return pin_host(self.clone())
 
 

@@ -118,3 +118,10 @@ def test_numpy_of_a_device_tensor_raises_as_on_cuda_unless_forced(observer):
         assert x.numpy(force=True).sum() == 3.0 and x.cpu().numpy().sum() == 3.0
         assert torch.ones(2).numpy().sum() == 2.0  # a host tensor's
         assert ops(s) == ["numpy", "D2H copy"]
+
+
+def test_pinning_a_device_tensor_raises_as_on_cuda(observer):
+    with Session(mode="simulate", virtual_cuda=True):
+        with pytest.raises(RuntimeError, match="cannot pin 'torch.cuda.FloatTensor'"):
+            torch.ones(2, device="cuda").pin_memory()
+        assert torch.ones(2).pin_memory().is_pinned()
