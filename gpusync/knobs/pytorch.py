@@ -88,8 +88,10 @@ def _knob(name: str, group: str, doc: str, script_value, gpu_only=True, **more) 
 def _pin_limits(builds: Builds, value, settings: Settings) -> str | None:
     written = builds.get("batch_written") or []
     if value and written:
-        return (f"{_at(written, 'a batch copied')[2:-1]} is changed in place after the copy: a "
-                "non_blocking copy could read the change")
+        sites = [e["site"] for e in written if e.get("site")]
+        where = f" at {', '.join(sites)}" if sites else ""
+        return (f"a batch copied{where} is changed in place after the copy: a non_blocking "
+                "copy could read the change")
     return _kept(value, _script_pin(builds))
 
 

@@ -34,7 +34,7 @@ from .helpers.callsite import caller
 from .helpers.dataloaders import Listener, Loader, listening, passes_non_blocking
 from .helpers.observe import Facts
 from .helpers.source import Edit, Source, callee_name
-from .remedy import Proposal, Refusal, Remedy
+from .remedy import Proposal, Refusal, Remedy, already_given
 
 NAME = "dataloader.pin_memory"
 ACCELERATE = "accelerate.non_blocking"
@@ -87,7 +87,6 @@ class _Watch(Listener):
                                    "built": _build(seen) if seen and seen.site else None,
                                    "non_blocking": passes_non_blocking(args, kwargs),
                                    "direct": site.direct}, where=site.where)
-
 
     def written(self, seen: Loader, site) -> None:
         if site is not None:
@@ -238,6 +237,14 @@ def _not_written_after(source: Source, call: ast.Call) -> None:
                        f"line {call.lineno}: a non_blocking copy could read the change")
 
 
+def _odd(facts: Facts, file: str, line: int, end: list | None = None) -> list[str]:
+    """What pin_memory would not pin in the batches of the loader built at `line` (of the
+    build ending at `end`, where given): the type names the run saw."""
+    batches = facts.at(BATCH, file, line)
+    return sorted({t for v in (batches.values if batches else [])
+                   if end is None or v["end"] == end for t in v["odd"]})
+
+
 def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
     """pin_memory=True on the DataLoader(...) call of `build` (None: it pins already)."""
     file, line, *end = build
@@ -247,9 +254,7 @@ def _pin_edit(source: Source, facts: Facts, build: tuple) -> Edit | None:
     infos = [v for v in seen.values if v["end"] == end] if seen else []
     if not infos or not all(v["direct"] for v in infos):
         raise _Refused(f"the DataLoader is built by library code that line {line} calls")
-    batches = facts.at(BATCH, file, line)
-    odd = sorted({t for v in (batches.values if batches else []) if v["end"] == end
-                  for t in v["odd"]})
+    odd = _odd(facts, file, line, end)
     if odd:
         raise _Refused(f"the batches of the DataLoader at line {line} hold {', '.join(odd)} "
                        "objects (its collate_fn's): pin_memory=True pins only the tensors in "
@@ -296,6 +301,10 @@ class _AcceleratorNonBlocking(Remedy):
             return None
         try:
             call = _accelerator(source)
+            refused = already_given(ACCELERATE, site, source, call, "dataloader_config",
+                                    why="set non_blocking=True in it")
+            if refused is not None:
+                return refused
             config = _config_edits(source, call)
             pins = [(b, _pin_edit(source, facts, b)) for b in _prepared(source, facts, site)]
         except _Refused as e:
@@ -312,7 +321,7 @@ class _AcceleratorNonBlocking(Remedy):
 
 
 def _accelerator(source: Source) -> ast.Call:
-    """The file's one Accelerator(...) call, which may be given a dataloader_config."""
+    """The file's one Accelerator(...) call."""
     calls = [n for n in ast.walk(source.tree) if isinstance(n, ast.Call)
              and callee_name(n) == "Accelerator"]
     if len(calls) != 1:
@@ -320,15 +329,7 @@ def _accelerator(source: Source) -> ast.Call:
         raise _Refused(f"{len(calls) or 'no'} Accelerator(...) call{'s' if calls else ''} in "
                        f"the file{where}: build the one that prepares the loader with "
                        "dataloader_config=DataLoaderConfiguration(non_blocking=True)")
-    call = calls[0]
-    for kw in call.keywords:
-        if kw.arg == "dataloader_config":
-            raise _Refused(f"dataloader_config={source.segment(kw.value)} is given at line "
-                           f"{call.lineno}: set non_blocking=True in it")
-        if kw.arg is None:
-            raise _Refused(f"Accelerator(..., **{source.segment(kw.value)}) at line "
-                           f"{call.lineno} may pass dataloader_config already")
-    return call
+    return calls[0]
 
 
 def _config_edits(source: Source, call: ast.Call) -> list[Edit]:
@@ -362,8 +363,7 @@ def _prepared(source: Source, facts: Facts, site: Site) -> list[tuple]:
     if not lines:
         raise _Refused(f"no DataLoader's batch was seen copied at line {site.line}")
     for line in lines:
-        batches = facts.at(BATCH, site.file, line)
-        odd = sorted({t for v in (batches.values if batches else []) for t in v["odd"]})
+        odd = _odd(facts, site.file, line)
         if odd:
             raise _Refused(f"the batches prepared at line {line} hold {', '.join(odd)} objects "
                            "(the collate_fn's): pin_memory=True pins only the tensors in tuples, "

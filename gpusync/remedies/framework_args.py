@@ -37,8 +37,8 @@ from ..detect.libraries import lightning, transformers
 from ..report import Site
 from .helpers.observe import Facts
 from .helpers.source import Source, callee_name
-from .helpers.syntax import keyword, keyword_value, literal, root
-from .remedy import Proposal, Refusal, Remedy
+from .helpers.syntax import keyword_value, literal, root
+from .remedy import Proposal, Refusal, Remedy, already_given
 
 # TrainingArguments and its subclass in transformers (both have the fields edited here)
 _ARGUMENT_CLASSES = (transformers.ARGUMENTS_CLASS, "Seq2Seq" + transformers.ARGUMENTS_CLASS)
@@ -57,16 +57,6 @@ def _named(source: Source, name: str) -> bool:
                isinstance(n, ast.Attribute) and n.attr == name for n in ast.walk(source.tree))
 
 
-def already_given(name: str, site, source, call, field: str) -> Refusal | None:
-    """The script's call passes `field` itself (or may, through **kwargs): its choice."""
-    given = keyword(call, field)
-    if given is not None:
-        return Refusal(name, site, f"{field}={source.segment(given.value)} is given at line "
-                       f"{call.lineno}: the script asks for it")
-    if any(k.arg is None for k in call.keywords):
-        return Refusal(name, site, f"{source.segment(call.func)}(..., **...) at line "
-                       f"{call.lineno} may pass {field} already")
-    return None
 
 class _TrainingArgument(Remedy):
     """One TrainingArguments field set on the script's one `TrainingArguments(...)` call, for

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from ..report import Site
 from .helpers.observe import Facts
 from .helpers.source import Edit, Source
+from .helpers.syntax import keyword
 
 
 @dataclass(frozen=True)
@@ -76,3 +77,17 @@ class Remedy:
         """The edit for `site` in `source` (the file the site is in), a Refusal saying why
         none is safe, or None when the site is not this remedy's kind."""
         raise NotImplementedError
+
+
+def already_given(name: str, site: Site, source: Source, call, field: str,
+                  why: str = "the script asks for it") -> Refusal | None:
+    """The script's call passes `field` itself (`why` it is left as it is), or may, through
+    **kwargs: its choice."""
+    given = keyword(call, field)
+    if given is not None:
+        return Refusal(name, site, f"{field}={source.segment(given.value)} is given at line "
+                       f"{call.lineno}: {why}")
+    if any(k.arg is None for k in call.keywords):
+        return Refusal(name, site, f"{source.segment(call.func)}(..., **...) at line "
+                       f"{call.lineno} may pass {field} already")
+    return None

@@ -379,18 +379,9 @@ def test_a_script_that_never_used_the_gpu_says_so_in_the_table(tmp_path):
         assert "the code never put a tensor on the GPU" in render(report, fmt)
 
 
-@pytest.mark.parametrize("batch", ["tensor", "UserDict"])
-def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its_step(tmp_path,
-                                                                                       batch):
-    """accelerate's DataLoaderShard (the Hugging Face Trainer's loader) moves batch k to the
-    device, then fetches batch k+1, then yields batch k: the copy, not the fetch after it,
-    begins the step that uses the batch. A collator's batch may be a UserDict (Hugging Face's
-    BatchEncoding), which pytree takes for one leaf: its copies fell in the step before."""
-    text = '''
-    import collections
-    import torch
-    from torch.utils.data import DataLoader
-
+# accelerate's DataLoaderShard as it iterates: batch k moved to the device (MOVE), then batch
+# k+1 fetched, then batch k yielded
+SHARD = '''
 
     class Shard(DataLoader):
         def __iter__(self):
@@ -405,6 +396,21 @@ def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its
                     return
                 yield current
                 current = following
+    '''
+
+
+@pytest.mark.parametrize("batch", ["tensor", "UserDict"])
+def test_a_loader_copying_each_batch_before_it_fetches_the_next_counts_it_in_its_step(tmp_path,
+                                                                                       batch):
+    """accelerate's DataLoaderShard (the Hugging Face Trainer's loader) moves batch k to the
+    device, then fetches batch k+1, then yields batch k: the copy, not the fetch after it,
+    begins the step that uses the batch. A collator's batch may be a UserDict (Hugging Face's
+    BatchEncoding), which pytree takes for one leaf: its copies fell in the step before."""
+    text = '''
+    import collections
+    import torch
+    from torch.utils.data import DataLoader
+    ''' + SHARD + '''
 
 
     def collate(rows):
@@ -537,21 +543,7 @@ def test_a_copy_before_fetch_loader_keeps_its_steps_across_an_evaluation(tmp_pat
     text = """
     import torch
     from torch.utils.data import DataLoader
-
-
-    class Shard(DataLoader):
-        def __iter__(self):
-            it = super().__iter__()
-            current = next(it)
-            while True:
-                current = current.to("cuda")  # COPY
-                try:
-                    following = next(it)
-                except StopIteration:
-                    yield current
-                    return
-                yield current
-                current = following
+    """ + SHARD.replace("MOVE", 'current.to("cuda")') + """
 
 
     class EvalShard(Shard):
