@@ -14,6 +14,7 @@ a note per child (`notes`) says so.
 """
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import multiprocessing.spawn
@@ -29,7 +30,8 @@ _PLAIN = "from multiprocessing.spawn import spawn_main; spawn_main("
 
 
 def redirect(folder: str):
-    """Spawned children run main(folder, ...) until the returned handle is removed."""
+    """Spawned children run main(folder, ...), and device tensors handed to them arrive on
+    the device, until the returned handle is removed."""
     from .detect import patches
 
     def layer(call, *args, **kwargs):
@@ -40,7 +42,65 @@ def redirect(folder: str):
                           f"{word[len(_PLAIN):]}")
         return cmd
 
-    return patches.add_layer(multiprocessing.spawn, "get_command_line", layer)
+    return _Handles(patches.add_layer(multiprocessing.spawn, "get_command_line", layer),
+                    _DeviceTensorsTravel())
+
+
+class _Handles:
+    def __init__(self, *handles):
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in reversed(self.handles):
+            h.remove()
+
+
+class _DeviceTensorsTravel:
+    """A device tensor pickled for a spawned child (the model mp.Process is handed, as in
+    pytorch/examples' mnist_hogwild) arrives there on the device, as CUDA's IPC hands it over;
+    a shared host tensor stays on the host. torch.multiprocessing's reducers for Tensor and
+    Parameter (ForkingPickler's table) get a layer while the scan runs: a device tensor is
+    rebuilt by torch's own function, then marked on the child's virtual device."""
+
+    def __init__(self):
+        from multiprocessing.reduction import ForkingPickler
+
+        import torch
+
+        self.table = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+        self.saved = {cls: self.table[cls] for cls in (torch.Tensor, torch.nn.Parameter)
+                      if cls in self.table}
+        for cls, reduce in self.saved.items():
+            self.table[cls] = functools.partial(_reduce, reduce)
+
+    def remove(self) -> None:
+        for cls, reduce in self.saved.items():
+            now = self.table.get(cls)
+            if isinstance(now, functools.partial) and now.args[0] is reduce:
+                self.table[cls] = reduce
+
+
+def _session_det():
+    from .detect.calls import OPEN
+
+    det = OPEN.virtual[-1].det if OPEN.virtual else None
+    return det if det is not None and not det.closed else None
+
+
+def _reduce(reduce, tensor):
+    rebuild, args = reduce(tensor)
+    det = _session_det()
+    if det is not None and det.host.on_device(tensor):
+        return _rebuilt_on_device, (rebuild, args)
+    return rebuild, args
+
+
+def _rebuilt_on_device(rebuild, args):
+    tensor = rebuild(*args)
+    det = _session_det()
+    if det is not None:
+        det.host.mark_device(tensor)
+    return tensor
 
 
 def main(folder: str, **kwargs: Any) -> None:

@@ -53,6 +53,12 @@ class VirtualDeviceUnsupported(RuntimeError):
     falls back on one falls back; the scan reports its message as it is, at the user's line."""
 
 
+class CudaRaises(RuntimeError):
+    """The scanned code ran an op that CUDA refuses, where the virtual device could only run on
+    (an op that allocates nothing: detect/device_checks.py): the scan ends as CUDA's run would,
+    failed, its message naming the line and CUDA's error."""
+
+
 class SyncsFound(AssertionError):
     """Raised by assert_no_syncs(); the message lists every site with file:line and fix."""
 

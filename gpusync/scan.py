@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 from . import _spawned
 from .detect.session import NOTHING_ON_GPU, Session
 from .detect.steps import OPTIMIZER
-from .errors import BadInput
+from .errors import BadInput, CudaRaises
 from .modes import resolve_mode
 from .report import Report, report_of
 from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
@@ -161,6 +161,8 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     with _spawned_children(session.virtual_cuda) as children:
         error = target.run(session, args)
         spawned = children()
+    if error is None and session.recorder.cuda_errors:
+        error = CudaRaises(session.recorder.cuda_errors[0])
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import patches
+from . import device_checks, patches
 from .rules import ASK_WHEN, DISPATCH_RULES, NAMED_RULES, SPARSE_MATMULS, sparse_on_device
 
 Tensor = torch.Tensor
@@ -127,7 +127,23 @@ class HostFlowMode(DispatchMode):
 
 class DeviceFlowMode(HostFlowMode):
     """HostFlowMode on the virtual device, whose table holds the device's tensors
-    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`."""
+    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`, and
+    CUDA's refusal of an op handed tensors on both sides of the bus (device_checks.py)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        check = _CHECKS.get(func, _UNSEEN)
+        if check is _UNSEEN:
+            schema = func._schema
+            check = _CHECKS[func] = device_checks.table().get((schema.name,
+                                                               schema.overload_name))
+        if check is not None and torch._C._current_graph_task_id() == -1:  # as observer.cpp
+            mixed = device_checks.operands(check, func, args, kwargs, self.det.host.on_device)
+            message = mixed and device_checks.refusal(self.det, func._schema.name,
+                                                      func._schema.overload_name, mixed)
+            if message:
+                raise RuntimeError(message)
+        return super().__torch_dispatch__(func, types, args, kwargs)
 
     def flow(self, key: int, args, kwargs, out):
         det = self.det
@@ -175,6 +191,7 @@ _RULES_BY_ID: dict[int, Any] = {id(packet): rule for packet, rule in DISPATCH_RU
 RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 RULES_BY_NAME.update(NAMED_RULES)
 _UNSEEN = object()
+_CHECKS: dict = {}  # OpOverload -> its DeviceCheck or None
 
 
 @functools.cache  # the table is the process's: once per loaded observer module
@@ -190,6 +207,9 @@ def configure(compiled) -> None:
     compiled.add_keep("aten::copy_")  # the destination stays where it lives
     for packet in (_aten.lift_fresh, _aten.lift_fresh_copy, _aten.lift):
         compiled.add_lift(packet._qualified_op_name)
+    for (name, overload), check in device_checks.table().items():
+        compiled.add_check(name, overload, check.rule == device_checks.CPU_SCALAR_RULE,
+                           list(check.args), [a in check.outputs for a in check.args])
 
 
 def python_kernels(compiled):

@@ -12,6 +12,7 @@
 #include <torch/extension.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/CPUAllocator.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/Device.h>
 #include <torch/csrc/DynamicTypes.h>
@@ -64,6 +65,12 @@ struct OpInfo {
   std::string name;      // "aten::nonzero"
   std::string overload;  // "default", "Tensor", ...
   std::vector<std::pair<size_t, std::string>> kwonly;  // keyword-only arguments by position
+  // CUDA's device check (detect/device_checks.py), with its arguments by position
+  bool checked = false;
+  bool check_iterator = false;  // TensorIterator's rule: a 0-dim host input is a CPU scalar
+  std::vector<size_t> check_at;
+  std::vector<std::string> check_names;
+  std::vector<bool> check_outputs;
 };
 
 struct Frame {
@@ -130,6 +137,14 @@ struct Config {
   // CUDA as it is written, and what they keep (ctx stashes) must be followed.
   std::vector<std::string> transparent;
   std::vector<std::string> flops;  // ops with a FLOP formula (torch.utils.flop_counter)
+  // The ops CUDA refuses a mix of devices to, by "name.overload": their checked arguments
+  // and which of them are written (detect/device_checks.py).
+  struct Check {
+    bool iterator;
+    std::vector<std::string> args;
+    std::vector<bool> outputs;
+  };
+  std::unordered_map<std::string, Check> checks;
   std::atomic<uint64_t> version{0};
 };
 Config& config() {
@@ -152,6 +167,14 @@ void add_to(std::vector<std::string> Config::*list, const std::string& name) {
   auto& names = c.*list;
   if (std::find(names.begin(), names.end(), name) != names.end()) return;
   names.push_back(name);
+  ++c.version;
+}
+
+void add_check(const std::string& name, const std::string& overload, bool iterator,
+               const std::vector<std::string>& args, const std::vector<bool>& outputs) {
+  Config& c = config();
+  std::lock_guard<std::mutex> guard(c.lock);
+  c.checks[name + "." + overload] = Config::Check{iterator, args, outputs};
   ++c.version;
 }
 
@@ -271,9 +294,12 @@ struct LoggedOp {
 
 class Observer {
  public:
-  Observer(py::object on_rule, py::object on_recorded, bool tracks_device)
+  Observer(py::object on_rule, py::object on_recorded, bool tracks_device,
+           py::object on_mixed = py::object(), py::object on_unraised = py::object())
       : on_rule_(std::move(on_rule)),
         on_recorded_(std::move(on_recorded)),
+        on_mixed_(on_mixed.is_none() ? py::object() : std::move(on_mixed)),
+        on_unraised_(on_unraised.is_none() ? py::object() : std::move(on_unraised)),
         tracks_device_(tracks_device),
         table_(std::make_shared<ResidencyTable>()) {}
 
@@ -359,6 +385,7 @@ class Observer {
   // engine (ops.py OpDetector._backward_seen).
   bool backward_on_device = true;
   std::atomic<bool> closed{false};  // a follower is closed from the session's thread
+  bool refuses = false;  // installed on the virtual device: the RefusingAllocator is its
 
   // -- the callback's two halves -----------------------------------------------------------
   // True when RecordFunction may be off while the op runs: an opaque op that ran inner ops.
@@ -394,14 +421,26 @@ class Observer {
         }
       });
     }
+    // Not in a backward pass: what forward saved for it from inside an opaque op (F.linear's
+    // `weight.t()`) was never placed, and reads as host memory.
+    std::vector<Operand> mixed;
+    if (info.checked && tracks_device_ && !follows_ && seen.any_device && seen.any_host &&
+        torch::autograd::get_current_graph_task_id() == -1) {
+      mixed = refused_operands(info, inputs);
+    }
     guard.unlock();  // Python may ask the table while it is asked about the op
     f.all_host = !seen.any_device;
+    if (!mixed.empty()) ask_refusal(fn, mixed);
     // With a sparse operand, torch.matmul / `@` (kAutogradOnly) are looked into: they reach mm,
     // whose sparse operand coalesces on CUDA in forward or in backward (rules.py
     // SPARSE_MATMULS). Dense calls stay opaque, off the hot path.
     // Logging ops, they are looked into too: the ops they run are the ones logged.
+    // With tensors on both sides of the bus, they are looked into for CUDA's device checks of
+    // the ops they run (F.linear's addmm).
+    const bool mixed_devices = seen.any_device && seen.any_host && on_mixed_ && !follows_;
     f.opaque = (info.flags & kOpaque) &&
-               !((info.flags & kAutogradOnly) && (seen.any_sparse || (logging_ && !follows_)));
+               !((info.flags & kAutogradOnly) &&
+                 (seen.any_sparse || (logging_ && !follows_) || mixed_devices));
     if (f.opaque) ++opaque_depth_;
     if ((info.flags & kRule) && !follows_ && recorded_depth_ == 0 &&
         worth_asking(info.filter, seen)) {
@@ -415,6 +454,21 @@ class Observer {
     if (logging) f.logged = log_start(fn, info, inputs, wall, cpu, switches, asked);
     stack_.push_back(f);
     return f.opaque && info.inner >= kQuietFrom;
+  }
+
+  // CUDA's error for the op that just began, if it refuses its mix of devices: the thread
+  // raises it at the op's first allocation (RefusingAllocator).
+  std::string take_refusal() { return std::exchange(refusal_, std::string()); }
+
+  // The op CUDA refuses allocated nothing (in place, out=): it ran on; Python notes it.
+  void unraised(const std::string& message) {
+    if (!on_unraised_) return;
+    py::gil_scoped_acquire gil;
+    try {
+      on_unraised_(py::str(message));
+    } catch (py::error_already_set& e) {
+      unraisable(e, on_unraised_);
+    }
   }
 
   void end(const at::RecordFunction& fn) {
@@ -650,6 +704,21 @@ class Observer {
         }
       }
     }
+    auto check = c.checks.find(name + "." + overload);
+    if (op && check != c.checks.end()) {
+      const auto& args = op->schema().arguments();
+      const Config::Check& spec = check->second;
+      for (size_t k = 0; k < spec.args.size(); ++k) {
+        for (size_t i = 0; i < args.size(); ++i) {
+          if (args[i].name() != spec.args[k]) continue;
+          info.check_at.push_back(i);
+          info.check_names.push_back(spec.args[k]);
+          info.check_outputs.push_back(spec.outputs[k]);
+        }
+      }
+      info.check_iterator = spec.iterator;
+      info.checked = info.check_at.size() == spec.args.size();  // else another schema: not judged
+    }
     auto listed = [&](const std::vector<std::string>& names) {
       return std::find(names.begin(), names.end(), name) != names.end();
     };
@@ -692,6 +761,52 @@ class Observer {
     } catch (py::error_already_set& e) {
       unraisable(e, on_rule_);
       return 0;
+    }
+  }
+
+  // An op CUDA checks (detect/device_checks.py) was handed host and device tensors: its checked
+  // operands, when they are plain host tensors whose mix CUDA refuses (TensorIterator takes a
+  // 0-dim host input as a CPU scalar), else none. Python words the error (device_checks.py
+  // DeviceCheck.refusal), so this is the whole of the rule's cost on a step that runs.
+  struct Operand {
+    std::string name;
+    bool device;
+    int64_t dim;
+  };
+  std::vector<Operand> refused_operands(const OpInfo& info,
+                                        c10::ArrayRef<const c10::IValue> inputs) const {
+    std::vector<Operand> operands;
+    bool plain = true, any_device = false, refused_host = false;
+    for (size_t k = 0; k < info.check_at.size() && plain; ++k) {
+      if (info.check_at[k] >= inputs.size()) return {};
+      each_tensor(inputs[info.check_at[k]], [&](const at::Tensor& t) {
+        Impl* impl = t.unsafeGetTensorImpl();
+        if (!t.is_cpu() || t.layout() != at::kStrided || impl->is_wrapped_number()) {
+          plain = false;  // a meta tensor, a sparse one, a Python scalar: not judged
+          return;
+        }
+        bool device = !host(t);
+        any_device = any_device || device;
+        if (!device && (!info.check_iterator || info.check_outputs[k] || t.dim() != 0)) {
+          refused_host = true;
+        }
+        operands.push_back(Operand{info.check_names[k], device, t.dim()});
+      });
+    }
+    if (!(plain && any_device && refused_host)) operands.clear();
+    return operands;
+  }
+
+  void ask_refusal(const at::RecordFunction& fn, const std::vector<Operand>& operands) {
+    if (!on_mixed_) return;
+    py::gil_scoped_acquire gil;
+    try {
+      py::list items;
+      for (const Operand& o : operands) items.append(py::make_tuple(o.name, o.device, o.dim));
+      py::object answer = on_mixed_(py::str(fn.name()), py::str(fn.overload_name()), items);
+      if (!answer.is_none()) refusal_ = answer.cast<std::string>();
+    } catch (py::error_already_set& e) {
+      unraisable(e, on_mixed_);
     }
   }
 
@@ -774,6 +889,9 @@ class Observer {
 
   py::object on_rule_;
   py::object on_recorded_;
+  py::object on_mixed_;    // Python's wording of CUDA's device-mismatch error, or None
+  py::object on_unraised_;  // told of such an error the op could not raise
+  std::string refusal_;    // that error for the op that just began
   bool tracks_device_;
   std::shared_ptr<ResidencyTable> table_;
   bool follows_ = false;  // a follower: residency only, no rules
@@ -801,8 +919,65 @@ struct ThreadState {
   // Followers of sessions on other threads (Observer::follower), held here so that they
   // outlive their session; a closed one is dropped at this thread's next op.
   std::vector<std::shared_ptr<Observer>> followers;
+  // CUDA's device-mismatch error for the op begun at `refusal_depth` (ops nest: `depth`),
+  // raised by its first allocation; dropped at its end if it allocated nothing.
+  std::string refusal;
+  Observer* refused_by = nullptr;
+  int depth = 0;
+  int refusal_depth = 0;
 };
 thread_local ThreadState tls;
+// Whether tls.refusal is set: a plain flag, so that the allocator, which every thread calls,
+// never constructs a ThreadState where none is (nor touches one its thread has destroyed).
+thread_local bool refusal_pending = false;
+
+// The CPU allocator while an observer on the virtual device is installed: it raises the error
+// CUDA raises where an op's tensors are on both sides of the bus. A RecordFunction callback
+// cannot throw, and the op's kernel was chosen before it ran; its output's allocation is the
+// first point inside the op where an exception leaves as CUDA's does, as a RuntimeError at
+// the op's line. An op that allocates nothing (in place, out=) runs on, unrefused.
+struct RefusingAllocator final : c10::Allocator {
+  std::atomic<c10::Allocator*> inner{nullptr};
+  c10::DataPtr allocate(size_t n) override {
+    if (C10_UNLIKELY(refusal_pending)) {
+      refusal_pending = false;
+      std::string message = std::exchange(tls.refusal, std::string());
+      TORCH_CHECK(false, message);
+    }
+    return inner.load()->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner.load()->raw_deleter(); }
+  bool is_simple_data_ptr(const c10::DataPtr& p) const override {
+    return inner.load()->is_simple_data_ptr(p);
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner.load()->copy_data(dest, src, count);
+  }
+};
+// Never destroyed: storages made while it was installed keep it as their allocator.
+RefusingAllocator& refusing() {
+  static auto* a = new RefusingAllocator();
+  return *a;
+}
+std::mutex refusing_lock;
+int refusing_users = 0;
+
+void refuse_on() {
+  std::lock_guard<std::mutex> guard(refusing_lock);
+  RefusingAllocator& a = refusing();
+  if (refusing_users++ == 0 && c10::GetCPUAllocator() != &a) {
+    a.inner = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(&a, 0);  // not over an allocator set with a higher priority
+  }
+}
+
+void refuse_off() {
+  std::lock_guard<std::mutex> guard(refusing_lock);
+  RefusingAllocator& a = refusing();
+  if (--refusing_users == 0 && c10::GetCPUAllocator() == &a) {
+    c10::SetCPUAllocator(a.inner.load(), 0);
+  }
+}
 
 OpTable& op_table() { return tls.ops; }
 
@@ -816,8 +991,16 @@ bool alone() {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& t = tls;
   bool quiet = false;
+  ++t.depth;
+  std::string refusal;
+  Observer* refused_by = nullptr;
   for (Observer* o : t.observers) {
     if (!o->closed && o->start(fn)) quiet = true;
+    std::string r = o->take_refusal();
+    if (refusal.empty() && !r.empty()) {
+      refusal = std::move(r);
+      refused_by = o;
+    }
   }
   if (!t.followers.empty()) {
     auto& fs = t.followers;
@@ -831,11 +1014,28 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     t.quiet = true;
     at::enableRecordFunction(false);
   }
+  // set last: what the callbacks above allocate is no part of the op
+  if (!refusal.empty() && t.refusal.empty()) {
+    refusal_pending = true;
+    t.refusal = std::move(refusal);
+    t.refused_by = refused_by;
+    t.refusal_depth = t.depth;
+  }
   return nullptr;
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   ThreadState& t = tls;
+  if (!t.refusal.empty() && t.depth <= t.refusal_depth) {
+    refusal_pending = false;
+    std::string message = std::exchange(t.refusal, std::string());
+    Observer* o = t.refused_by;
+    if (o != nullptr && !o->closed &&
+        std::find(t.observers.begin(), t.observers.end(), o) != t.observers.end()) {
+      o->unraised(message);
+    }
+  }
+  if (t.depth > 0) --t.depth;
   if (t.quiet) {
     t.quiet = false;
     at::enableRecordFunction(true);
@@ -850,6 +1050,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 
 void add_callback(ThreadState& t) {
   if (t.handle == 0) {
+    t.depth = 0;
+    t.refusal.clear();
+    refusal_pending = false;
     t.handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(on_start, on_end)
             .needsInputs(true)
@@ -861,6 +1064,10 @@ void add_callback(ThreadState& t) {
 void install(Observer& o) {
   o.closed = false;
   o.reset_stack();
+  if (o.tracks_device() && !o.refuses) {
+    o.refuses = true;
+    refuse_on();
+  }
   ThreadState& t = tls;
   t.observers.push_back(&o);
   add_callback(t);
@@ -876,6 +1083,10 @@ void follow_this_thread(Observer& o) {
 void uninstall(Observer& o) {
   o.closed = true;  // on another thread: it stays registered there, and does nothing
   o.close_followers();
+  if (o.refuses) {
+    o.refuses = false;
+    refuse_off();
+  }
   ThreadState& t = tls;
   auto it = std::find(t.observers.begin(), t.observers.end(), &o);
   if (it == t.observers.end()) return;
@@ -936,9 +1147,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_keep", [](const std::string& name) { add_to(&Config::keeps, name); });
   m.def("add_transparent", [](const std::string& name) { add_to(&Config::transparent, name); });
   m.def("add_flops", [](const std::string& name) { add_to(&Config::flops, name); });
+  m.def("add_check", &add_check);
+  m.def("refusing_allocator_installed",
+        [] { return c10::GetCPUAllocator() == &refusing(); });
   py::class_<Observer>(m, "Observer")
-      .def(py::init<py::object, py::object, bool>(), py::arg("on_rule"),
-           py::arg("on_recorded"), py::arg("tracks_device") = false)
+      .def(py::init<py::object, py::object, bool, py::object, py::object>(),
+           py::arg("on_rule"), py::arg("on_recorded"), py::arg("tracks_device") = false,
+           py::arg("on_mixed") = py::none(), py::arg("on_unraised") = py::none())
       .def("is_host", &Observer::is_host)
       .def("on_device", [](const Observer& o, const at::Tensor& t) { return !o.is_host(t); })
       .def("place_packed", &Observer::place_packed)

@@ -21,6 +21,7 @@ import torch
 from . import native, patches
 from .batches import RecentBatches
 from .calls import CallLayers
+from .device_checks import refusals
 from .dispatch import (
     RULES_BY_NAME,
     SPARSE_MATMUL_NAMES,
@@ -78,8 +79,9 @@ class OpDetector:
         self.host: Table
         if compiled is not None:
             configure(compiled)
-            self._observer = compiled.Observer(self._on_rule, self.recorded_outputs,
-                                               tracks_device=residency.virtual)
+            self._observer = compiled.Observer(
+                self._on_rule, self.recorded_outputs, tracks_device=residency.virtual,
+                **(refusals(self) if residency.virtual else {}))
             self.host = NativeTable(self._observer)
         else:
             self.host = (RealDevice() if residency.real else DeviceSet() if residency.virtual

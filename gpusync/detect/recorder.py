@@ -16,6 +16,8 @@ class Recorder:
         self.recording = True  # False while a factory builds the workload: track, do not report
         self.closed = False  # the session ended: nothing more is recorded
         self._suppress = 0  # >0 while an outer detection covers the ops it runs
+        # what CUDA raises where the virtual device could only run on (device_checks.py)
+        self.cuda_errors: list[str] = []
 
     @property
     def count(self) -> int:
@@ -23,6 +25,10 @@ class Recorder:
 
     def suppressed(self) -> bool:
         return self._suppress > 0 or not self.recording or self.closed
+
+    def in_own_call(self) -> bool:
+        """Inside a call gpusync runs its own way (suppress), or after the session."""
+        return self._suppress > 0 or self.closed
 
     def record(self, label: str, skip: int = 2, stall_ms: float | None = None,
                detail: str = "", predicted: str = "", advice: str = "") -> SyncEvent | None:

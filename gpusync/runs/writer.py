@@ -62,9 +62,9 @@ def describe(error: BaseException) -> str:
 def failure_of(error: BaseException) -> str:
     """The one line that says why the scanned code stopped: what the virtual device refused
     is gpusync's own message, naming the call; anything else is what the code raised."""
-    from ..errors import VirtualDeviceUnsupported
+    from ..errors import CudaRaises, VirtualDeviceUnsupported
 
-    if isinstance(error, VirtualDeviceUnsupported):
+    if isinstance(error, (VirtualDeviceUnsupported, CudaRaises)):
         return one_line(str(error).removeprefix("gpusync: "), 300)
     return f"the scanned code raised {describe(error)}"
 

@@ -37,7 +37,7 @@ def test_host_ness_flows_through_ops():
         assert not host.on_device(h) and host.on_device(d)
         assert not host.on_device(h + 1)  # a Python scalar does not move anything
         assert not host.on_device(h[1:])  # views of host tensors stay there
-        assert host.on_device(h + d)
+        assert host.on_device(h.sum() + d)  # a 0-dim host input (h + d: CUDA refuses it)
         h2 = torch.zeros(4)
         h2.add_(d)  # an in-place op with a device input: a CUDA run would have failed or moved
         assert host.on_device(h2)

@@ -42,3 +42,28 @@ def test_a_child_that_placed_nothing_on_the_device_keeps_the_note():
     assert not _spawned.placed([child])
     assert _spawned.notes([child]) == ["spawned process(es) pid 5 (SpawnProcess-1) ran on the "
                                        "virtual CUDA device and made no syncs"]
+
+
+def test_a_device_tensor_handed_to_a_child_arrives_on_the_device(tmp_path):
+    """A model moved to the GPU and handed to mp.Process (pytorch/examples' mnist_hogwild)
+    reaches the child through CUDA IPC, on the device; a shared host tensor stays on the host.
+    Pickled here as multiprocessing pickles for a child, and rebuilt in this process's
+    session as the child's would be; torch's reducers are back after."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+
+    from gpusync.detect.session import Session
+
+    reducer = ForkingPickler._extra_reducers[torch.Tensor]
+    with Session(mode="simulate", virtual_cuda=True):
+        handle = _spawned.redirect(str(tmp_path))
+        try:
+            model = torch.nn.Linear(3, 2).to("cuda")
+            back, host = ForkingPickler.loads(ForkingPickler.dumps((model, torch.ones(2))))
+            assert back.weight.is_cuda and back.bias.is_cuda and not host.is_cuda
+            assert back(torch.ones(1, 3, device="cuda")).is_cuda  # no device mismatch
+        finally:
+            handle.remove()
+    assert ForkingPickler._extra_reducers[torch.Tensor] is reducer
+    assert ForkingPickler._extra_reducers[torch.nn.Parameter] is reducer

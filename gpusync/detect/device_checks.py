@@ -1,0 +1,236 @@
+"""Where CUDA refuses an op's mix of devices, so that the virtual device refuses it too: a
+script whose labels stay on the host (`cross_entropy(model(x), y)`) stops on its first GPU
+step with "Expected all tensors to be on the same device", and a scan that ran it on would
+report a clean loop that never runs.
+
+The rule is the one torch's code generator writes into every CUDA kernel's wrapper
+(torchgen/dest/register_dispatch_key.py gen_device_check): the tensor arguments of an op
+whose native_functions.yaml entry has a CUDA kernel and no `device_check: NoCheck` must all
+be on one device, 0-dim host tensors included. A NoCheck op checks for itself; of those, the
+structured TensorIterator ops (`structured_inherits: TensorIteratorBase`) follow
+TensorIterator's rule (compute_types): one device, but a 0-dim host tensor that is an input
+is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host indices
+are moved to the device before it iterates). The other NoCheck ops (copy_, index with host indices,
+the fused optimizers, where) are not judged: never a false refusal, and their mismatches
+go unreported. The table is read from the yaml that ships with the running torch
+(torchgen's own parser) once per torch version, and kept as JSON beside the observer's
+build."""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+
+CPU_SCALAR_RULE = "iterator"  # TensorIterator's: a 0-dim host input is a CPU scalar
+EXACT_RULE = "exact"          # the generated wrapper's: every tensor on one device
+
+
+@dataclass(frozen=True)
+class DeviceCheck:
+    rule: str                # CPU_SCALAR_RULE or EXACT_RULE
+    args: tuple[str, ...]    # the checked arguments, in the order CUDA checks them
+    outputs: frozenset[str]  # those the op writes (out=, an in-place op's self)
+    method: str              # the generated wrapper's name, which CUDA's message cites
+    cites: tuple[tuple[str, str], ...] = ()  # (argument, its name in that wrapper)
+
+    def refusal(self, operands: list[tuple[str, bool, int]], device: str) -> str | None:
+        """CUDA's error for these operands (argument name, on the device, dim), in argument
+        order, or None where CUDA runs the op."""
+        host = "cpu"
+        if self.rule == EXACT_RULE:
+            first = None
+            for name, on_device, _ in operands:
+                where = device if on_device else host
+                if first is None:
+                    first = where
+                elif where != first:
+                    cited = dict(self.cites).get(name, name)
+                    return (f"{_SAME}, {first} and {where}! (when checking argument for "
+                            f"argument {cited} in method {self.method})")
+            return None
+        if not any(on_device for _, on_device, _ in operands):
+            return None
+        for name, on_device, dim in operands:
+            if not on_device and (name in self.outputs or dim != 0):
+                return f"{_SAME}, {device} and {host}!"
+        return None
+
+
+def refusal(det, name: str, overload: str, operands) -> str | None:
+    """CUDA's error for an op the scan saw handed tensors on both sides of the bus
+    (observer.cpp refused_operands, dispatch.py DeviceFlowMode), or None. Not inside a call
+    gpusync runs its own way (torch.save, a collective on gloo, DDP's reducer on its CPU
+    path): what CUDA runs there is not these ops. `det` is the scan's detect/ops.py
+    OpDetector."""
+    if det.rec.in_own_call() or (det.libraries is not None
+                                 and det.libraries.in_reducer_callback()):
+        return None
+    check = table().get((name, overload))
+    if check is None:
+        return None
+    from .virtual_device import current_device
+
+    return check.refusal(operands, str(current_device()))
+
+
+def refusals(det) -> dict:
+    """The compiled observer's callbacks (observer.cpp): CUDA's error for an op handed tensors
+    on both sides of the bus, and a note where the op could not raise it."""
+    return {"on_mixed": lambda *op: refusal(det, *op),
+            "on_unraised": lambda message: unraised(det, message)}
+
+
+def unraised(det, message: str) -> None:
+    """An op CUDA refuses ran on: it allocates nothing (in place, out=), and the compiled
+    observer raises at an op's allocation. The scan ends failed with this, as CUDA's run
+    does (scan.py), once the code ran to its end."""
+    from .frames import user_call
+
+    call = user_call(1)
+    where = f"{os.path.basename(call.where[0])}:{call.where[1]}" if call else "an op"
+    note = (f"on CUDA the op at {where} raises RuntimeError: {message} (the virtual device "
+            "ran it on: an op that allocates nothing cannot be stopped there)")
+    if note not in det.rec.cuda_errors:
+        det.rec.cuda_errors.append(note)
+
+
+def operands(check: DeviceCheck, func, args, kwargs, on_device) -> list | None:
+    """What observer.cpp refused_operands finds, for the Python dispatch mode: the checked
+    operands (name, on the device, dim) where plain host tensors are mixed with device ones
+    as CUDA refuses, else None."""
+    found = []
+    any_device = refused_host = False
+    at = {a.name: i for i, a in enumerate(func._schema.arguments)}
+    for name in check.args:
+        if name not in at:
+            return None  # another schema than the yaml's: not judged
+        i = at[name]
+        value = args[i] if i < len(args) else kwargs.get(name)
+        for t in (value if isinstance(value, (list, tuple)) else (value,)):
+            if not isinstance(t, torch.Tensor):
+                continue
+            if _real_device(t).type != "cpu" or t.layout != torch.strided:
+                return None  # a meta tensor, a sparse one: not judged
+            device = on_device(t)
+            any_device = any_device or device
+            if not device and (check.rule == EXACT_RULE or name in check.outputs
+                               or t.dim() != 0):
+                refused_host = True
+            found.append((name, device, t.dim()))
+    return found if any_device and refused_host else None
+
+
+_real_device = torch._C.TensorBase.device.__get__  # the scan answers Tensor.device: "cuda"
+_SAME = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+def table() -> dict[tuple[str, str], DeviceCheck]:
+    """("aten::mm", "") -> its check, for every op CUDA checks; empty where torch ships no
+    native_functions.yaml (then nothing is refused)."""
+    return _table(torch.__version__)
+
+
+@functools.cache
+def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
+    rows = _cached(version)
+    checks = {(name, overload): DeviceCheck(rule, tuple(args), frozenset(outputs), method)
+              for name, overload, rule, args, outputs, method in rows}
+    for key, (inner, check) in _COMPOSITES.items():
+        if inner in checks:
+            checks[key] = check
+    return checks
+
+
+# A CompositeExplicitAutograd op is one op to the scan (observer.cpp: opaque), while on CUDA
+# the ops its kernel runs are checked: the one a forgotten .to(device) meets most, with the
+# check it meets first on CUDA. aten/src/ATen/native/Embedding.cpp embedding_symint:
+# `weight.index_select(0, indices)` (indices reshaped to 1-D first).
+_COMPOSITES = {
+    ("aten::embedding", ""): (("aten::index_select", ""), DeviceCheck(
+        EXACT_RULE, ("weight", "indices"), frozenset(), "wrapper_CUDA__index_select",
+        (("weight", "self"), ("indices", "index")))),
+}
+
+
+def _cached(version: str) -> list:
+    from .native import cache_dir
+
+    digest = hashlib.sha256(version.encode() + _FORMAT).hexdigest()[:12]
+    path = os.path.join(cache_dir(), f"device_checks_{digest}.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        pass
+    rows = _from_yaml()
+    try:  # written whole, then renamed: a scan beside this one reads all of it or none
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        partial = f"{path}.{os.getpid()}"
+        with open(partial, "w") as f:
+            json.dump(rows, f)
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only cache: parsed again next time
+    return rows
+
+
+_FORMAT = b"4"  # the JSON rows' layout: a change reads the yaml again
+
+
+def _from_yaml() -> list:
+    try:
+        import torchgen
+        from torchgen.gen import get_grouped_native_functions, parse_native_yaml
+        from torchgen.model import DispatchKey, NativeFunctionsGroup
+    except ImportError:
+        return []
+    root = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native")
+    yaml = os.path.join(root, "native_functions.yaml")
+    if not os.path.exists(yaml):
+        return []
+    parsed = parse_native_yaml(yaml, os.path.join(root, "tags.yaml"))
+    cuda = parsed.backend_indices[DispatchKey.CUDA]
+    rows = []
+    for g in get_grouped_native_functions(parsed.native_functions):
+        if isinstance(g, NativeFunctionsGroup) and g.structured:
+            if cuda.get_kernel(g) is None:
+                continue
+            iterator = g.out.structured_inherits == "TensorIteratorBase"
+            rows += [r for f in g.functions() if (r := _row(f, True, iterator))]
+        else:
+            functions = g.functions() if isinstance(g, NativeFunctionsGroup) else [g]
+            rows += [r for f in functions if cuda.has_kernel(f) and (r := _row(f, False, False))]
+    return rows
+
+
+def _row(f, structured: bool, iterator: bool) -> list | None:
+    from torchgen.api.types import DispatcherSignature, NativeSignature
+    from torchgen.model import DeviceCheckType, SchemaKind
+
+    if f.device_check == DeviceCheckType.NoCheck and not iterator:
+        return None
+    rule = EXACT_RULE if f.device_check != DeviceCheckType.NoCheck else CPU_SCALAR_RULE
+    arguments = f.func.arguments
+    tensors = [a for a in (*arguments.out, *arguments.flat_positional)
+               if a.type.is_tensor_like()]
+    lists = any(a.type.is_list_like() for a in tensors)
+    if rule == CPU_SCALAR_RULE and lists:
+        return None  # index's host indices: moved to the device, not iterated as they are
+    if len(tensors) < 2 and not lists:
+        return None  # one tensor is always on one device
+    args = [a.name for a in tensors]
+    outputs = [a.name for a in arguments.out]
+    if f.func.kind() == SchemaKind.inplace:
+        outputs.append("self")
+    overload = f.func.name.overload_name
+    # the names torchgen gives the wrappers (register_dispatch_key.py), as CUDA's message cites
+    if structured:
+        method = NativeSignature(f.func, prefix="wrapper_CUDA_", symint=True).name()
+    else:
+        method = DispatcherSignature.from_schema(
+            f.func, prefix=f"wrapper_CUDA_{overload}_", symint=True).name()
+    return [f"aten::{f.func.name.name}", overload, rule, args, outputs, method]

@@ -1,0 +1,225 @@
+"""The virtual device refuses an op's mix of host and device tensors where CUDA does, with
+CUDA's error at the op's line (gpusync/detect/device_checks.py), and runs the mixes CUDA runs:
+a CPU scalar in a pointwise op, host indices, copies. The cases run on real CUDA too
+(test_the_cases_are_cudas, marked gpu): the same verdicts and messages."""
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpusync.detect import device_checks
+from gpusync.detect.session import Session
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only build")
+
+SAME = "Expected all tensors to be on the same device, but found at least two devices"
+
+
+def _linear_host_input(dev):
+    F.linear(torch.randn(2, 3), torch.randn(4, 3, device=dev), torch.randn(4, device=dev))
+
+
+def _mm_host_weight(dev):
+    torch.randn(2, 3, device=dev) @ torch.randn(3, 4)
+
+
+def _labels_left_on_the_host(dev):
+    F.cross_entropy(torch.randn(4, 3, device=dev), torch.tensor([0, 2, 1, 0]))
+
+
+def _embedding_host_ids(dev):
+    torch.nn.Embedding(10, 3).to(dev)(torch.tensor([1, 2]))
+
+
+def _cat(dev):
+    torch.cat([torch.ones(2, device=dev), torch.ones(2)])
+
+
+def _mask_on_the_host(dev):
+    torch.randn(4, 3, device=dev) * torch.ones(4, 3)
+
+
+def _host_vector_times_device_scalar(dev):
+    torch.ones(3) * torch.tensor(2.0, device=dev)
+
+
+# (case, CUDA's error or None where CUDA runs it)
+CASES = [
+    (_linear_host_input,
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument mat1 in method "
+     "wrapper_CUDA_addmm)"),
+    (_mm_host_weight,
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument mat2 in method "
+     "wrapper_CUDA_mm)"),
+    (_labels_left_on_the_host,
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument target in method "
+     "wrapper_CUDA_nll_loss_forward)"),
+    (_embedding_host_ids,
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument index in method "
+     "wrapper_CUDA__index_select)"),
+    (_cat,
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument tensors in method "
+     "wrapper_CUDA_cat)"),
+    (_mask_on_the_host, f"{SAME}, cuda:0 and cpu!"),
+    (_host_vector_times_device_scalar, f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: torch.randn(3, device=dev) * torch.tensor(2.0), None),  # a CPU scalar
+    (lambda dev: torch.randn(3, device=dev).add_(torch.tensor(1.0)), None),
+    (lambda dev: torch.randn(5, 2, device=dev)[torch.tensor([0, 3])], None),  # host indices
+    (lambda dev: torch.randn(5, device=dev).index_put_((torch.tensor([1]),),
+                                                       torch.tensor(7.0)), None),
+    (lambda dev: torch.where(torch.randn(3, device=dev) > 0, torch.ones(3, device=dev),
+                             torch.tensor(0.0)), None),
+    (lambda dev: torch.zeros(3, device=dev).copy_(torch.ones(3)), None),
+    (lambda dev: torch.ones(2, 2).to(dev) @ torch.ones(2, 2, device=dev), None),
+    (lambda dev: torch.cat([torch.ones(2, device=dev), torch.ones(2, device=dev)]), None),
+]
+
+
+def verdict(case, dev) -> str | None:
+    try:
+        case(dev)
+    except RuntimeError as e:
+        return str(e).split("\n")[0]
+    return None
+
+
+@cpu_only
+@pytest.mark.parametrize("case, error", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_refused_where_cuda_refuses(case, error, observer):
+    with Session(mode="simulate", virtual_cuda=True):
+        assert verdict(case, "cuda") == error
+        after = torch.ones(3, device="cuda") + 1  # nothing of a refusal is left for the next op
+    assert after.tolist() == [2.0, 2.0, 2.0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, error", CASES, ids=[str(i) for i in range(len(CASES))])
+def test_the_cases_are_cudas(case, error):
+    """What the virtual device is held to above is what CUDA does."""
+    assert verdict(case, "cuda") == error
+
+
+@cpu_only
+def test_an_op_that_allocates_nothing_runs_on_the_compiled_observer_and_is_told(observer):
+    """The compiled observer raises CUDA's error at the op's allocation (observer.cpp
+    RefusingAllocator): an in-place op allocates nothing and runs on, its refusal does not
+    fall on a later op, and the session keeps CUDA's error for the scan to end with. The
+    Python dispatch mode raises it."""
+    with Session(mode="simulate", virtual_cuda=True) as s:
+        x = torch.ones(2, 3, device="cuda")
+        error, line = verdict(lambda dev: x.add_(torch.ones(2, 3)), "cuda"), _line()
+        assert (x + 1).shape == (2, 3) and torch.ones(4).sum().item() == 4
+    if observer == "native":
+        assert error is None
+        assert s.recorder.cuda_errors == [
+            f"on CUDA the op at test_device_checks.py:{line} raises RuntimeError: {SAME}, "
+            "cuda:0 and cpu! (the virtual device ran it on: an op that allocates nothing "
+            "cannot be stopped there)"]
+    else:
+        assert error == f"{SAME}, cuda:0 and cpu!" and s.recorder.cuda_errors == []
+
+
+def _line() -> int:
+    return sys._getframe(1).f_lineno
+
+
+SCRIPT = """
+import torch
+dev = "cuda" if torch.cuda.is_available() else "cpu"
+model = torch.nn.Linear(8, 2).to(dev)
+for step in range(3):
+    x = torch.randn(4, 8).to(dev)
+    y = torch.randint(0, 2, (4,))
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+"""
+
+
+@cpu_only
+def test_a_scan_ends_where_cuda_would(tmp_path, observer):
+    """The labels left on the host: the scan fails at the loss line with CUDA's error (the
+    report of what ran before kept), as the GPU run does; an in-place mix (the compiled
+    observer's unraised case) fails the scan at its end, naming its line."""
+    from gpusync.errors import CudaRaises
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "labels.py"
+    path.write_text(SCRIPT)
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    assert isinstance(result.error, RuntimeError)
+    assert str(result.error).endswith("argument target in method wrapper_CUDA_nll_loss_forward)")
+    assert result.error.__traceback__ is not None
+    last_user = [f for f in _frames(result.error) if f[0] == str(path)][-1]
+    assert last_user[1] == 8
+    path.write_text("import torch\nx = torch.ones(3, device='cuda')\nx.mul_(torch.ones(3))\n")
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    if observer == "native":
+        assert isinstance(result.error, CudaRaises) and "labels.py:3 raises" in str(result.error)
+        assert result.report.error.startswith("CudaRaises: on CUDA the op at labels.py:3")
+    else:
+        assert str(result.error) == f"{SAME}, cuda:0 and cpu!"
+
+
+@cpu_only
+def test_torchs_allocator_is_back_after_every_scan():
+    """The refusing allocator is the CPU allocator only while a virtual-device session runs:
+    nested sessions, and one the code leaves by an exception, give torch's back."""
+    from gpusync.detect import native
+
+    compiled = native.load()
+    if compiled is None:
+        pytest.skip("no compiler: the Python dispatch mode raises without an allocator")
+    with Session(mode="simulate", virtual_cuda=True):
+        assert compiled.refusing_allocator_installed()
+        with Session(mode="simulate", virtual_cuda=True):
+            pass
+        assert compiled.refusing_allocator_installed()
+    assert not compiled.refusing_allocator_installed()
+    with pytest.raises(RuntimeError, match=SAME):
+        with Session(mode="simulate", virtual_cuda=True):
+            _mask_on_the_host("cuda")
+    assert not compiled.refusing_allocator_installed()
+    with Session(mode="simulate", virtual_cuda=False):  # the host table refuses nothing
+        assert not compiled.refusing_allocator_installed()
+
+
+def _frames(error):
+    import traceback
+
+    return [(f.filename, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
+
+
+@cpu_only
+def test_nothing_is_refused_outside_the_scan_or_off_the_virtual_device(observer):
+    with Session(mode="simulate", virtual_cuda=True):
+        pass
+    assert verdict(_mask_on_the_host, "cpu") is None  # after the scan
+    with Session(mode="simulate", virtual_cuda=False):  # the host table: no devices to mix
+        assert verdict(_mask_on_the_host, "cpu") is None
+
+
+def test_the_table_is_torchs_own():
+    """Read from the native_functions.yaml torch ships: the wrapper names are the ones CUDA's
+    messages cite (as users report them: wrapper_CUDA_addmm, wrapper_CUDA__index_select)."""
+    table = device_checks.table()
+    mm = table[("aten::mm", "")]
+    assert (mm.rule, mm.args, mm.method) == (device_checks.EXACT_RULE, ("self", "mat2"),
+                                             "wrapper_CUDA_mm")
+    assert table[("aten::index_select", "")].method == "wrapper_CUDA__index_select"
+    assert table[("aten::add", "Tensor")].rule == device_checks.CPU_SCALAR_RULE
+    assert table[("aten::add_", "Tensor")].outputs == {"self"}
+    assert table[("aten::add", "out")].args == ("out", "self", "other")
+    # checked by their own kernels, which accept host tensors: never refused here
+    for unjudged in [("aten::copy_", ""), ("aten::index", "Tensor"), ("aten::where", "self"),
+                     ("aten::index_put_", ""), ("aten::_fused_adam_", "tensor_lr")]:
+        assert unjudged not in table
+
+
+def test_a_cuda_scalar_with_host_outputs_is_refused_as_tensor_iterator_does():
+    check = device_checks.table()[("aten::add_", "Tensor")]
+    # self is written: a 0-dim host output is no CPU scalar
+    assert check.refusal([("self", False, 0), ("other", True, 0)], "cuda:0") == (
+        f"{SAME}, cuda:0 and cpu!")
+    assert check.refusal([("self", True, 1), ("other", False, 0)], "cuda:0") is None
+    assert check.refusal([("self", False, 1), ("other", False, 0)], "cuda:0") is None
