@@ -179,9 +179,22 @@ def _repeat_interleave(args, kwargs, dev, overload=""):
 
 
 def _histc(args, kwargs, dev, overload=""):
+    # cuda/SummaryOps.cu _histc_cuda_template: with min == max (the default) and elements, the
+    # range is read on the host, its min and then its max (two reads)
     lo = _arg(args, kwargs, 2, "min", 0)
     hi = _arg(args, kwargs, 3, "max", 0)
-    return "histc" if dev(args[0]) and lo == hi else None
+    self = args[0]
+    return Repeated("histc", 2) if dev(self) and lo == hi and self.numel() > 0 else None
+
+
+def _bincount(args, kwargs, dev, overload=""):
+    # cuda/SummaryOps.cu _bincount_cuda_template: an empty 1-D input returns zeros at once;
+    # otherwise `self.min().cpu()` (checked non-negative; skipped for uint8), then
+    # `self.max().item()` for the number of bins
+    self = args[0]
+    if not dev(self) or (self.dim() == 1 and self.numel() == 0):
+        return None
+    return "bincount" if self.dtype == torch.uint8 else Repeated("bincount", 2)
 
 
 def _equal(args, kwargs, dev, overload=""):
@@ -251,7 +264,7 @@ DISPATCH_RULES: dict[Any, Rule] = {
     aten.index_put: _index_put,
     aten._index_put_impl_: _index_put,
     aten.repeat_interleave: _repeat_interleave,
-    aten.bincount: _self_on_dev("bincount"),
+    aten.bincount: _bincount,
     aten.histc: _histc,
     aten.equal: _equal,
     aten._coalesce: _self_on_dev("coalesce"),

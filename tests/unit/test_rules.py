@@ -48,8 +48,20 @@ def test_repeat_interleave_by_overload():
 
 def test_histc_syncs_only_without_range():
     x = torch.ones(3)
-    assert rule(aten.histc)((x, 10), {}, ON) == "histc"
+    read = rule(aten.histc)((x, 10), {}, ON)
+    assert read == "histc" and read.times == 2  # the range's min, then its max
     assert rule(aten.histc)((x, 10, 0.0, 1.0), {}, ON) is None
+    assert rule(aten.histc)((torch.ones(0), 10), {}, ON) is None  # nothing to read
+
+
+def test_bincount_reads_min_then_max_on_cuda():
+    """cuda/SummaryOps.cu _bincount_cuda_template: min().cpu() (not for uint8), max().item();
+    an empty 1-D input returns zeros first."""
+    count = rule(aten.bincount)
+    assert count((torch.tensor([1, 3]),), {}, ON).times == 2
+    assert count((torch.tensor([1, 3], dtype=torch.uint8),), {}, ON) == "bincount"
+    assert not hasattr(count((torch.tensor([1, 3], dtype=torch.uint8),), {}, ON), "times")
+    assert count((torch.tensor([], dtype=torch.long),), {}, ON) is None
 
 
 def test_every_label_has_a_fix():
