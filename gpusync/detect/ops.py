@@ -294,8 +294,8 @@ class OpDetector:
             return not self.rec.suppressed()
         if label == "item":
             label = SCALAR_LABELS.get(self.current_func, "item")
-        # a Repeated label: as many syncs as the op makes (one copy per host index tensor)
-        return self.record_times(str(label), getattr(label, "times", 1))
+        ones = label if isinstance(label, tuple) else (label,)  # Labels: of several kinds
+        return any([self.record_times(str(one), getattr(one, "times", 1)) for one in ones])
 
     def copy(self, args, kwargs) -> bool:
         """copy_(dst, src, non_blocking): record it when it crosses the bus and the host

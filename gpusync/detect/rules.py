@@ -10,11 +10,15 @@ It returns the label of the sync or None.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .events import COPY_ADVICE
+from .rule_parts import Repeated, Rule
+from .rule_parts import arg as _arg
+from .rule_parts import is_tensor as _is_tensor
+from .rules_ctc import ctc_loss, ctc_loss_backward
 
 aten = torch.ops.aten
 _MASK_DTYPES = (torch.bool, torch.uint8)
@@ -85,37 +89,11 @@ def advice_for(label: str, detail: str = "") -> str:
     return ADVICE.get(label, ADVICE["sync"])
 
 
-def _is_tensor(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
-
-
-def _arg(args, kwargs, pos: int, name: str, default=None):
-    if len(args) > pos:
-        return args[pos]
-    return kwargs.get(name, default)
-
-
-# rule(args, kwargs, dev, overload_name) -> label | None
-Rule = Callable[..., "str | None"]
-
-
 def _self_on_dev(label: str) -> Rule:
     def rule(args, kwargs, dev, overload=""):
         return label if dev(args[0]) else None
 
     return rule
-
-
-class Repeated(str):
-    """A label for a sync an op makes `times` times in one call: OpDetector.judge records it
-    that many times (a str, so that every other reader sees the label)."""
-
-    times: int
-
-    def __new__(cls, label: str, times: int) -> "Repeated":
-        made = super().__new__(cls, label)
-        made.times = times
-        return made
 
 
 def _host_index_copies(self, defined, dev) -> "str | None":
@@ -361,19 +339,6 @@ def _quantile(args, kwargs, dev, overload=""):
     return QUIET if dev(args[0]) else None
 
 
-def _ctc_loss(args, kwargs, dev, overload=""):
-    # LossCTC.cpp ctc_loss (Tensor lengths): input_lengths.to(Device(kCPU)) and
-    # target_lengths.to(Device(kCPU)), blocking copies when they live on the device; then
-    # LossCTC.cu ctc_loss_gpu_template: `tg_batch_offsets.cuda()` and
-    # `at::tensor(target_lengths, targets.options())`, blocking copies up, whatever the lengths.
-    if overload not in ("Tensor", "IntList") or not dev(args[0]):
-        return None
-    lengths = (_arg(args, kwargs, 2, "input_lengths"), _arg(args, kwargs, 3, "target_lengths"))
-    if any(_is_tensor(t) and dev(t) for t in lengths):
-        return "ctc_loss lengths"
-    return "ctc_loss (CUDA kernel)"
-
-
 def _sparse_coo_no_size(args, kwargs, dev, overload=""):
     # SparseTensor.cpp sparse_coo_tensor(indices, values): without a size, the size comes
     # from indices.max(1) copied to the host (`.to(at::DeviceType::CPU)`).
@@ -403,7 +368,8 @@ DISPATCH_RULES.update({
     aten.isin: _isin,
     aten.quantile: _quantile,
     aten.nanquantile: _quantile,
-    aten.ctc_loss: _ctc_loss,
+    aten.ctc_loss: ctc_loss,
+    aten._ctc_loss_backward: ctc_loss_backward,
     aten.sparse_coo_tensor: _sparse_coo_no_size,
 })
 

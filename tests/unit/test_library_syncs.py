@@ -86,8 +86,11 @@ def test_torch_library_syncs_get_their_remedy_and_remedied_calls_are_quiet(tmp_p
     }
     assert sorted(lines) == sorted(expect), lines  # the remedied lines and quantile: nothing
     for line, (op, beneath, fix) in expect.items():
-        assert [(o, b) for o, b, _ in lines[line]] == [(op, beneath)], lines[line]
-        assert fix in lines[line][0][2]
+        # device lengths: read on the host, then the kernel's own copies up
+        also = [("ctc_loss (CUDA kernel)", None)] if line == 26 else []
+        assert sorted((o, b or "") for o, b, _ in lines[line]) == sorted(
+            (o, b or "") for o, b in [(op, beneath), *also]), lines[line]
+        assert fix in next(f for o, _, f in lines[line] if o == op)
 
 
 NESTED_SCRIPT = textwrap.dedent("""\
@@ -328,13 +331,41 @@ def test_size_arguments_decide_the_fbgemm_rules():
 
 
 def test_ctc_loss_rule_by_where_the_lengths_are():
+    """LossCTC.cpp / LossCTC.cu: each device length read on the host; unless cuDNN takes the
+    call, host targets copied up and the kernel's three copies up; with the default mean
+    reduction one more (the clamped target lengths)."""
     ctc = DISPATCH_RULES[aten.ctc_loss]
     logp, tgt, lens = torch.zeros(5, 2, 3), torch.ones(2, 2), torch.tensor([5, 5])
-    assert ctc((logp, tgt, lens, lens), {}, ON, "Tensor") == "ctc_loss lengths"
+
+    def said(labels):
+        return None if labels is None else [(str(one), one.times) for one in labels]
+
+    assert said(ctc((logp, tgt, lens, lens), {}, ON, "Tensor")) == [
+        ("ctc_loss lengths", 2), ("ctc_loss (CUDA kernel)", 4)]
     on_dev = lambda t: t is logp or t is tgt  # noqa: E731  host lengths
-    assert ctc((logp, tgt, lens, lens), {}, on_dev, "Tensor") == "ctc_loss (CUDA kernel)"
-    assert ctc((logp, tgt, [5, 5], [2, 2]), {}, ON, "IntList") == "ctc_loss (CUDA kernel)"
+    assert said(ctc((logp, tgt, lens, lens), {}, on_dev, "Tensor")) == [
+        ("ctc_loss (CUDA kernel)", 4)]
+    logp_only = lambda t: t is logp  # noqa: E731  host targets too: copied up
+    assert said(ctc((logp, tgt, [5, 5], [2, 2], 0, 2), {}, logp_only, "IntList")) == [
+        ("ctc_loss (CUDA kernel)", 4)]  # reduction="sum": no clamped lengths
     assert ctc((logp, tgt, lens, lens), {}, lambda t: False, "Tensor") is None
+    # cuDNN's conditions (int32 1-D host targets, full-length inputs): the mean's copy only
+    flat = torch.ones(4, dtype=torch.int32)
+    assert said(ctc((logp, flat, [5, 5], [2, 2]), {}, logp_only, "IntList")) == [
+        ("ctc_loss (CUDA kernel)", 1)]
+    assert said(ctc((logp, flat, [5, 4], [2, 2]), {}, logp_only, "IntList")) == [
+        ("ctc_loss (CUDA kernel)", 5)]  # an input shorter than log_probs: the native kernel
+
+
+def test_ctc_loss_backward_copies_up_three_times():
+    back = DISPATCH_RULES[aten._ctc_loss_backward]
+    grad, logp, tgt = torch.ones(2), torch.zeros(5, 2, 3), torch.ones(2, 2, dtype=torch.long)
+    call = (grad, logp, tgt, [5, 5], [2, 2], torch.zeros(2), torch.zeros(2, 5, 5), 0)
+    assert back(call, {}, ON, "").times == 3
+    flat = torch.ones(4, dtype=torch.long)  # host flat targets, full lengths: maybe cuDNN's
+    logp_only = lambda t: t is logp  # noqa: E731
+    assert back((grad, logp, flat, *call[3:]), {}, logp_only, "") is None
+    assert back(call, {}, lambda t: False, "") is None
 
 
 def test_sparse_coo_tensor_rule_needs_the_size_free_overload():
