@@ -36,6 +36,14 @@ from .phases import remember_forward
 Tensor = torch.Tensor
 _has_torch_function = torch._C._has_torch_function
 
+
+def _format_label(args) -> str:
+    """torch/_tensor.py Tensor.__format__: a 0-dim tensor formats its .item() (f"{loss:.3f}",
+    f"{loss}"), any other one its repr."""
+    t = args[0]
+    return "item" if t.dim() == 0 and type(t) is torch.Tensor else "repr"
+
+
 # The Python-level calls behind _local_scalar_dense, for its label (rules.SCALAR_LABELS).
 _NAMING = ("item", "__float__", "__int__", "__bool__", "__index__", "__getitem__",
            "__setitem__")
@@ -277,7 +285,7 @@ class CallLayers:
                 add(Tensor, kind, self._handled(
                     kind, functools.partial(det.handle_to, kind=kind), method=True))
             for name, label in (("tolist", "tolist"), ("numpy", "numpy"),
-                                ("__repr__", "repr"), ("__format__", "repr")):
+                                ("__repr__", "repr"), ("__format__", _format_label)):
                 add(Tensor, name, self._handled(name, det.handle_to_host_read(label),
                                                 method=True))
             for name in _NAMING:

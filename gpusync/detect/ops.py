@@ -295,7 +295,8 @@ class OpDetector:
         if label == "item":
             label = SCALAR_LABELS.get(self.current_func, "item")
         ones = label if isinstance(label, tuple) else (label,)  # Labels: of several kinds
-        return any([self.record_times(str(one), getattr(one, "times", 1)) for one in ones])
+        return any([self.record_times(str(one), getattr(one, "times", 1),
+                                      advice=getattr(one, "advice", "")) for one in ones])
 
     def copy(self, args, kwargs) -> bool:
         """copy_(dst, src, non_blocking): record it when it crosses the bus and the host
@@ -393,12 +394,9 @@ class OpDetector:
             label, detail = "pageable non_blocking copy", ""
         return self.record_times(label, copies, detail)
 
-    def record_times(self, label: str, times: int, detail: str = "") -> bool:
+    def record_times(self, label: str, times: int, detail: str = "", advice: str = "") -> bool:
         """A sync the call makes `times` times (each recorded at the calling line)."""
-        recorded = False
-        for _ in range(times):
-            recorded = self.record(label, detail=detail) or recorded
-        return recorded
+        return any([self.record(label, detail=detail, advice=advice) for _ in range(times)])
 
     def handle_one_hot(self, func, args, kwargs):
         """Onehot.cpp: on CUDA, only one_hot without num_classes reads the input's max on the
@@ -412,11 +410,12 @@ class OpDetector:
             return func(*args, **kwargs)
 
     def handle_to_host_read(self, label):
+        """`label`: the sync's, or a function of the call's arguments that names it."""
         def handler(func, args, kwargs):
             on_device = self.host.on_device(args[0])
             if on_device and label == "numpy" and self.virtual:
                 refuse_numpy(args, kwargs)
-            recorded = on_device and self.record(label)
+            recorded = on_device and self.record(label if isinstance(label, str) else label(args))
             return self.run(recorded, func, args, kwargs)
 
         return handler

@@ -25,10 +25,12 @@ class Repeated(str):
     that many times (a str, so that every other reader sees the label)."""
 
     times: int
+    advice: str  # what to do, where the label's own advice is not it ("" for that)
 
-    def __new__(cls, label: str, times: int) -> "Repeated":
+    def __new__(cls, label: str, times: int, advice: str = "") -> "Repeated":
         made = super().__new__(cls, label)
         made.times = times
+        made.advice = advice
         return made
 
 

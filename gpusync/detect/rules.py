@@ -104,7 +104,13 @@ def _host_index_copies(self, defined, dev) -> "str | None":
     if not dev(self):
         return None
     n = sum(1 for i in defined if i.dtype not in _MASK_DTYPES and not dev(i))
-    return None if n == 0 else "H2D copy" if n == 1 else Repeated("H2D copy", n)
+    return None if n == 0 else Repeated("H2D copy", n, advice=HOST_INDEX_ADVICE)
+
+
+HOST_INDEX_ADVICE = ("the index (a Python list, x[[0, 2, 5]], or a host tensor) is copied to "
+                     "the device with a blocking copy at every call: make it on the device once, "
+                     "outside the step (idx = torch.tensor([...], device=x.device)), or use a "
+                     "slice")
 
 
 def _index(args, kwargs, dev, overload=""):

@@ -22,6 +22,9 @@ SYNCS = {
     "D2H copy": lambda x, m: x.cpu(),
     "D2H copy to('cpu')": lambda x, m: x.to("cpu"),
     "repr": lambda x, m: repr(x),
+    "repr (an f-string of a vector)": lambda x, m: f"{x}",
+    "item (an f-string of a 0-dim tensor: Tensor.__format__ reads .item())":
+        lambda x, m: f"{x.sum():.3f}",
     "nonzero": lambda x, m: m.nonzero(),
     "nonzero argwhere": lambda x, m: torch.argwhere(m),
     "nonzero where(1 arg)": lambda x, m: torch.where(m),

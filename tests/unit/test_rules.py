@@ -54,6 +54,19 @@ def test_histc_syncs_only_without_range():
     assert rule(aten.histc)((torch.ones(0), 10), {}, ON) is None  # nothing to read
 
 
+def test_a_host_index_is_copied_up_with_its_own_advice():
+    """x[[0, 2, 5]] and x[host_tensor]: a blocking copy of each index up, whose fix is a
+    device index made once (or a slice), not pinned memory."""
+    from gpusync.detect.rules import HOST_INDEX_ADVICE
+
+    x = torch.ones(6, 2)
+    x_only = lambda t: t is x  # noqa: E731  the indices on the host
+    copy = rule(aten.index)((x, [torch.tensor([0, 2, 5])]), {}, x_only)
+    assert copy == "H2D copy" and copy.times == 1 and copy.advice == HOST_INDEX_ADVICE
+    two = rule(aten.index)((x, [torch.tensor([0]), torch.tensor([1])]), {}, x_only)
+    assert two.times == 2 and two.advice == HOST_INDEX_ADVICE
+
+
 def test_bincount_reads_min_then_max_on_cuda():
     """cuda/SummaryOps.cu _bincount_cuda_template: min().cpu() (not for uint8), max().item();
     an empty 1-D input returns zeros first."""
