@@ -6,6 +6,7 @@ import click
 from .. import errors
 from ..errors import GpusyncError
 from ..reporters import VIEWS, render
+from ..runs.results import Interrupted
 from .common import raise_user_error, under_torchrun
 from .options import Finite, format_option, mode_option, verbosity_options
 
@@ -67,14 +68,23 @@ def scan_command(target, script_args, steps, warmup, fmt, output, max_syncs_per_
 
         host = asdict(read(host_file))
     with outputs.trace_file(trace) as child_trace, torchrun.lead(rank_timeout) as lead:
-        outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
-                            command="scan", trace=child_trace, lead=lead, gpu=gpu, host=host)
-        if outcome.report is not None:
-            text = render(outcome.report, fmt, show)
+        def show_report(report) -> None:
+            text = render(report, fmt, show)
             if output:
                 outputs.deliver(output, text, "report")
             else:
                 click.echo(text, nl=False)
+
+        try:
+            outcome = runs.scan(target, steps, warmup, mode, script_args, virtual_cuda,
+                                command="scan", trace=child_trace, lead=lead, gpu=gpu,
+                                host=host)
+        except Interrupted as e:  # Ctrl-C: the report of what ran, then exit 130
+            if e.report is not None:
+                show_report(e.report)
+            raise
+        if outcome.report is not None:
+            show_report(outcome.report)
     raise_user_error(outcome)
     report = outcome.report
     assert report is not None  # no failure: the scan finished and reported

@@ -11,7 +11,7 @@ from typing import Any, Callable, ClassVar
 
 from .. import verbosity
 from ..errors import GpusyncError
-from .results import ChildStatus
+from .results import INTERRUPTED, ChildStatus
 from .writer import Results, failure_of, report_snapshot, saving_on_exit, snapshots
 
 
@@ -61,14 +61,32 @@ class ScanJob(_Job):
     host: dict[str, Any] | None = None  # --host: the GPU machine's HostClass, as fields
 
     def run(self, results: Results) -> None:
-        from ..scan import run_scan
-        from ..targets import parse_target
-
         live: dict[str, Any] = {"session": None}
 
         def snapshot() -> dict[str, Any] | None:
             report = report_snapshot(live["session"])
             return {"report": report} if report is not None else None
+
+        try:
+            result, cost = self._scan(results, live, snapshot)
+        except KeyboardInterrupt as e:  # Ctrl-C: what ran until then goes back with it
+            e.last_words = {  # type: ignore[attr-defined]
+                "report": report_snapshot(live["session"], error=INTERRUPTED)}
+            raise
+        report = result.report
+        if cost is not None:
+            report = cost.annotate(report)
+        self._write_trace(live["session"], cost)
+        data: dict[str, Any] = {"status": ChildStatus.DONE.value, "report": report.encode()}
+        if result.error is not None:
+            data.update(status=ChildStatus.USER_ERROR.value, traceback=result.traceback,
+                        message=failure_of(result.error)
+                        if not isinstance(result.error, SystemExit) else result.report.error)
+        results.write(data)
+
+    def _scan(self, results: Results, live: dict[str, Any], snapshot):
+        from ..scan import run_scan
+        from ..targets import parse_target
 
         with snapshots(results, snapshot) as stop:
             def last_words() -> dict[str, Any]:  # what it measured until the code ended it
@@ -91,16 +109,7 @@ class ScanJob(_Job):
                 result = run_scan(self.target, steps=self.steps, warmup=self.warmup,
                                   mode=self.mode, script_args=self.script_args,
                                   on_session=on_session, virtual_cuda=self.virtual_cuda)
-        report = result.report
-        if cost is not None:
-            report = cost.annotate(report)
-        self._write_trace(live["session"], cost)
-        data: dict[str, Any] = {"status": ChildStatus.DONE.value, "report": report.encode()}
-        if result.error is not None:
-            data.update(status=ChildStatus.USER_ERROR.value, traceback=result.traceback,
-                        message=failure_of(result.error)
-                        if not isinstance(result.error, SystemExit) else result.report.error)
-        results.write(data)
+        return result, cost
 
     def _cost_recording(self):
         """--gpu: the cost model records the op stream; without it nothing of the cost model
@@ -133,8 +142,9 @@ def run_job(job: Job, results: Results) -> int:
     except GpusyncError as e:
         results.write({"status": ChildStatus.FAILED.value, "message": str(e),
                        "exit_code": e.exit_code})
-    except KeyboardInterrupt:
-        results.write({"status": ChildStatus.INTERRUPTED.value})
+    except KeyboardInterrupt as e:
+        results.write({"status": ChildStatus.INTERRUPTED.value,
+                       **getattr(e, "last_words", {})})
         return 130
     return 0
 

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from .. import processes
 from .jobs import Job
-from .results import STOPPED, TIMED_OUT, ChildResult
+from .results import STOPPED, TIMED_OUT, ChildResult, ChildStatus
 from .writer import JOB, RESULT
 
 OnSnapshot = Callable[[ChildResult], None]
@@ -83,7 +83,12 @@ def run_child(job: Job, timeout: float | None = None, capture: bool = False,
                     reader = threading.Thread(target=output.read, args=(group.proc.stdout,),
                                               daemon=True)
                     reader.start()
-                returncode = _supervise(signals, group, timeout, folder, on_snapshot)
+                try:
+                    returncode = _supervise(signals, group, timeout, folder, on_snapshot)
+                except KeyboardInterrupt:  # the child has ended: what it said of its run
+                    if not _interrupted(_read_result(folder)):
+                        raise
+                    returncode = 130
             if reader is not None:  # every process that held its pipe has ended
                 reader.join(timeout=10)
             return ChildResult.decode(_read_result(folder), returncode,
@@ -131,6 +136,12 @@ def _wait(proc: subprocess.Popen, timeout: float | None, folder: str,
         snapshot = _read_result(folder)
         if snapshot is not None:
             on_snapshot(ChildResult.decode(snapshot, 0))
+
+
+def _interrupted(result: dict[str, Any] | None) -> bool:
+    """The child wrote, as it unwound from Ctrl-C, that it was interrupted (ChildResult's
+    raise_for_gpusync raises that again, with what it measured)."""
+    return result is not None and result.get("status") == ChildStatus.INTERRUPTED.value
 
 
 def _read_result(folder: str) -> dict[str, Any] | None:

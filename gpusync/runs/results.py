@@ -20,6 +20,18 @@ TIMED_OUT = -999  # the return code of a run stopped past its time limit
 STOPPED = -998  # the return code of a run stopped because another rank failed
 
 
+# The report's error when Ctrl-C stopped the scan (exit 130; the report of what ran first).
+INTERRUPTED = "interrupted (Ctrl-C)"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a child run: the report of what ran until then, where it had one."""
+
+    def __init__(self, report: Report | None = None):
+        super().__init__()
+        self.report = report
+
+
 class ChildStatus(enum.Enum):
     """What the child wrote last. RUNNING left behind means the child died."""
 
@@ -147,7 +159,7 @@ class ChildResult:
         if self.status is ChildStatus.FAILED:
             raise GpusyncError(self.message or "failed", self.exit_code)
         if self.status is ChildStatus.INTERRUPTED:
-            raise KeyboardInterrupt
+            raise Interrupted(self.report)
 
     def scan_outcome(self) -> ScanOutcome:
         """What a scan run means: its report, and why the verdict is exit 3 if it is."""

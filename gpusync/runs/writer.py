@@ -69,12 +69,13 @@ def failure_of(error: BaseException) -> str:
     return f"the scanned code raised {describe(error)}"
 
 
-def report_snapshot(session) -> dict | None:
-    """The session's report so far, encoded for the parent (Report.encode)."""
+def report_snapshot(session, error: str | None = None) -> dict | None:
+    """The session's report so far, encoded for the parent (Report.encode); `error`: why the
+    run ended early."""
     from ..report import report_of
 
     try:
-        return report_of(session).encode() if session is not None else None
+        return report_of(session, error=error).encode() if session is not None else None
     except Exception:  # a snapshot must never break the run it describes
         return None
 

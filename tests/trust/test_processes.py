@@ -170,13 +170,16 @@ def test_sigterm_lets_the_scripts_handler_save_then_ends_everything(tmp_path):
 
 
 def test_ctrl_c_unwinds_the_script_and_exits_130(tmp_path):
+    """With the report of what ran until then on stdout, as for code that raised."""
     (tmp_path / "train.py").write_text(HANGS)
     proc = _start(tmp_path, "scan", "train.py", own_group=True)
     _wait_for(tmp_path / "marks" / "pgid", proc)
     os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: gpusync's whole group
-    _, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "gpusync: interrupted" in err
+    assert out.startswith("gpusync scan of train.py"), out
+    assert "the scanned code raised: interrupted (Ctrl-C) (report covers what ran before)" in out
     assert (tmp_path / "marks" / "unwound").exists()
     assert _left(tmp_path / "marks") == []
     assert _folders(tmp_path) == []
