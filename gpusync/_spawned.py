@@ -29,16 +29,18 @@ from .report import Process, Report, Site
 _PLAIN = "from multiprocessing.spawn import spawn_main; spawn_main("
 
 
-def redirect(folder: str):
-    """Spawned children run main(folder, ...), and device tensors handed to them arrive on
-    the device, until the returned handle is removed."""
+def redirect(folder: str, warmup: int = 1):
+    """Spawned children run main(folder, warmup, ...), and device tensors handed to them
+    arrive on the device, until the returned handle is removed. A child's first `warmup`
+    steps are its warm-up, as the script's are: what it builds (model.to, DDP) is not counted
+    per step."""
     from .detect import patches
 
     def layer(call, *args, **kwargs):
         cmd = list(call(*args, **kwargs))
         for i, word in enumerate(cmd):
             if isinstance(word, str) and word.startswith(_PLAIN) and word.endswith(")"):
-                cmd[i] = (f"from gpusync._spawned import main; main({folder!r}, "
+                cmd[i] = (f"from gpusync._spawned import main; main({folder!r}, {int(warmup)}, "
                           f"{word[len(_PLAIN):]}")
         return cmd
 
@@ -103,13 +105,13 @@ def _rebuilt_on_device(rebuild, args):
     return tensor
 
 
-def main(folder: str, **kwargs: Any) -> None:
+def main(folder: str, warmup: int = 1, **kwargs: Any) -> None:
     """A spawned child: multiprocessing's spawn_main under a virtual-CUDA scan session."""
     from .detect.session import Session
 
     session = Session(mode="simulate", virtual_cuda=True, auto_steps=True,
-                      target=f"pid {os.getpid()}")
-    handle = redirect(folder)  # its own spawned children too
+                      target=f"pid {os.getpid()}", warmup=warmup)
+    handle = redirect(folder, warmup)  # its own spawned children too
     try:
         _write(folder, {"pid": os.getpid(), "name": None, "report": None})  # if it is killed
     except OSError:
@@ -182,6 +184,11 @@ def sites(children: list[Spawned]) -> list[Site]:
             for s in c.report.sites]
 
 
+def _after(report: Report) -> str:
+    warmup = report.steps - report.measured_steps
+    return f" after {warmup} warm-up" if warmup > 0 else ""
+
+
 def notes(children: list[Spawned]) -> list[str]:
     """One note per spawned child that synced (its pid, its syncs per step over its own
     steps, and where), and one naming those that did not."""
@@ -199,7 +206,7 @@ def notes(children: list[Spawned]) -> list[str]:
                           for s in report.sites[:5]) + (", ..." if len(report.sites) > 5 else "")
         out.append(f"spawned process {label} ran on the virtual CUDA device: "
                    f"{report.syncs_per_step:g} syncs/step over "
-                   f"{report.steps} step(s) of its own (max "
+                   f"{report.measured_steps} step(s) of its own{_after(report)} (max "
                    f"{report.max_syncs_per_step}): {where}; its sites are in the "
                    "report's sites, marked with its process and counted per its own steps "
                    "(the report's syncs per step are this process's)")

@@ -158,7 +158,7 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
             raise StopRun()
 
     session.on_step = stop_when_done
-    with _spawned_children(session.virtual_cuda) as children:
+    with _spawned_children(session.virtual_cuda, warmup) as children:
         error = target.run(session, args)
         spawned = children()
     if error is None and session.recorder.cuda_errors:
@@ -186,14 +186,15 @@ SCRATCH: str | None = None
 
 
 @contextlib.contextmanager
-def _spawned_children(virtual: bool) -> Iterator[Callable[[], list[_spawned.Spawned]]]:
+def _spawned_children(virtual: bool,
+                      warmup: int) -> Iterator[Callable[[], list[_spawned.Spawned]]]:
     """While inside, processes the script spawns run on the virtual CUDA device too
     (gpusync/_spawned.py); yields the function that reads what they wrote once they ended."""
     if not virtual:
         yield list
         return
     folder = tempfile.mkdtemp(prefix="gpusync-spawned-", dir=SCRATCH)
-    handle = _spawned.redirect(folder)
+    handle = _spawned.redirect(folder, warmup)
     try:
         yield lambda: _spawned.read(folder)
     finally:

@@ -226,6 +226,39 @@ def test_spawned_processes_run_on_the_virtual_device(tmp_path, capfd):
     assert not any("never put a tensor on the GPU" in n for n in report["notes"])
 
 
+SPAWNED_TRAINING = textwrap.dedent('''
+    import torch
+    import torch.multiprocessing as mp
+
+
+    def work(rank):
+        dev = torch.device("cuda", rank) if torch.cuda.is_available() else torch.device("cpu")
+        model = torch.nn.Linear(4, 1).to(dev)  # built
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            loss = model(torch.randn(8, 4).to(dev)).pow(2).mean()  # batch
+            opt.zero_grad(); loss.backward(); opt.step()
+
+
+    if __name__ == "__main__":
+        mp.spawn(work, nprocs=1)
+''')
+
+
+def test_a_spawned_child_has_its_warm_up_as_the_script_has(tmp_path):
+    """torch.multiprocessing.spawn's rank builds its model, then trains: as in the script
+    itself, its first step is warm-up, so its model.to is set-up, not a sync per step."""
+    (tmp_path / "train.py").write_text(SPAWNED_TRAINING)
+    proc, report = scan(tmp_path, "train.py")
+    assert proc.returncode == 0, proc.stderr
+    built = next(i for i, t in enumerate(SPAWNED_TRAINING.splitlines(), 1) if "# built" in t)
+    batch = next(i for i, t in enumerate(SPAWNED_TRAINING.splitlines(), 1) if "# batch" in t)
+    sites = {(s["line"], s["setup"]): s["per_step"] for s in report["sites"]}
+    assert sites == {(built, True): 0, (batch, False): 1}, report["sites"]
+    note = next(n for n in report["notes"] if n.startswith("spawned process"))
+    assert "1 syncs/step over 3 step(s) of its own after 1 warm-up (max 1)" in note, note
+
+
 SWALLOWS = textwrap.dedent(LOOP + '''
     for step in range(8):
         try:
