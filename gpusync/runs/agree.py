@@ -85,7 +85,7 @@ def losses(base: list[float], other: list[float], rtol: float, atol: float,
 
 
 def parameters(base: list, other: list, rtol: float, atol: float,
-               scaled: bool = False) -> str | None:
+               scaled: bool = False, names: list[str] | None = None) -> str | None:
     """`scaled`: rtol is relative to each tensor's largest magnitude, not element by element
     (a rounding of a near-zero element is as large as one of the tensor's largest)."""
     import torch
@@ -110,7 +110,9 @@ def parameters(base: list, other: list, rtol: float, atol: float,
             if a.is_floating_point() and a.numel():
                 gap = (a.double() - b.double()).abs().nan_to_num(math.inf).max()
                 by = f" by up to {float(gap):.3g}{allowed}"
-            return f"final parameter {i + 1} {tuple(a.shape)} differs from the original's{by}"
+            name = f" ({names[i]})" if names and i < len(names) and names[i] else ""
+            return (f"final parameter {i + 1}{name} {tuple(a.shape)} differs from the "
+                    f"original's{by}")
     return None
 
 
@@ -172,7 +174,8 @@ def parity(base: dict, other: dict, tolerance: Tolerance, output: bool) -> tuple
 def _difference(base: dict, other: dict, rtol: float, atol: float, output: bool,
                 scaled: bool) -> str | None:
     why = losses(base["losses"], other["losses"], rtol, atol, bool(base.get("scaled")))
-    why = why or parameters(base["parameters"], other["parameters"], rtol, atol, scaled)
+    why = why or parameters(base["parameters"], other["parameters"], rtol, atol, scaled,
+                            base.get("names"))
     if output:
         why = why or printed(base["printed"], other["printed"], rtol, atol)
     return why

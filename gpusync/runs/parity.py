@@ -33,6 +33,7 @@ class Record:
         self.losses: list = []
         self.printed: list[str] = []
         self.optimizers: list = []  # kept alive: the script's globals are gone when it ends
+        self.names: dict[int, str] = {}  # id(parameter) -> its name in its model
         self.steps = 0
         self.scaled = False  # a GradScaler scaled a loss: the losses are as backward() got them
 
@@ -47,10 +48,40 @@ class Record:
             out += [p.detach().cpu().clone() for g in opt.param_groups for p in g["params"]]
         return out
 
+    def parameter_names(self) -> list[str]:
+        """Each of parameters()' name in its model ("" where no module held it)."""
+        return [self.names.get(id(p), "") for opt in self.optimizers
+                for g in opt.param_groups for p in g["params"]]
+
+    def name_parameters(self, opt) -> None:
+        """Names for an optimizer's parameters, from the modules that hold them when it is
+        built (the script's globals are gone when it ends): each one's name in the outermost
+        module (bert.encoder.layer.0.attention.self.key.bias), so that a parity refusal says
+        which one differs."""
+        import gc
+
+        import torch
+
+        wanted = {id(p) for g in opt.param_groups for p in g["params"]} - set(self.names)
+        if not wanted:
+            return
+        Module = torch.nn.Module
+        try:  # names only: the run never fails for them
+            # type(), not isinstance(): a dead weakref proxy's __class__ raises
+            modules = [m for m in gc.get_objects() if issubclass(type(m), Module)]
+            inner = {id(c) for m in modules for c in m.children()}
+            for root in (m for m in modules if id(m) not in inner):
+                for name, p in root.named_parameters():
+                    if id(p) in wanted:
+                        self.names.setdefault(id(p), name)
+        except Exception:
+            pass
+
     def save(self, path: str) -> None:
         import torch
 
         torch.save({"losses": [float(t) for t in self.losses], "parameters": self.parameters(),
+                    "names": self.parameter_names(),
                     "printed": "".join(self.printed)[:_PRINTED_KEPT], "steps": self.steps,
                     "scaled": self.scaled}, path)
         self.optimizers.clear()
@@ -67,6 +98,7 @@ def recording(record: Record) -> Iterator[Record]:
     def init(call, opt, *args, **kwargs):
         out = call(opt, *args, **kwargs)
         record.optimizers.append(opt)
+        record.name_parameters(opt)
         return out
 
     def scale(call, scaler, *args, **kwargs):

@@ -29,3 +29,31 @@ def test_a_rejection_names_the_tolerance_it_was_judged_by():
     assert differs(why, Tolerance(), record).endswith(
         "(judged identical; --rtol / --atol: a tolerance admits a change that only rounds "
         "differently)")
+
+
+def test_a_rejection_names_the_parameter_as_its_model_does():
+    """A BERT-like model's fused AdamW refusal named 'final parameter 37' only: the record
+    keeps each optimizer parameter's name in its outermost module, taken when the optimizer
+    is built."""
+    from gpusync.runs.parity import Record, recording
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.key = torch.nn.Linear(2, 2)
+
+    import weakref
+
+    model = torch.nn.Sequential(Block(), torch.nn.Linear(2, 1))
+    gone = weakref.proxy(Block())  # dead: isinstance() of it raises (a script failed so)
+    record = Record()
+    with recording(record):
+        torch.optim.SGD(model.parameters(), lr=0.1)
+    assert gone is not None
+    names = record.parameter_names()
+    assert names == ["0.key.weight", "0.key.bias", "1.weight", "1.bias"]
+    base = [p.detach().clone() for p in model.parameters()]
+    other = [t.clone() for t in base]
+    other[1] += 1.0
+    assert parameters(base, other, 0.0, 0.0, names=names).startswith(
+        "final parameter 2 (0.key.bias) (2,) differs from the original's by up to 1")
