@@ -80,6 +80,8 @@ def _result(session: Session, error: BaseException | None,
     if error is not None:
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         summary = f"{type(error).__name__}: {str(error).removeprefix('gpusync: ')}"
+        if isinstance(error, CudaRaises):  # its message names CUDA's error itself
+            summary = str(error)
         if isinstance(error, SystemExit):
             summary = f"the scanned code called sys.exit({error.code!r}) before the scan ended"
     report = report_of(session, error=summary, notes=notes)

@@ -156,7 +156,7 @@ def test_a_scan_ends_where_cuda_would(tmp_path, observer):
     result = run_scan(str(path), mode="simulate", warmup=0)
     if observer == "native":
         assert isinstance(result.error, CudaRaises) and "labels.py:3 raises" in str(result.error)
-        assert result.report.error.startswith("CudaRaises: on CUDA the op at labels.py:3")
+        assert result.report.error.startswith("on CUDA the op at labels.py:3 raises ")
     else:
         assert str(result.error) == f"{SAME}, cuda:0 and cpu!"
 
