@@ -9,12 +9,15 @@ whose native_functions.yaml entry has a CUDA kernel and no `device_check: NoChec
 be on one device, 0-dim host tensors included. A NoCheck op checks for itself; of those, the
 structured TensorIterator ops (`structured_inherits: TensorIteratorBase`) follow
 TensorIterator's rule (compute_types): one device, but a 0-dim host tensor that is an input
-is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host indices
-are moved to the device before it iterates). The other NoCheck ops (copy_, index with host indices,
-the fused optimizers, where) are not judged: never a false refusal, and their mismatches
-go unreported. The table is read from the yaml that ships with the running torch
+is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host
+indices are moved to the device before it iterates). The other NoCheck ops (copy_, index
+with host indices, the fused optimizers, where) are not judged: never a false refusal, and
+their mismatches go unreported; nor are ops in a backward pass (what forward saved from
+inside an opaque op was never placed), nor composite kernels' inner checks but embedding's
+(_COMPOSITES). The table is read from the yaml that ships with the running torch
 (torchgen's own parser) once per torch version, and kept as JSON beside the observer's
-build."""
+build. The compiled observer raises the error at the op's first allocation (observer.cpp
+RefusingAllocator), the dispatch mode at the op (dispatch.py DeviceFlowMode)."""
 from __future__ import annotations
 
 import functools

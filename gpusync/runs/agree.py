@@ -7,7 +7,8 @@ optimizer it built, and (where asked) what it printed. Identical unless a tolera
 difference: the user's (fix's --rtol / --atol, tune's --tolerance), or, for a change that rounds
 differently by design (a fused optimizer computes the same formula in one kernel), one derived
 from the dtype's rounding and each value's scale: ROUNDING_ULPS x steps x eps(dtype), relative to
-each loss and to each parameter tensor's largest magnitude, a number in what it printed too.
+each loss and to each parameter tensor's largest magnitude (the largest parameter's, for a
+tensor within that rounding of zero at its scale), a number in what it printed too.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class Tolerance:
             eps, n = _eps(record), max(1, steps(record))
             return (f"within the {_dtype(record)} rounding of a fused optimizer: "
                     f"{ROUNDING_ULPS} x {n} steps x eps {eps:.3g} = {self.relative(record):.2g} "
-                    "relative to each loss and each parameter's largest value"
+                    "relative to each loss and each parameter's largest value (the largest "
+                    "parameter's for one within that of zero)"
                     + (f", atol={self.atol:g}" if self.atol else ""))
         if self.rtol == self.atol == 0:
             return "identical"
@@ -87,11 +89,16 @@ def losses(base: list[float], other: list[float], rtol: float, atol: float,
 def parameters(base: list, other: list, rtol: float, atol: float,
                scaled: bool = False, names: list[str] | None = None) -> str | None:
     """`scaled`: rtol is relative to each tensor's largest magnitude, not element by element
-    (a rounding of a near-zero element is as large as one of the tensor's largest)."""
+    (a rounding of a near-zero element is as large as one of the tensor's largest); and a
+    tensor whose values are all within that rounding of zero at the scale of the largest
+    parameter is judged at that scale: attention's key bias, whose gradient is only rounding
+    noise (softmax ignores it), which Adam divides by its own size, holds values around 1e-8
+    that the fused and the unfused optimizer round apart by their whole size."""
     import torch
 
     if len(base) != len(other):
         return f"its optimizers hold {len(other)} parameters, the original's {len(base)}"
+    model = _largest(base) if scaled else 0.0
     for i, (a, b) in enumerate(zip(other, base, strict=True)):
         if a.shape != b.shape or a.dtype != b.dtype:
             return f"parameter {i + 1} is {tuple(a.shape)} {a.dtype}, the original's " \
@@ -101,6 +108,8 @@ def parameters(base: list, other: list, rtol: float, atol: float,
         same, allowed = False, ""
         if a.is_floating_point() and scaled:
             scale = float(b.abs().max()) if b.numel() else 0.0
+            if scale <= rtol * model:  # zero at the model's scale
+                scale = model
             same = torch.allclose(a, b, rtol=0.0, atol=atol + rtol * scale, equal_nan=True)
             allowed = f", {atol + rtol * scale:.3g} allowed"
         elif a.is_floating_point():
@@ -114,6 +123,12 @@ def parameters(base: list, other: list, rtol: float, atol: float,
             return (f"final parameter {i + 1}{name} {tuple(a.shape)} differs from the "
                     f"original's{by}")
     return None
+
+
+def _largest(tensors: list) -> float:
+    """The largest finite magnitude among the floating-point tensors."""
+    return max((float(t.abs().nan_to_num(0.0, 0.0, 0.0).max()) for t in tensors
+                if t.is_floating_point() and t.numel()), default=0.0)
 
 
 _NUMBER = re.compile(r"(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)")

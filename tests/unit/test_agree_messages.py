@@ -24,7 +24,8 @@ def test_a_rejection_names_the_tolerance_it_was_judged_by():
     fused = differs(why, Tolerance(rounding=True), record)
     assert fused == (f"differs from the original: {why} (judged within the float32 rounding of "
                      "a fused optimizer: 4 x 2 steps x eps 1.19e-07 = 9.5e-07 relative to each "
-                     "loss and each parameter's largest value; --rtol / --atol: a larger "
+                     "loss and each parameter's largest value (the largest parameter's for one "
+                     "within that of zero); --rtol / --atol: a larger "
                      "tolerance admits a change that only rounds differently)")
     assert differs(why, Tolerance(), record).endswith(
         "(judged identical; --rtol / --atol: a tolerance admits a change that only rounds "
@@ -57,3 +58,19 @@ def test_a_rejection_names_the_parameter_as_its_model_does():
     other[1] += 1.0
     assert parameters(base, other, 0.0, 0.0, names=names).startswith(
         "final parameter 2 (0.key.bias) (2,) differs from the original's by up to 1")
+
+
+def test_a_tensor_at_zero_on_the_models_scale_is_judged_at_that_scale():
+    """Attention's key bias (BERT under fused AdamW: tune refused the fused optimizer): its
+    gradient is rounding noise, Adam divides it by its own size, and its values (1e-8) round
+    apart by their whole size; at the model's scale (its largest parameter, 1.0) both are
+    zero. A tensor of real size is still judged at its own scale."""
+    weight, bias = torch.tensor([1.0, -0.5]), torch.tensor([1.7e-8, -0.9e-8])
+    moved = [weight, torch.tensor([-0.6e-8, 2.3e-8])]
+    assert parameters([weight, bias], moved, 2.4e-6, 0.0, scaled=True) is None
+    assert parameters([weight, bias], [weight, torch.tensor([1.7e-8, 3e-6])], 2.4e-6, 0.0,
+                      scaled=True).endswith("by up to 3.01e-06, 2.4e-06 allowed")
+    small = torch.tensor([0.01, 0.02])  # real values: its own scale, 4.8e-08 allowed
+    assert parameters([weight, small], [weight, small + 1e-7], 2.4e-6, 0.0,
+                      scaled=True).endswith("4.8e-08 allowed")
+    assert parameters([weight, bias], moved, 2.4e-6, 0.0) is not None  # unscaled: elementwise
