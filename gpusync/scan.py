@@ -163,10 +163,10 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     with _spawned_children(session.virtual_cuda, warmup) as children:
         error = target.run(session, args)
         spawned = children()
-    if error is None and session.recorder.cuda_errors:
-        error = CudaRaises(session.recorder.cuda_errors[0])
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
+    if session.recorder.cuda_errors:  # the first of them ends CUDA's run, before any later one
+        error = CudaRaises(session.recorder.cuda_errors[0])
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
     result = _result(session, error, notes=notes)
     if (steps is not None and not session.frozen and result.report.measured_steps > steps

@@ -152,7 +152,8 @@ def test_a_scan_ends_where_cuda_would(tmp_path, observer):
     assert result.error.__traceback__ is not None
     last_user = [f for f in _frames(result.error) if f[0] == str(path)][-1]
     assert last_user[1] == 8
-    path.write_text("import torch\nx = torch.ones(3, device='cuda')\nx.mul_(torch.ones(3))\n")
+    path.write_text("import torch\nx = torch.ones(3, device='cuda')\nx.mul_(torch.ones(3))\n"
+                    "torch.cat([x, torch.ones(3)])\n")  # CUDA's run ends at line 3 first
     result = run_scan(str(path), mode="simulate", warmup=0)
     if observer == "native":
         assert isinstance(result.error, CudaRaises) and "labels.py:3 raises" in str(result.error)
