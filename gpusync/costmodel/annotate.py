@@ -10,6 +10,7 @@ with no read in the measured steps (set-up, or a spawned process's) gets nulls. 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 from gpusync.cost import Cost, StepCost, StepLanes
@@ -38,9 +39,12 @@ class Calibration:
     others_share: float | None = None
 
 
-def busy_note(others: float) -> str:
-    return (f"the scanning machine was busy: other processes used {others:.0%} of its CPU "
-            "time while the scan ran, and the predicted host time reads high on a busy "
+def busy_note(others: float, ranks: int = 1) -> str:
+    """`ranks`: the processes of this torchrun job on the machine (LOCAL_WORLD_SIZE), whose
+    other ranks are among the other processes."""
+    among = f" (this torchrun job's {ranks - 1} other rank(s) among them)" if ranks > 1 else ""
+    return (f"the scanning machine was busy: other processes{among} used {others:.0%} of its "
+            "CPU time while the scan ran, and the predicted host time reads high on a busy "
             "machine, by 2x or more (docs/benchmarks/cost-model-load.md): scan again on a "
             "quiet one for a stable prediction")
 
@@ -67,7 +71,8 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
     lost = prediction.lost_core_share if prediction is not None else 0.0
     named, others = calibration.host_class, calibration.others_share
     busy = others is not None and others > BUSY_SHARE
-    notes = (*report.notes, busy_note(others or 0.0)) if busy else report.notes
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    notes = (*report.notes, busy_note(others or 0.0, ranks)) if busy else report.notes
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from unittest import mock
 
 import pytest
 import yaml
@@ -173,6 +175,10 @@ def test_a_busy_scanning_machine_is_said_and_a_named_host_is_reported():
     said = [n for n in notes[0.65] if n.startswith("the scanning machine was busy")]
     assert said == [notes[0.65][-1]] and "other processes used 65% of its CPU time" in said[0]
     assert not any("busy" in n for s in (None, 0.02, BUSY_SHARE) for n in notes[s])
+    with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": "2"}):  # under torchrun
+        ranked = annotate(_report(), lost, H100, scaled, Calibration(host, 100 * US, 0.65))
+    assert ("other processes (this torchrun job's 1 other rank(s) among them) used 65%"
+            in ranked.notes[-1])
     cost = annotate(_report(), quiet, H100, scaled,
                     Calibration(host, 100 * US, 0.02)).to_dict()["cost"]
     assert (cost["host_name"], cost["host_probe_us"], cost["probe_us"], cost["python_scale"],
