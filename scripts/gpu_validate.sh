@@ -53,6 +53,9 @@ if want costmodel; then
 fi
 # the corpus on real CUDA against its annotations (what the CPU scan must report)
 want tests && section 180 $PY -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.txt"
+# CUDA's own words for ops handed tensors on both sides of the bus, those gpusync does not judge
+# yet included (a convolution's input and weight): what the virtual device is to raise there
+want tests && section 60 $PY scripts/device_check_probe.py 2>&1 | tee -a "$OUT/tests.txt"
 # the public scripts (PUBLIC_ROOT: the folder scripts/public_scripts_fetch.md builds, carried)
 # scanned on real CUDA: the sites against the manifest's, which the CPU scan matches
 if want public && [ -d "${PUBLIC_ROOT:-}" ]; then
