@@ -13,11 +13,12 @@ is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's
 indices are moved to the device before it iterates). The other NoCheck ops (copy_, index
 with host indices, the fused optimizers, where) are not judged: never a false refusal, and
 their mismatches go unreported; nor are ops in a backward pass (what forward saved from
-inside an opaque op was never placed), nor composite kernels' inner checks but embedding's
-(_COMPOSITES). The table is read from the yaml that ships with the running torch
-(torchgen's own parser) once per torch version, and kept as JSON beside the observer's
-build. The compiled observer raises the error at the op's first allocation (observer.cpp
-RefusingAllocator), the dispatch mode at the op (dispatch.py DeviceFlowMode)."""
+inside an opaque op was never placed), nor composite kernels' inner checks but those read in
+their sources (_READ: embedding, binary cross-entropy). The table is read from the yaml that
+ships with the running torch (torchgen's own parser) once per torch version, and kept as JSON
+beside the observer's build. The compiled observer raises the error at the op's first
+allocation (observer.cpp RefusingAllocator), the dispatch mode at the op (dispatch.py
+DeviceFlowMode)."""
 from __future__ import annotations
 
 import functools
@@ -142,20 +143,31 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
     rows = _cached(version)
     checks = {(name, overload): DeviceCheck(rule, tuple(args), frozenset(outputs), method)
               for name, overload, rule, args, outputs, method in rows}
-    for key, (inner, check) in _COMPOSITES.items():
+    for key, (inner, check) in _READ.items():
         if inner in checks:
             checks[key] = check
     return checks
 
 
-# A CompositeExplicitAutograd op is one op to the scan (observer.cpp: opaque), while on CUDA
-# the ops its kernel runs are checked: the one a forgotten .to(device) meets most, with the
-# check it meets first on CUDA. aten/src/ATen/native/Embedding.cpp embedding_symint:
-# `weight.index_select(0, indices)` (indices reshaped to 1-D first).
-_COMPOSITES = {
+# Ops whose check the yaml does not say, read in their sources (each kept only where torch's
+# table has the op named beside it, the one whose check it meets first on CUDA):
+# - embedding, a CompositeExplicitAutograd op (one op to the scan: observer.cpp, opaque), runs
+#   `weight.index_select(0, indices)` on CUDA (aten/src/ATen/native/Embedding.cpp
+#   embedding_symint; indices reshaped to 1-D first): index_select's check, its names;
+# - binary_cross_entropy_with_logits (CompositeExplicitAutograd, Loss.cpp) runs
+#   `(1 - target).mul_(input)` first with its target, then `loss.mul_(weight)`: a TensorIterator
+#   op's check; binary_cross_entropy (NoCheck, unstructured: LossCUDA / Loss.cpp
+#   binary_cross_entropy_out_cuda) iterates loss, input and target, then `loss.mul_(weight)`.
+#   A 0-dim host target is taken as a scalar here, where CUDA refuses it too: a miss, not a
+#   false refusal.
+_READ = {
     ("aten::embedding", ""): (("aten::index_select", ""), DeviceCheck(
         EXACT_RULE, ("weight", "indices"), frozenset(), "wrapper_CUDA__index_select",
         (("weight", "self"), ("indices", "index")))),
+    ("aten::binary_cross_entropy_with_logits", ""): (("aten::mul_", "Tensor"), DeviceCheck(
+        CPU_SCALAR_RULE, ("self", "target", "weight", "pos_weight"), frozenset(), "")),
+    ("aten::binary_cross_entropy", ""): (("aten::mul_", "Tensor"), DeviceCheck(
+        CPU_SCALAR_RULE, ("self", "target", "weight"), frozenset(), "")),
 }
 
 

@@ -63,6 +63,12 @@ CASES = [
      "wrapper_CUDA_cat)"),
     (_mask_on_the_host, f"{SAME}, cuda:0 and cpu!"),
     (_host_vector_times_device_scalar, f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: F.binary_cross_entropy_with_logits(torch.randn(4, device=dev), torch.ones(4)),
+     f"{SAME}, cuda:0 and cpu!"),  # read in Loss.cpp: (1 - target).mul_(input)
+    (lambda dev: F.binary_cross_entropy(torch.rand(4, device=dev), torch.ones(4)),
+     f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: F.binary_cross_entropy_with_logits(  # a 0-dim host weight: a CPU scalar
+        torch.randn(4, device=dev), torch.ones(4, device=dev), weight=torch.tensor(2.0)), None),
     (lambda dev: torch.randn(3, device=dev) * torch.tensor(2.0), None),  # a CPU scalar
     (lambda dev: torch.randn(3, device=dev).add_(torch.tensor(1.0)), None),
     (lambda dev: torch.randn(5, 2, device=dev)[torch.tensor([0, 3])], None),  # host indices
