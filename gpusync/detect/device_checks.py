@@ -17,8 +17,8 @@ inside an opaque op was never placed), nor composite kernels' inner checks but t
 their sources (_READ: embedding, binary cross-entropy). The table is read from the yaml that
 ships with the running torch (torchgen's own parser) once per torch version, and kept as JSON
 beside the observer's build. The compiled observer raises the error at the op's first
-allocation (observer.cpp RefusingAllocator), the dispatch mode at the op (dispatch.py
-DeviceFlowMode)."""
+allocation (observer.cpp RefusingAllocator); the Python dispatch mode refuses nothing
+(dispatch.py DeviceFlowMode says why)."""
 from __future__ import annotations
 
 import functools
@@ -66,7 +66,7 @@ class DeviceCheck:
 
 def refusal(det, name: str, overload: str, operands) -> str | None:
     """CUDA's error for an op the scan saw handed tensors on both sides of the bus
-    (observer.cpp refused_operands, dispatch.py DeviceFlowMode), or None. Not inside a call
+    (observer.cpp refused_operands), or None. Not inside a call
     gpusync runs its own way (torch.save, a collective on gloo, DDP's reducer on its CPU
     path): what CUDA runs there is not these ops. `det` is the scan's detect/ops.py
     OpDetector."""
@@ -102,33 +102,6 @@ def unraised(det, message: str) -> None:
         det.rec.cuda_errors.append(note)
 
 
-def operands(check: DeviceCheck, func, args, kwargs, on_device) -> list | None:
-    """What observer.cpp refused_operands finds, for the Python dispatch mode: the checked
-    operands (name, on the device, dim) where plain host tensors are mixed with device ones
-    as CUDA refuses, else None."""
-    found = []
-    any_device = refused_host = False
-    at = {a.name: i for i, a in enumerate(func._schema.arguments)}
-    for name in check.args:
-        if name not in at:
-            return None  # another schema than the yaml's: not judged
-        i = at[name]
-        value = args[i] if i < len(args) else kwargs.get(name)
-        for t in (value if isinstance(value, (list, tuple)) else (value,)):
-            if not isinstance(t, torch.Tensor):
-                continue
-            if _real_device(t).type != "cpu" or t.layout != torch.strided:
-                return None  # a meta tensor, a sparse one: not judged
-            device = on_device(t)
-            any_device = any_device or device
-            if not device and (check.rule == EXACT_RULE or name in check.outputs
-                               or t.dim() != 0):
-                refused_host = True
-            found.append((name, device, t.dim()))
-    return found if any_device and refused_host else None
-
-
-_real_device = torch._C.TensorBase.device.__get__  # the scan answers Tensor.device: "cuda"
 _SAME = "Expected all tensors to be on the same device, but found at least two devices"
 
 

@@ -127,23 +127,11 @@ class HostFlowMode(DispatchMode):
 
 class DeviceFlowMode(HostFlowMode):
     """HostFlowMode on the virtual device, whose table holds the device's tensors
-    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`, and
-    CUDA's refusal of an op handed tensors on both sides of the bus (device_checks.py)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        check = _CHECKS.get(func, _UNSEEN)
-        if check is _UNSEEN:
-            schema = func._schema
-            check = _CHECKS[func] = device_checks.table().get((schema.name,
-                                                               schema.overload_name))
-        if check is not None and torch._C._current_graph_task_id() == -1:  # as observer.cpp
-            mixed = device_checks.operands(check, func, args, kwargs, self.det.host.on_device)
-            message = mixed and device_checks.refusal(self.det, func._schema.name,
-                                                      func._schema.overload_name, mixed)
-            if message:
-                raise RuntimeError(message)
-        return super().__torch_dispatch__(func, types, args, kwargs)
+    (residency.py DeviceSet): the same answers as observer.cpp with `tracks_device`. It does
+    not refuse CUDA's device mixes (device_checks.py): it cannot see the op a factory runs in,
+    so a composite's own allocation from its input's options reads as host memory
+    (ctc_loss's mean divides by `at::tensor(target_lengths, res.options())`), and refusing its
+    next op would stop code that runs on CUDA."""
 
     def flow(self, key: int, args, kwargs, out):
         det = self.det
@@ -191,7 +179,6 @@ _RULES_BY_ID: dict[int, Any] = {id(packet): rule for packet, rule in DISPATCH_RU
 RULES_BY_NAME = {packet._qualified_op_name: rule for packet, rule in DISPATCH_RULES.items()}
 RULES_BY_NAME.update(NAMED_RULES)
 _UNSEEN = object()
-_CHECKS: dict = {}  # OpOverload -> its DeviceCheck or None
 
 
 @functools.cache  # the table is the process's: once per loaded observer module
