@@ -69,20 +69,20 @@ class OpDetector:
         self.current_func = ""  # the Python-level call being run (names labels)
         self.in_backward = False  # inside loss.backward() / autograd.grad()
         self._calls = CallLayers(self)
-        self._forward_outputs: list = []  # (output, frames, module): see recorded_outputs
+        self._forward_outputs: list = []  # (output, frames, module, since): recorded_outputs
+        self._judged_at = 0  # autograd's sequence number when the last op was judged
         # On a GPU the autograd engine runs backward in its own threads, which a thread-local
         # observer does not follow: the dispatch mode (whose mode stack they inherit) does.
         compiled = None if residency.real else native.load()
         self._observer = None
         # where tensors live (residency.py): on the virtual device the device's tensors are
         # tracked, so what no layer saw made is host memory, as on a CUDA build
-        self.host: Table
         if compiled is not None:
             configure(compiled)
             self._observer = compiled.Observer(
                 self._on_rule, self.recorded_outputs, tracks_device=residency.virtual,
                 **(refusals(self) if residency.virtual else {}))
-            self.host = NativeTable(self._observer)
+            self.host: Table = NativeTable(self._observer)
         else:
             self.host = (RealDevice() if residency.real else DeviceSet() if residency.virtual
                          else HostSet())
@@ -210,15 +210,15 @@ class OpDetector:
         for out in outs:
             if isinstance(out, Tensor):
                 if out.grad_fn is not None:
-                    remember_forward(out, frames, module)
+                    remember_forward(out, frames, module, self._judged_at)
                 elif self._dmode is not None:
-                    self._forward_outputs.append((out, frames, module))
+                    self._forward_outputs.append((out, frames, module, self._judged_at))
 
     def flush_forward(self) -> None:
         pending, self._forward_outputs = self._forward_outputs, []
-        for out, frames, module in pending:
+        for out, frames, module, since in pending:
             if out.grad_fn is not None:
-                remember_forward(out, frames, module)
+                remember_forward(out, frames, module, since)
 
     def uninstall(self) -> None:
         self.closed = True
@@ -287,6 +287,7 @@ class OpDetector:
 
     def judge(self, rule, args, kwargs, overload: str) -> bool:
         """Record the sync an op with a rule makes on CUDA, if it makes one."""
+        self._judged_at = torch._C._autograd._get_sequence_nr()  # its nodes come after
         label = rule(args, kwargs, self.host.on_device, overload)
         if label is None or (not self.real and cpu_branch_only()):
             return False

@@ -417,11 +417,23 @@ def _pipeline_stage(raw: list[tuple[str, int, str]]) -> str | None:
     return None
 
 
-def remember_forward(output, frames: tuple[Frame, ...], module: str | None) -> None:
+def remember_forward(output, frames: tuple[Frame, ...], module: str | None,
+                     since: int | None = None) -> None:
     """Store where an op ran in forward on its autograd node, so a sync in its backward is
-    reported at that forward line (e.g. `x[mask]`, whose backward runs nonzero again)."""
+    reported at that forward line (e.g. `x[mask]`, whose backward runs nonzero again). With
+    `since` (autograd's sequence number when the op began), also on the nodes the op made
+    inside: a composite's own (ctc_loss's CtcLossBackward0 under its mean's node), numbered
+    from `since` on, where the nodes of its inputs, made before, are not."""
     outs = output if isinstance(output, (tuple, list)) else (output,)
+    end = torch._C._autograd._get_sequence_nr()
     for out in outs:
         fn = getattr(out, "grad_fn", None) if isinstance(out, torch.Tensor) else None
-        if fn is not None and NODE_KEY not in fn.metadata:
-            fn.metadata[NODE_KEY] = (frames, module)
+        todo = [fn] if fn is not None else []
+        while todo:
+            node = todo.pop()
+            if NODE_KEY not in node.metadata:
+                node.metadata[NODE_KEY] = (frames, module)
+            if since is None:
+                break
+            todo += [n for n, _ in node.next_functions
+                     if n is not None and since <= n._sequence_nr() < end]

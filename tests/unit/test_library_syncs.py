@@ -381,3 +381,22 @@ def test_every_new_label_has_its_fix():
               "nested tensor from mask", "fbgemm permute", "fbgemm dense_to_jagged",
               "fbgemm jagged_index_select"}
     assert labels <= set(ADVICE)
+
+
+def test_ctc_loss_backward_copies_are_shown_at_the_loss_line():
+    """Its kernel's node (CtcLossBackward0) lies under the mean's, the node the loss's line is
+    kept on: the nodes an op made inside carry its line too (autograd's sequence numbers
+    from the op's start), so the backward's copies are shown where the loss was computed.
+    With the compiled observer: the dispatch mode sees ctc_loss's parts, not ctc_loss."""
+    import sys
+
+    from gpusync.detect.session import Session
+
+    ctc, lengths = torch.nn.functional.ctc_loss, ([12, 12, 10], [4, 3, 4])
+    with Session(mode="simulate", virtual_cuda=True) as s:
+        logp = torch.randn(12, 3, 5, device="cuda", requires_grad=True)
+        tgt = torch.randint(1, 5, (3, 4), device="cuda")
+        loss, line = ctc(logp.log_softmax(2), tgt, *lengths), sys._getframe().f_lineno
+        loss.backward()
+    where = {(e.phase, e.location.line) for e in s.events if e.op == "ctc_loss (CUDA kernel)"}
+    assert where == {("other", line), ("backward", line)}
