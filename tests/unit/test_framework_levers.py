@@ -80,6 +80,14 @@ TRAIN_LINE = _line(HF_SCRIPT, "Trainer(model, args, data).train()")
 FIT_LINE = _line(LIGHTNING_SCRIPT, "Trainer().fit(Model(), batches, batches[:2])")
 
 
+def _library_file(tmp_path, relative: str, text: str):
+    """A library's source file under tmp_path, holding `text`: the lines its frames point at."""
+    path = tmp_path / relative
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
 def _write(tmp_path, files, body):
     site = fake.write(tmp_path, files)
     (tmp_path / "train.py").write_text(fake.script(site, body))
@@ -232,10 +240,9 @@ def test_framework_entries_name_the_outermost_step_and_need_their_framework_path
 
 
 def test_accelerates_batch_copy_has_the_trainers_lever_inside_the_trainer(tmp_path):
-    loader = tmp_path / "site-packages" / "accelerate" / "data_loader.py"
-    loader.parent.mkdir(parents=True)
-    loader.write_text("current_batch = send_to_device(current_batch, self.device, "
-                      "non_blocking=self._non_blocking)\n")
+    loader = _library_file(tmp_path, "site-packages/accelerate/data_loader.py",
+                           "current_batch = send_to_device(current_batch, self.device, "
+                           "non_blocking=self._non_blocking)\n")
     copy = (Frame(str(loader.parent / "utils" / "operations.py"), 160, "send_to_device", True),
             Frame(str(loader), 1, "DataLoaderShard.__iter__", True))
     user = Frame("/home/u/train.py", 60, "<module>")
@@ -472,9 +479,9 @@ def test_a_metrics_division_has_the_lever_of_the_call_that_computed_it():
 
 
 def test_lightnings_first_log_of_a_name_is_a_one_time_move(tmp_path):
-    result = tmp_path / "lightning/pytorch/trainer/connectors/logger_connector/result.py"
-    result.parent.mkdir(parents=True)
-    result.write_text("        self[key].to(value.device)\n")
+    result = _library_file(tmp_path,
+                           "lightning/pytorch/trainer/connectors/logger_connector/result.py",
+                           "        self[key].to(value.device)\n")
     batch_to = Frame(str(tmp_path / "lightning/fabric/utilities/apply_func.py"), 104,
                      "move_data_to_device.<locals>.batch_to", True)
     moved = (batch_to, Frame(str(result.parent / "result.py"), 308, "_ResultMetric.to", True),
@@ -526,11 +533,11 @@ def test_a_sync_inside_the_optimizer_a_gradscaler_steps_is_not_the_scalers():
 
 
 def test_accelerates_trigger_reads_and_its_flags_copies_have_their_own_texts(tmp_path):
-    accelerator = tmp_path / "site-packages" / "accelerate" / "accelerator.py"
-    accelerator.parent.mkdir(parents=True)
-    accelerator.write_text("        self.flag_tensor = torch.tensor(1, device=self.device)\n"
-                           "        if flag_tensor.item() >= 1:\n"
-                           "            self.flag_tensor = torch.tensor(0, device=self.device)\n")
+    accelerator = _library_file(
+        tmp_path, "site-packages/accelerate/accelerator.py",
+        "        self.flag_tensor = torch.tensor(1, device=self.device)\n"
+        "        if flag_tensor.item() >= 1:\n"
+        "            self.flag_tensor = torch.tensor(0, device=self.device)\n")
     user = Frame("/home/u/train.py", 205, "main")
     read = known((Frame(str(accelerator), 2, "Accelerator.check_trigger", True), user))
     reset = known((Frame(str(accelerator), 3, "Accelerator.check_trigger", True), user))
@@ -547,11 +554,10 @@ def test_trainer_features_that_read_get_their_settings_as_levers(tmp_path):
     torch_empty_cache_steps empties the cache every N steps, load_best_model_at_end copies the
     best checkpoint up once: each names its setting (the advice was for transformers' own
     lines, and the last read as "the summed loss")."""
-    trainer = tmp_path / "site-packages" / "transformers" / "trainer.py"
-    trainer.parent.mkdir(parents=True)
-    trainer.write_text("def training_step():\n    clear_device_cache()\n"
-                       "def _finalize_training():\n    self._load_best_model()\n"
-                       "    return self._tr_loss.item()\n")
+    trainer = _library_file(tmp_path, "site-packages/transformers/trainer.py",
+                            "def training_step():\n    clear_device_cache()\n"
+                            "def _finalize_training():\n    self._load_best_model()\n"
+                            "    return self._tr_loss.item()\n")
     user = Frame("/home/u/train.py", 34, "<module>")
     track = Frame(str(trainer), 9, "Trainer._track_num_input_tokens", True)
     empty = Frame(str(trainer), 2, "Trainer.training_step", True)
@@ -613,9 +619,8 @@ def test_lightning_and_fabric_callbacks_and_precision_have_their_levers(frames, 
 
 
 def test_fabric_collectives_of_a_number_and_torchmetrics_bincount_have_their_levers(tmp_path):
-    fabric = tmp_path / "site-packages" / "lightning" / "fabric" / "fabric.py"
-    fabric.parent.mkdir(parents=True)
-    fabric.write_text("        data = convert_to_tensors(data, device=self.device)\n")
+    fabric = _library_file(tmp_path, "site-packages/lightning/fabric/fabric.py",
+                           "        data = convert_to_tensors(data, device=self.device)\n")
     made = Frame(str(tmp_path / "site-packages/lightning_utilities/core/apply_func.py"), 70,
                  "apply_to_collection", True)
     user = Frame("/home/u/train.py", 149, "run")
