@@ -82,24 +82,21 @@ class _DeviceTensorsTravel:
                 self.table[cls] = reduce
 
 
-def _session_det():
+def _reduce(reduce, tensor):
     from .detect.calls import OPEN
 
-    det = OPEN.virtual[-1].det if OPEN.virtual else None
-    return det if det is not None and not det.closed else None
-
-
-def _reduce(reduce, tensor):
     rebuild, args = reduce(tensor)
-    det = _session_det()
+    det = OPEN.newest_virtual()
     if det is not None and det.host.on_device(tensor):
         return _rebuilt_on_device, (rebuild, args)
     return rebuild, args
 
 
 def _rebuilt_on_device(rebuild, args):
+    from .detect.calls import OPEN
+
     tensor = rebuild(*args)
-    det = _session_det()
+    det = OPEN.newest_virtual()
     if det is not None:
         det.host.mark_device(tensor)
     return tensor

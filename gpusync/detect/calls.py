@@ -114,6 +114,12 @@ class _Open:
         if virtual:
             self.virtual.append(layers)
 
+    def newest_virtual(self):
+        """The detector (detect/ops.py OpDetector) of the newest session open on the virtual
+        device, or None."""
+        det = self.virtual[-1].det if self.virtual else None
+        return det if det is not None and not det.closed else None
+
     def remove(self, layers: CallLayers) -> None:
         owner = layers.det._owner
         stack = self.by_thread.get(owner, [])

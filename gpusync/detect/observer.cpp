@@ -201,12 +201,14 @@ OpTable& op_table();
 // followers it puts on other threads (follow_this_thread), hence the lock: uncontended, it
 // costs a few tens of nanoseconds per op, next to microseconds for the op.
 struct ResidencyTable {
+  using Storages =
+      std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>>;
   std::mutex lock;
   std::unordered_map<Impl*, c10::weak_intrusive_ptr<Impl>> tensors;
   // The storages of what saved-tensor hooks were handed on the device (place_packed): a
   // tensor made from one by no op the observer sees (activation checkpointing keeps a
   // recomputed output's `detach()`) shares its storage and lives where it does.
-  std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>> storages;
+  Storages storages;
   size_t sweep_at = 4096;
 };
 
@@ -458,6 +460,7 @@ class Observer {
 
   // CUDA's error for the op that just began, if it refuses its mix of devices: the thread
   // raises it at the op's first allocation (RefusingAllocator).
+  bool refuses_op() const { return !refusal_.empty(); }
   std::string take_refusal() { return std::exchange(refusal_, std::string()); }
 
   // The op CUDA refuses allocated nothing (in place, out=): it ran on; Python notes it.
@@ -850,9 +853,7 @@ class Observer {
     c10::StorageImpl* storage = storage_of(impl);
     return storage != nullptr && live(table_->storages, storage);
   }
-  using Storages =
-      std::unordered_map<c10::StorageImpl*, c10::weak_intrusive_ptr<c10::StorageImpl>>;
-  static bool live(const Storages& storages, c10::StorageImpl* storage) {
+  static bool live(const ResidencyTable::Storages& storages, c10::StorageImpl* storage) {
     auto found = storages.find(storage);
     return found != storages.end() && !found->second.expired();
   }
@@ -996,8 +997,9 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   Observer* refused_by = nullptr;
   for (Observer* o : t.observers) {
     if (!o->closed && o->start(fn)) quiet = true;
-    std::string r = o->take_refusal();
-    if (refusal.empty() && !r.empty()) {
+    if (!o->refuses_op()) continue;
+    std::string r = o->take_refusal();  // taken from each: none is left for the next op
+    if (refusal.empty()) {
       refusal = std::move(r);
       refused_by = o;
     }

@@ -170,8 +170,8 @@ class OpDetector:
         the outer session saw them made."""
         from .calls import OPEN
 
-        outer = OPEN.virtual[-1].det if OPEN.virtual else None
-        if outer is None or outer.closed:
+        outer = OPEN.newest_virtual()
+        if outer is None:
             return
         if self._observer is not None and outer._observer is not None:
             self._observer.share_table(outer._observer)
