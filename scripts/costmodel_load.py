@@ -7,9 +7,10 @@ spread between them), bound, the share of the steps' Python timed soon after the
 core, other processes' share of the machine's CPU while it ran, whether the report says the
 machine was busy,
 the user's Python a step as the scan estimated it, the sites' stalls, the load average next to
-each scan, the machine and the date.  A third workload is mm8 on 16x16 matrices: the same
-Python with no long CPU kernel (nothing evicted: the Python as a GPU host runs it), the
-reference for mm8's Python column.  Nothing here is asserted: tests never time things.
+each scan, the machine and the date.  Each workload has a reference: mm8 on 16x16 matrices and
+tiny_lm at width 8 (TINY_LM_REFERENCE), the same Python with kernels too small to take a
+second thread or leave the caches cold (the Python as a GPU host runs it), the reference for
+the Python column.  Nothing here is asserted: tests never time things.
 
     .venv/bin/python scripts/costmodel_load.py [GPU] [REPEATS]
 """
@@ -29,10 +30,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # name: (script, steps measured after two warm-up steps: all the script runs; a scan takes each
 # gap's least estimate over its measured steps, which four steps left noisy, 2.2-3.5 ms apart)
 MM8 = os.path.join(HERE, "costmodel", "mm8.py")
+TINY_LM = os.path.join(HERE, "costmodel", "tiny_lm.py")
 REFERENCE = "mm8 at 16x16 (its Python's reference)"
+LM_REFERENCE = "tiny_lm at width 8 (its Python's reference)"
 WORKLOADS = {"mm8 (issue #34)": (MM8, 6), REFERENCE: (MM8, 6),
-             "tiny_lm": (os.path.join(HERE, "costmodel", "tiny_lm.py"), 10)}
-SIDES = {REFERENCE: "16"}  # the reference's matrices: mm8.py reads MM8_SIDE
+             "tiny_lm": (TINY_LM, 10), LM_REFERENCE: (TINY_LM, 10)}
+# the references: the same Python with kernels too small to leave anything cold
+ENVS = {REFERENCE: {"MM8_SIDE": "16"}, LM_REFERENCE: {"TINY_LM_REFERENCE": "1"}}
 GPUSYNC = os.path.join(os.path.dirname(sys.executable), "gpusync")
 
 
@@ -51,8 +55,8 @@ def busy_cores() -> Iterator[int]:
             p.wait()
 
 
-def scan(script: str, steps: int, gpu: str, side: str | None = None) -> dict:
-    env = {**os.environ, **({"MM8_SIDE": side} if side else {})}
+def scan(script: str, steps: int, gpu: str, extra: dict[str, str] | None = None) -> dict:
+    env = {**os.environ, **(extra or {})}
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "scan.json")
         done = subprocess.run([GPUSYNC, "scan", script, "--gpu", gpu, "--steps", str(steps),
@@ -89,12 +93,12 @@ def main(gpu: str = "h100", repeats: int = 2) -> None:
           "Python ms a step | Python after a lost core | other processes' CPU | busy note | "
           "stall ms per site (line op) |\n|---|---|---|---|---|---|---|---|---|---|---|")
     for name, (script, steps) in WORKLOADS.items():
-        side = SIDES.get(name)
+        extra = ENVS.get(name)
         for _ in range(repeats):
-            print(row(name, "as it is", scan(script, steps, gpu, side)), flush=True)
+            print(row(name, "as it is", scan(script, steps, gpu, extra)), flush=True)
         with busy_cores() as n:
             for _ in range(repeats):
-                print(row(name, f"+{n} busy loops", scan(script, steps, gpu, side)), flush=True)
+                print(row(name, f"+{n} busy loops", scan(script, steps, gpu, extra)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 """A small transformer language model (2 layers, width 128, 4 heads, context 64, batch 8,
 vocabulary 512, AdamW) with a `.item()` of the loss every step: many small ops, host-bound on
-any GPU.  Scanned by scripts/costmodel_load.py and scripts/costmodel_overhead.py."""
+any GPU.  Scanned by scripts/costmodel_load.py and scripts/costmodel_overhead.py.  With
+TINY_LM_REFERENCE=1 the same model at width 8, context 4, batch 1, vocabulary 32: the same
+modules and Python, kernels too small for a second CPU thread or a cold cache (the reference
+for the Python a GPU host runs)."""
 import os
 
 import torch
@@ -8,7 +11,8 @@ import torch.nn as nn
 
 dev = "cuda" if torch.cuda.is_available() else "cpu"
 torch.manual_seed(0)
-VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH = 512, 128, 4, 2, 64, 8
+VOCAB, WIDTH, HEADS, LAYERS, CONTEXT, BATCH = (
+    (32, 8, 4, 2, 4, 1) if os.environ.get("TINY_LM_REFERENCE") else (512, 128, 4, 2, 64, 8))
 STEPS = int(os.environ.get("STEPS", "12"))  # scripts/costmodel_gpu.py times more
 
 
