@@ -14,7 +14,8 @@ indices are moved to the device before it iterates). The other NoCheck ops (copy
 with host indices, the fused optimizers, where) are not judged: never a false refusal, and
 their mismatches go unreported; nor are ops in a backward pass (what forward saved from
 inside an opaque op was never placed), nor composite kernels' inner checks but those read in
-their sources (_READ: embedding, binary cross-entropy). The table is read from the yaml that
+their sources (_READ: embedding, binary cross-entropy; a convolution's, which depend on the
+backend it picks: device_checks_conv.py). The table is read from the yaml that
 ships with the running torch (torchgen's own parser) once per torch version, and kept as JSON
 beside the observer's build. The compiled observer raises the error at the op's first
 allocation (observer.cpp RefusingAllocator); the Python dispatch mode refuses nothing
@@ -29,8 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from . import device_checks_conv
+
 CPU_SCALAR_RULE = "iterator"  # TensorIterator's: a 0-dim host input is a CPU scalar
 EXACT_RULE = "exact"          # the generated wrapper's: every tensor on one device
+CONV_RULE = "convolution"     # the backend's own check (device_checks_conv.py)
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,9 @@ class DeviceCheck:
         return None
 
 
-def refusal(det, name: str, overload: str, operands) -> str | None:
+def refusal(det, name: str, overload: str, operands, arguments: tuple = ()) -> str | None:
     """CUDA's error for an op the scan saw handed tensors on both sides of the bus
-    (observer.cpp refused_operands), or None. Not inside a call
+    (observer.cpp refused_operands; `arguments`: all of the op's), or None. Not inside a call
     gpusync runs its own way (torch.save, a collective on gloo, DDP's reducer on its CPU
     path): what CUDA runs there is not these ops. `det` is the scan's detect/ops.py
     OpDetector."""
@@ -78,6 +82,8 @@ def refusal(det, name: str, overload: str, operands) -> str | None:
         return None
     from .virtual_device import current_device
 
+    if check.rule == CONV_RULE:
+        return device_checks_conv.refusal(operands, arguments, str(current_device()), table())
     return check.refusal(operands, str(current_device()))
 
 
@@ -119,6 +125,9 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
     for key, (inner, check) in _READ.items():
         if inner in checks:
             checks[key] = check
+    if ("aten::_slow_conv2d_forward", "") in checks:  # the backends' ops are in torch's table
+        checks[("aten::convolution", "")] = DeviceCheck(
+            CONV_RULE, ("input", "weight", "bias"), frozenset(), "")
     return checks
 
 

@@ -806,7 +806,12 @@ class Observer {
     try {
       py::list items;
       for (const Operand& o : operands) items.append(py::make_tuple(o.name, o.device, o.dim));
-      py::object answer = on_mixed_(py::str(fn.name()), py::str(fn.overload_name()), items);
+      // the op's arguments too: a convolution's error depends on the backend CUDA picks for
+      // them (device_checks_conv.py); only a mix CUDA may refuse comes this way
+      py::list arguments;
+      for (const c10::IValue& v : fn.inputs()) arguments.append(torch::jit::toPyObject(v));
+      py::object answer = on_mixed_(py::str(fn.name()), py::str(fn.overload_name()), items,
+                                    py::tuple(arguments));
       if (!answer.is_none()) refusal_ = answer.cast<std::string>();
     } catch (py::error_already_set& e) {
       unraisable(e, on_mixed_);

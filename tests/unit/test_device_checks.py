@@ -79,6 +79,28 @@ CASES = [
     (lambda dev: torch.zeros(3, device=dev).copy_(torch.ones(3)), None),
     (lambda dev: torch.ones(2, 2).to(dev) @ torch.ones(2, 2, device=dev), None),
     (lambda dev: torch.cat([torch.ones(2, device=dev), torch.ones(2, device=dev)]), None),
+    # convolutions: the backend CUDA picks decides the words (device_checks_conv.py)
+    (lambda dev: F.conv2d(torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3, device=dev)),
+     "Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the "
+     "same or input should be a MKLDNN tensor and weight is a dense tensor"),  # mkldnn
+    (lambda dev: F.conv1d(torch.randn(2, 3, 8), torch.randn(4, 3, 3, device=dev)),
+     "Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the "
+     "same or input should be a MKLDNN tensor and weight is a dense tensor"),
+    (lambda dev: F.conv2d(torch.randn(1, 1, 4, 4), torch.randn(1, 1, 1, 1, device=dev)),
+     f"{SAME}, cpu and cuda:0! (when checking argument for argument weight in method "
+     "wrapper_CUDA___slow_conv2d_forward)"),  # too small for mkldnn: the native kernel
+    (lambda dev: F.conv2d(torch.randn(2, 3, 8, 8, device=dev), torch.randn(4, 3, 3, 3)),
+     "Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the "
+     "same"),  # cuDNN
+    (lambda dev: F.conv2d(torch.randn(2, 3, 8, 8, device=dev),
+                          torch.randn(4, 3, 3, 3, device=dev), torch.randn(4)),
+     "Input type (torch.cuda.FloatTensor) and bias type (torch.FloatTensor) should be the "
+     "same"),
+    (lambda dev: F.conv2d(torch.randn(2, 4, 8, 8, device=dev), torch.randn(4, 1, 3, 3),
+                          groups=4),
+     f"{SAME}, cuda:0 and cpu! (when checking argument for argument weight in method "
+     "wrapper_CUDA___conv_depthwise2d)"),  # depthwise: its own kernel
+    (lambda dev: torch.nn.Conv2d(3, 4, 3).to(dev)(torch.randn(2, 3, 8, 8, device=dev)), None),
 ]
 
 
