@@ -10,8 +10,9 @@ be on one device, 0-dim host tensors included. A NoCheck op checks for itself; o
 structured TensorIterator ops (`structured_inherits: TensorIteratorBase`) follow
 TensorIterator's rule (compute_types): one device, but a 0-dim host tensor that is an input
 is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host
-indices are moved to the device before it iterates). The other NoCheck ops (copy_, index
-with host indices, the fused optimizers, where) are not judged: never a false refusal, and
+indices are moved to the device before it iterates); torch.where, which moves its 0-dim
+operands to the device and iterates, meets the same rule. The other NoCheck ops (copy_, index
+with host indices, the fused optimizers) are not judged: never a false refusal, and
 their mismatches go unreported; nor are ops in a backward pass (what forward saved from
 inside an opaque op was never placed), nor composite kernels' inner checks but those read in
 their sources (_READ: embedding, binary cross-entropy; a convolution's, which depend on the
@@ -128,6 +129,12 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
     if ("aten::_slow_conv2d_forward", "") in checks:  # the backends' ops are in torch's table
         checks[("aten::convolution", "")] = DeviceCheck(
             CONV_RULE, ("input", "weight", "bias"), frozenset(), "")
+    if checks:
+        # torch.where (TensorCompare.cpp where / where_self_out): 0-dim tensors off the output's
+        # device are moved there, "if there's still a device mismatch, let tensoriterator error
+        # out with it": TensorIterator's rule
+        checks[("aten::where", "self")] = DeviceCheck(
+            CPU_SCALAR_RULE, ("condition", "self", "other"), frozenset(), "")
     return checks
 
 

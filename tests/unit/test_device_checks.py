@@ -75,7 +75,15 @@ CASES = [
     (lambda dev: torch.randn(5, device=dev).index_put_((torch.tensor([1]),),
                                                        torch.tensor(7.0)), None),
     (lambda dev: torch.where(torch.randn(3, device=dev) > 0, torch.ones(3, device=dev),
-                             torch.tensor(0.0)), None),
+                             torch.tensor(0.0)), None),  # a 0-dim host operand is moved
+    (lambda dev: torch.where(torch.tensor(True), torch.ones(3, device=dev),
+                             torch.zeros(3, device=dev)), None),
+    (lambda dev: torch.where(torch.tensor([True, False, True]), torch.ones(3, device=dev),
+                             torch.zeros(3, device=dev)), f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: torch.where(torch.randn(3, device=dev) > 0, torch.ones(3, device=dev), 0.0),
+     None),
+    (lambda dev: torch.where(torch.randn(3, device=dev) > 0, torch.ones(3), 0.0),
+     f"{SAME}, cuda:0 and cpu!"),
     (lambda dev: torch.zeros(3, device=dev).copy_(torch.ones(3)), None),
     (lambda dev: torch.ones(2, 2).to(dev) @ torch.ones(2, 2, device=dev), None),
     (lambda dev: torch.cat([torch.ones(2, device=dev), torch.ones(2, device=dev)]), None),
@@ -251,9 +259,11 @@ def test_the_table_is_torchs_own():
     assert table[("aten::add_", "Tensor")].outputs == {"self"}
     assert table[("aten::add", "out")].args == ("out", "self", "other")
     # checked by their own kernels, which accept host tensors: never refused here
-    for unjudged in [("aten::copy_", ""), ("aten::index", "Tensor"), ("aten::where", "self"),
+    for unjudged in [("aten::copy_", ""), ("aten::index", "Tensor"),
                      ("aten::index_put_", ""), ("aten::_fused_adam_", "tensor_lr")]:
         assert unjudged not in table
+    # read in their sources: where moves its 0-dim operands, then TensorIterator checks
+    assert table[("aten::where", "self")].rule == device_checks.CPU_SCALAR_RULE
 
 
 def test_a_cuda_scalar_with_host_outputs_is_refused_as_tensor_iterator_does():
