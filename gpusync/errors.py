@@ -54,9 +54,11 @@ class VirtualDeviceUnsupported(RuntimeError):
 
 
 class CudaRaises(RuntimeError):
-    """The scanned code ran an op that CUDA refuses, where the virtual device could only run on
-    (an op that allocates nothing: detect/device_checks.py): the scan ends as CUDA's run would,
-    failed, its message naming the line and CUDA's error."""
+    """The scanned code ran an op that CUDA refuses (detect/device_checks.py): the scan ends as
+    CUDA's run would, failed, its message (ON_CUDA first) naming the line and CUDA's error."""
+
+
+ON_CUDA = "on CUDA the op at "  # how a CudaRaises message begins: it says where itself
 
 
 class SyncsFound(AssertionError):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
 import tempfile
 import traceback
@@ -10,9 +11,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from . import _spawned
+from .detect.frames import is_users
 from .detect.session import NOTHING_ON_GPU, Session
 from .detect.steps import OPTIMIZER
-from .errors import BadInput, CudaRaises
+from .errors import ON_CUDA, BadInput, CudaRaises
 from .modes import resolve_mode
 from .report import Report, report_of
 from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
@@ -165,6 +167,7 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         spawned = children()
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
+    error = _as_cudas(error, session.recorder.refused)
     if session.recorder.cuda_errors:  # the first of them ends CUDA's run, before any later one
         error = CudaRaises(session.recorder.cuda_errors[0])
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
@@ -180,6 +183,22 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
     if _spawned.placed(spawned) or result.error is not None:
         report = report.without_note(NOTHING_ON_GPU)
     return dataclasses.replace(result, report=report)
+
+
+def _as_cudas(error: BaseException | None, refused: set[str]) -> BaseException | None:
+    """The virtual device's refusal the code let through, said as CUDA's (the op's line, CUDA's
+    error), as an op that could only run on is: the script did not fail by itself, it would
+    on CUDA."""
+    if not isinstance(error, RuntimeError) or isinstance(error, CudaRaises):
+        return error
+    message = str(error).split("\n")[0]
+    if message not in refused:
+        return error
+    frames = traceback.extract_tb(error.__traceback__)
+    users = [f for f in frames if is_users(f.filename)] or frames
+    place = f"{os.path.basename(users[-1].filename)}:{users[-1].lineno}" if users else "an op"
+    return CudaRaises(f"{ON_CUDA}{place} raises RuntimeError: {message}").with_traceback(
+        error.__traceback__)
 
 
 # Where this run's temporary folders go: the scan child sets it to its job folder, which the

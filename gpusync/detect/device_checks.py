@@ -84,8 +84,13 @@ def refusal(det, name: str, overload: str, operands, arguments: tuple = ()) -> s
     from .virtual_device import current_device
 
     if check.rule == CONV_RULE:
-        return device_checks_conv.refusal(operands, arguments, str(current_device()), table())
-    return check.refusal(operands, str(current_device()))
+        message = device_checks_conv.refusal(operands, arguments, str(current_device()),
+                                             table())
+    else:
+        message = check.refusal(operands, str(current_device()))
+    if message is not None:
+        det.rec.refused.add(message)
+    return message
 
 
 def refusals(det) -> dict:
@@ -99,11 +104,12 @@ def unraised(det, message: str) -> None:
     """An op CUDA refuses ran on: it allocates nothing (in place, out=), and the compiled
     observer raises at an op's allocation. The scan ends failed with this, as CUDA's run
     does (scan.py), once the code ran to its end."""
+    from ..errors import ON_CUDA
     from .frames import user_call
 
     call = user_call(1)
     where = f"{os.path.basename(call.where[0])}:{call.where[1]}" if call else "an op"
-    note = (f"on CUDA the op at {where} raises RuntimeError: {message} (the virtual device "
+    note = (f"{ON_CUDA}{where} raises RuntimeError: {message} (the virtual device "
             "ran it on: an op that allocates nothing cannot be stopped there)")
     if note not in det.rec.cuda_errors:
         det.rec.cuda_errors.append(note)

@@ -18,6 +18,9 @@ class Recorder:
         self._suppress = 0  # >0 while an outer detection covers the ops it runs
         # what CUDA raises where the virtual device could only run on (device_checks.py)
         self.cuda_errors: list[str] = []
+        # CUDA's errors the virtual device raised (device_checks.py): the scan says so when
+        # one ends the run, not that the code failed by itself
+        self.refused: set[str] = set()
 
     @property
     def count(self) -> int:

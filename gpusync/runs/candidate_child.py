@@ -115,7 +115,7 @@ def run_candidate(job: ScriptRun, live: dict | None = None) -> RunResult:
         steps_run=live["steps"], **_peak_memory(job.mode == "cuda"),
         report=result.report if job.scan else None,
         facts=facts.to_json() if job.observe else None,
-        message=f"{type(error).__name__}: {error}" if error is not None else "",
+        message=_message(error),
         traceback=result.traceback if error is not None else "")
 
 
@@ -190,3 +190,13 @@ def _peak_memory(cuda: bool) -> dict[str, float | None]:
         return {"peak_alloc_mb": None, "peak_reserved_mb": None}
     return {"peak_alloc_mb": round(torch.cuda.max_memory_allocated() / 2**20, 2),
             "peak_reserved_mb": round(torch.cuda.max_memory_reserved() / 2**20, 2)}
+
+
+def _message(error: BaseException | None) -> str:
+    """What the run raised, in one line: CUDA's error the virtual device raised says where
+    itself (errors.ON_CUDA)."""
+    from ..errors import CudaRaises
+
+    if error is None:
+        return ""
+    return str(error) if isinstance(error, CudaRaises) else f"{type(error).__name__}: {error}"

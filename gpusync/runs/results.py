@@ -48,7 +48,7 @@ class ScanOutcome:
     report: Report | None
     failure: str | None = None  # one line: why the verdict is exit 3
     traceback: str = ""
-    located: bool = False  # the failure line already says where (merged ranks)
+    located: bool = False  # the failure line already says where (merged ranks, CUDA's error)
 
 
 def raised_at(traceback_text: str) -> str:
@@ -73,7 +73,8 @@ def as_it_is_failed(failure: str, traceback_text: str, output: str) -> errors.Us
         sys.stderr.write(traceback_text)
     trace = "\n".join(traceback_text.rstrip().splitlines()[-12:])  # candidate_failure's
     printed = output.strip().removesuffix(trace).strip()
-    return errors.UserCodeError(f"the script as it is {failure}{raised_at(traceback_text)}{hint}"
+    where = "" if errors.ON_CUDA in failure else raised_at(traceback_text)  # it says where
+    return errors.UserCodeError(f"the script as it is {failure}{where}{hint}"
                                 + (f"\nwhat it printed last:\n{printed}" if printed else ""))
 
 
@@ -168,7 +169,8 @@ class ChildResult:
         if self.status is ChildStatus.DONE:
             return ScanOutcome(report)
         if self.status is ChildStatus.USER_ERROR:
-            return ScanOutcome(report, self.message or None, self.traceback)
+            return ScanOutcome(report, self.message or None, self.traceback,
+                               located=self.message.startswith(errors.ON_CUDA))
         if self.status is ChildStatus.EARLY_EXIT:
             failure = (f"the scanned code ended the process with os._exit({self.code}) "
                        "before the scan finished: the report covers what ran until then")
@@ -200,7 +202,9 @@ class ChildResult:
             return self.output, None
         if self.status is ChildStatus.USER_ERROR:
             trace = self.traceback.rstrip().splitlines()[-12:]
-            return "\n".join([self.output, *trace]).strip(), f"raised {self.message}"
+            why = (f"fails: {self.message}" if self.message.startswith(errors.ON_CUDA)
+                   else f"raised {self.message}")
+            return "\n".join([self.output, *trace]).strip(), why
         if self.status is ChildStatus.EARLY_EXIT:
             return self.output, f"ended the process with os._exit({self.code})"
         return self.output, f"the process {describe_death(self.returncode)}"

@@ -184,11 +184,18 @@ def test_a_scan_ends_where_cuda_would(tmp_path):
     path = tmp_path / "labels.py"
     path.write_text(SCRIPT)
     result = run_scan(str(path), mode="simulate", warmup=0)
-    assert isinstance(result.error, RuntimeError)
+    assert isinstance(result.error, CudaRaises)  # said as CUDA's, not as the code's own failure
+    assert str(result.error).startswith("on CUDA the op at labels.py:8 raises RuntimeError: "
+                                        "Expected all tensors to be on the same device")
     assert str(result.error).endswith("argument target in method wrapper_CUDA_nll_loss_forward)")
-    assert result.error.__traceback__ is not None
+    assert result.error.__traceback__ is not None  # -v shows where in the code
     last_user = [f for f in _frames(result.error) if f[0] == str(path)][-1]
     assert last_user[1] == 8
+    path.write_text("import torch\nx = torch.ones(3, device='cuda')\ntry:\n"
+                    "    torch.cat([x, torch.ones(3)])\nexcept RuntimeError:\n"
+                    "    raise ValueError('its own')\n")
+    result = run_scan(str(path), mode="simulate", warmup=0)  # caught: the code's own error
+    assert type(result.error) is ValueError
     path.write_text("import torch\nx = torch.ones(3, device='cuda')\nx.mul_(torch.ones(3))\n"
                     "torch.cat([x, torch.ones(3)])\n")  # CUDA's run ends at line 3 first
     result = run_scan(str(path), mode="simulate", warmup=0)
