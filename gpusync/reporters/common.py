@@ -4,6 +4,7 @@ import os
 import re
 
 from ..detect.steps import UNIT_NOTES
+from ..errors import ON_CUDA
 
 HEADERS = ["#", "op", "phase", "module", "where", "count", "per step", "when", "stall ms"]
 SETUP_TITLE = "only before the measured steps (building, warm-up): not counted per step"
@@ -161,3 +162,10 @@ def md_fence(text: str, minimum: int = 3) -> str:
     backticks in `text`, which would close it."""
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     return "`" * max(minimum, longest + 1)
+
+
+def error_lead(error: str) -> str:
+    """What the report's error line begins with: CUDA's error the virtual device raised ends
+    the run as on CUDA (errors.ON_CUDA); anything else is the code's own."""
+    return "the scan ended where CUDA's run would" if error.startswith(ON_CUDA) else \
+        "the scanned code raised"

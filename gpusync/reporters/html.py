@@ -17,6 +17,7 @@ from .common import (
     HEADERS,
     SETUP_TITLE,
     advice_line,
+    error_lead,
     note_lines,
     parts,
     rows,
@@ -231,7 +232,7 @@ def render_scan(report) -> str:
             f'<p class="muted">device {esc(report.device)}, torch {esc(report.torch_version)}, '
             f"gpusync {esc(report.gpusync_version)}, {esc(report.created)}</p>"]
     if report.error:
-        body.append(f'<p class="error">the scanned code raised: {esc(report.error)} '
+        body.append(f'<p class="error">{esc(error_lead(report.error))}: {esc(report.error)} '
                     "(the report covers what ran before)</p>")
     notes = note_lines(report)
     if notes:

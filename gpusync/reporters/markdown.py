@@ -5,6 +5,7 @@ from .common import (
     AFTER_TITLE,
     SETUP_TITLE,
     advice_line,
+    error_lead,
     headers,
     md_cell,
     md_fence,
@@ -22,7 +23,7 @@ def scan_markdown(report) -> str:
     if report.error:
         error = md_line(report.error)
         fence = md_fence(error, minimum=1)
-        out += [f"> the scanned code raised: {fence} {error} {fence}", ""]
+        out += [f"> {error_lead(report.error)}: {fence} {error} {fence}", ""]
     notes = note_lines(report)
     if notes:
         out += [f"- note: {md_cell(n)}" for n in notes] + [""]

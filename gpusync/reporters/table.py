@@ -1,13 +1,23 @@
 from tabulate import tabulate
 
 from . import cost
-from .common import AFTER_TITLE, SETUP_TITLE, advice_line, headers, note_lines, parts, rows, summary
+from .common import (
+    AFTER_TITLE,
+    SETUP_TITLE,
+    advice_line,
+    error_lead,
+    headers,
+    note_lines,
+    parts,
+    rows,
+    summary,
+)
 
 
 def scan_table(report) -> str:
     out = [summary(report)]
     if report.error:
-        out.append(f"the scanned code raised: {report.error} (report covers what ran before)")
+        out.append(f"{error_lead(report.error)}: {report.error} (report covers what ran before)")
     out += [f"note: {n}" for n in note_lines(report)]
     if not report.sites:
         out.append("no host<-device syncs found")
