@@ -272,21 +272,34 @@ def steadied(steps: Sequence[StepTrace]) -> list[StepTrace]:
     groups: dict[tuple, list[StepTrace]] = {}
     for step in steps:
         groups.setdefault(_signature(step), []).append(step)
+    least: dict[tuple, tuple] = {}  # a group's estimates, worked out once for all its steps
     out = []
     for step in steps:
-        peers = groups[_signature(step)]
+        key = _signature(step)
+        peers = groups[key]
         if len(peers) < 2:
+            key = (key, id(step))
             peers = [step, *(s for s in steps if s is not step and _begins_with(s, step))]
         if len(peers) < 2:
             out.append(step)
             continue
-        ops = tuple(dataclasses.replace(o, python_s=_least(p.ops[i] for p in peers),
-                                        kernel_s=min(p.ops[i].kernel_s for p in peers))
+        if key not in least:
+            least[key] = _least_of(peers, step)
+        python, kernel, reads = least[key]
+        ops = tuple(dataclasses.replace(o, python_s=python[i], kernel_s=kernel[i])
                     for i, o in enumerate(step.ops))
-        syncs = tuple(dataclasses.replace(s, python_s=_least(p.syncs[i] for p in peers))
-                      for i, s in enumerate(step.syncs))
+        syncs = tuple(dataclasses.replace(s, python_s=reads[i]) for i, s in enumerate(step.syncs))
         out.append(dataclasses.replace(step, ops=ops, syncs=syncs))
     return out
+
+
+def _least_of(peers: Sequence[StepTrace], step: StepTrace) -> tuple:
+    """Event by event of `step`, the least estimates among the peers: each op's Python and
+    CPU kernel time, each read's Python."""
+    python = [_least([p.ops[i] for p in peers]) for i in range(len(step.ops))]
+    kernel = [min(p.ops[i].kernel_s for p in peers) for i in range(len(step.ops))]
+    reads = [_least([p.syncs[i] for p in peers]) for i in range(len(step.syncs))]
+    return python, kernel, reads
 
 
 def _begins_with(step: StepTrace, start: StepTrace) -> bool:
@@ -301,9 +314,14 @@ def _in_order(step: StepTrace) -> list[str]:
     return [name for _, name in sorted(timed, key=lambda t: t[0])]
 
 
-def _least(events) -> float | None:
+def _least(events: Sequence[Event]) -> float | None:
     """The least estimate, of those not taken soon after a lost core where there are any."""
-    events = list(events)
-    clean = [e.python_s for e in events if e.python_s is not None and e.python_clean]
-    known = clean or [e.python_s for e in events if e.python_s is not None]
-    return min(known) if known else None
+    clean = known = None
+    for e in events:
+        value = e.python_s
+        if value is None:
+            continue
+        known = value if known is None else min(known, value)
+        if e.python_clean:
+            clean = value if clean is None else min(clean, value)
+    return clean if clean is not None else known
