@@ -69,18 +69,24 @@ def trace_of(session: Session) -> dict[str, Any]:
     """The session's scan as a Chrome / Perfetto trace."""
     report = report_of(session)  # sets each event's step
     o = session.outcome()
-    return trace_document(o.events, o.step_starts, o.spans, o.end, report, cut=session.frozen)
+    return trace_document(o.events, o.step_starts, o.spans, o.end, report, cut=session.frozen,
+                          first_start=o.steps.start_time)
 
 
 def trace_document(events, step_starts: list[float], spans: list[tuple[str, float, float]],
-                   end: float, report, cut: bool = False) -> dict[str, Any]:
+                   end: float, report, cut: bool = False,
+                   first_start: float = 0.0) -> dict[str, Any]:
     """events: SyncEvents with `ts` and `step` set (Session.outcome() sets steps);
     step_starts: when each step after the first began (seconds since the scan began);
     spans: (phase, start, end) of the top-level phases; end: when the scan ended; cut: the
     scan stopped the run (--steps), so what follows the last whole step is the step it cut
-    short, not reported."""
+    short, not reported; first_start: when the first step's work began (what ran before is
+    the set-up's)."""
     out = _metadata(report.target)
-    starts = [0.0, *step_starts]
+    if first_start > 0:
+        out.append(_slice(STEPS, "before the first step (set-up)", "step", 0.0, first_start,
+                          {"step": -1, "syncs": sum(e.step < 0 for e in events)}))
+    starts = [first_start, *step_starts]
     ends = [*step_starts, end]
     counts: dict[int, int] = {}
     for e in events:

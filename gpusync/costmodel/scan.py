@@ -246,12 +246,14 @@ class CostScan:
             return None
         first, end = measured_steps(report.steps, report.warmup)
         # the outcome's: the last step ends where what runs after it begins
-        starts = list(session.outcome().step_starts)
+        outcome = session.outcome()
+        starts = list(outcome.step_starts)
         ops = self.ops()
         self._probe_spans(ops)
         traces = step_traces(list(session.events), ops, starts, range(first, end),
                              t0=session.tracker.t0, clocks=self.sync_clocks,
-                             baseline=self.baseline, own=self.own)
+                             baseline=self.baseline, own=self.own,
+                             first_start=outcome.steps.start_time)
         self.prediction = predict_steps(traces, self.gpu, host=self.host) if traces else None
         return self.prediction
 
@@ -373,16 +375,17 @@ def step_traces(events: Sequence[Any], ops: Sequence[OpRecord], step_starts: Seq
                 steps: range, t0: float = 0.0,
                 clocks: dict[int, tuple[tuple[float, int], tuple[float, int]]] | None = None,
                 baseline: GapBaseline | None = None,
-                own: OwnTime | None = None) -> list[StepTrace]:
+                own: OwnTime | None = None, first_start: float = 0.0) -> list[StepTrace]:
     """The given steps' ops and reads.  events: SyncEvents with `ts` (seconds on the session's
     clock); ops: OpRecords on perf_counter's clock, which is the session's plus t0;
     step_starts: when step k+1 began, on the session's clock (Steps.times).  Step k runs from
-    starts[k] (0 for the first) to starts[k+1] (open for the last).
+    starts[k] (`first_start` for the first: when its work began, Steps.start_time) to
+    starts[k+1] (open for the last).
     With a `baseline`, each event's Python is estimated from the CPU clocks
     (python_time.estimate; `clocks` as for sync_point; `own`: gpusync's own work, left
     out) and steps that ran alike are steadied; without one, the timeline takes the wall-clock
     gaps."""
-    starts = [0.0, *step_starts]
+    starts = [first_start, *step_starts]
     reads = sorted((sync_point(e, clocks=clocks) for e in events), key=lambda s: s.host_s)
     # estimated for the whole run (gaps need every event), given to the measured steps' only
     found = estimate([*ops, *reads], baseline, own) if baseline is not None else None

@@ -73,11 +73,18 @@ class Steps:
     round_ends: list[int] = field(default_factory=list)
     epoch_ends: list[int] = field(default_factory=list)  # steps in which an epoch ended
     tail: int | None = None  # where what runs after the last step begins (after_last_step)
+    # where the first step's work began, and when: what ran before (building a model, moving
+    # it to the device, a Trainer's set-up) is no step's, also with no warm-up step
+    start: int = 0
+    start_time: float = 0.0
 
     def step_of(self, position: int) -> int:
-        """The step of the event at `position`; `count` for one after the last step."""
+        """The step of the event at `position`; `count` for one after the last step, -1 for
+        one before the first step's work began."""
         if self.tail is not None and position >= self.tail:
             return self.count
+        if position < self.start:
+            return -1
         return bisect.bisect_right(self.boundaries, position)
 
 
@@ -112,6 +119,7 @@ class StepCounter:
         self._marked: list[int] = []  # end_step() positions
         self._marked_times: list[float] = []
         self._epoch_ends: list[int] = []
+        self._first_work: dict[str, tuple[int, float]] = {}  # by unit: where work first began
         # trained() when the last epoch end was marked; None once the next epoch began
         self._trained_at_end: int | None = None
 
@@ -125,6 +133,8 @@ class StepCounter:
         for unit, r in self._rounds.items():
             if not training and unit != FORWARD:
                 continue
+            if unit not in self._first_work:
+                self._first_work[unit] = (self.position(), self.clock())
             if r.pending and r.candidate is None:
                 r.candidate = pos = self.position() if pos is None else pos
                 r.candidate_time = self.clock()
@@ -227,6 +237,7 @@ class StepCounter:
                 epochs = {k for k in marked if k < count}
                 if epochs and not self.stopped:  # a run's end ends its last epoch
                     epochs.add(count - 1)
+                start, start_time = self._first_work.get(unit, (0, 0.0))
                 return Steps(unit, list(r.boundaries), count, list(r.times), ends[:count],
-                             sorted(epochs))
+                             sorted(epochs), start=start, start_time=start_time)
         return Steps(NONE, [], 1)

@@ -51,16 +51,18 @@ def test_scan_writes_a_valid_trace_of_steps_phases_and_syncs(tmp_path):
     events = trace["traceEvents"]
     assert nested_on_each_track(events)
     steps = [e for e in events if e.get("cat") == "step"]
-    assert [e["name"] for e in steps][:2] == ["step 0 (warm-up)", "step 1"]
-    assert len([e for e in steps if e["args"]["step"] < report["steps"]]) == report["steps"]
+    assert [e["name"] for e in steps][:3] == ["before the first step (set-up)",
+                                              "step 0 (warm-up)", "step 1"]
+    assert len([e for e in steps if 0 <= e["args"]["step"] < report["steps"]]) == report["steps"]
     phases = {e["name"] for e in events if e.get("cat") == "phase"}
     assert phases == {"forward", "backward", "optimizer"}
     syncs = [e for e in events if e.get("cat") == "sync"]
     items = [e for e in syncs if e["name"] == "item"]
     assert len(items) == 4 and all(e["args"]["site"].endswith("train.py:9") for e in items)
     assert all(e["args"]["fix"] for e in syncs)
-    # each sync lies inside the step it is counted in
-    for e in items:
+    # each sync lies inside the step it is counted in, the set-up's (the model's move) too
+    assert any(e["args"]["step"] == -1 for e in syncs)
+    for e in syncs:
         step = next(s for s in steps if s["args"]["step"] == e["args"]["step"])
         assert step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
     assert trace["otherData"]["virtual_cuda"] is True

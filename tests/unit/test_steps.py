@@ -212,6 +212,32 @@ def test_watch_counts_syncs_after_the_last_optimizer_step():
     assert [e.step for e in w.events] == [0, 0, 0]
 
 
+def test_what_runs_before_the_first_steps_work_is_set_up_with_no_warmup_too(tmp_path):
+    """The model's move to the device runs before the first forward: with --warmup 0 it is
+    set-up still, not a sync of step 0 (it counted 0.5 a step over 4 steps)."""
+    warmup_only = "    if i == 0:\n        loss.tolist()  # only in the warm-up step\n"
+    text = LOOP.format(n=4).replace(warmup_only, "")
+    report = scan_script(tmp_path, text, warmup=0)
+    assert report.measured_steps == 4 and per_step(report) == {"item": 1.0}
+    (copy,) = [s for s in report.sites if s.op == "H2D copy"]
+    assert copy.setup and copy.per_step == 0
+    assert report.syncs_per_step == 1.0
+
+
+def test_events_before_the_first_work_are_no_steps():
+    events = []
+    c = StepCounter(lambda: len(events))
+    events += ["move", "move"]  # building: no work yet
+    for _ in range(2):
+        c.work_starts()
+        events.append("fwd")
+        c.work_starts()
+        c.begin(OPTIMIZER, "opt")
+        c.end(OPTIMIZER)
+    steps = c.result()
+    assert steps.start == 2 and [steps.step_of(i) for i in range(4)] == [-1, -1, 0, 1]
+
+
 def test_step_counter_places_a_round_boundary_at_the_first_new_work():
     events = []
     c = StepCounter(lambda: len(events))
