@@ -37,16 +37,26 @@ class Calibration:
     host_class: HostClass | None = None
     probe_s: float = 0.0
     others_share: float | None = None
+    threads: int = 1  # the scanned process's intra-op threads (torch.get_num_threads())
 
 
-def busy_note(others: float, ranks: int = 1) -> str:
+def busy_note(others: float, ranks: int = 1, threads: int = 1) -> str:
     """`ranks`: the processes of this torchrun job on the machine (LOCAL_WORLD_SIZE), whose
-    other ranks are among the other processes."""
+    other ranks are among the other processes. With more than one intra-op thread the CPU
+    kernels' OpenMP worker waits for a core and the scan's thread loses its own, and the
+    host time reads high; with one, loaded and quiet scans agreed within 2%
+    (docs/benchmarks/cost-model-load.md, run 22)."""
     among = f" (this torchrun job's {ranks - 1} other rank(s) among them)" if ranks > 1 else ""
-    return (f"the scanning machine was busy: other processes{among} used {others:.0%} of its "
-            "CPU time while the scan ran, and the predicted host time reads high on a busy "
-            "machine, by 2x or more (docs/benchmarks/cost-model-load.md): scan again on a "
-            "quiet one for a stable prediction")
+    lead = (f"the scanning machine was busy: other processes{among} used {others:.0%} of its "
+            "CPU time while the scan ran")
+    if threads <= 1:
+        return (f"{lead}; with one intra-op thread the prediction held within 2% of a quiet "
+                "machine's in gpusync's measurements (docs/benchmarks/cost-model-load.md)")
+    return (f"{lead}, and the predicted host time reads high on a busy machine, by 2x or "
+            "more, when the CPU kernels run on several threads (docs/benchmarks/"
+            "cost-model-load.md): scan on a quiet machine, or with OMP_NUM_THREADS=1 (loaded "
+            "and quiet predictions then agreed within 2%; the CPU kernels then sum in "
+            "another order, so values may differ in their last bits)")
 
 
 def _ms(seconds: float) -> float:
@@ -72,7 +82,8 @@ def annotate(report: Report, prediction: Prediction | None, gpu: GPU,
     named, others = calibration.host_class, calibration.others_share
     busy = others is not None and others > BUSY_SHARE
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    notes = (*report.notes, busy_note(others or 0.0, ranks)) if busy else report.notes
+    notes = (*report.notes, busy_note(others or 0.0, ranks, calibration.threads)) if busy \
+        else report.notes
     return dataclasses.replace(report, sites=tuple(sites), gpu=gpu.key, notes=notes, cost=Cost(
         gpu_name=gpu.name, host_dispatch_us=round(host.dispatch_s * 1e6, 3),
         launch_api_us=round(host.launch_api_s * 1e6, 3),

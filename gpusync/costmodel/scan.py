@@ -285,7 +285,8 @@ class CostScan:
         others = machine_load.others_share(self.load_start, machine_load.now())
         self._probe_again()
         return annotate(report, self.predict(report), self.gpu, self.host,
-                        Calibration(self.host_class, self.probe_s, others))
+                        Calibration(self.host_class, self.probe_s, others,
+                                    torch.get_num_threads()))
 
     def trace_events(self, pid: int = 2) -> list[dict]:
         """The predicted lanes for `--trace`, as a process of their own."""

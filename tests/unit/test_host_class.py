@@ -174,6 +174,10 @@ def test_a_busy_scanning_machine_is_said_and_a_named_host_is_reported():
              for share in (None, 0.02, BUSY_SHARE, 0.65)}
     said = [n for n in notes[0.65] if n.startswith("the scanning machine was busy")]
     assert said == [notes[0.65][-1]] and "other processes used 65% of its CPU time" in said[0]
+    assert "held within 2%" in said[0]  # one intra-op thread (Calibration's default)
+    threaded = annotate(_report(), lost, H100, scaled,
+                        Calibration(host, 100 * US, 0.65, threads=2)).notes[-1]
+    assert "reads high" in threaded and "OMP_NUM_THREADS=1" in threaded
     assert not any("busy" in n for s in (None, 0.02, BUSY_SHARE) for n in notes[s])
     with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": "2"}):  # under torchrun
         ranked = annotate(_report(), lost, H100, scaled, Calibration(host, 100 * US, 0.65))
