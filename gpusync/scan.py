@@ -167,9 +167,11 @@ def _scan_script(target: ScriptTarget, steps: int | None, warmup: int, mode: str
         spawned = children()
     if session.frozen:  # what ran after the scan stopped it is not the scan's
         error = None
-    error = _as_cudas(error, session.recorder.refused)
-    if session.recorder.cuda_errors:  # the first of them ends CUDA's run, before any later one
-        error = CudaRaises(session.recorder.cuda_errors[0])
+    raised = _as_cudas(error, session.recorder.refused)
+    if raised is error and session.recorder.cuda_errors:
+        # no refusal reached the scan: the first op that ran on ends CUDA's run
+        raised = CudaRaises(session.recorder.cuda_errors[0])
+    error = raised
     notes = [*([STOPPED] if session.frozen else []), *_spawned.notes(spawned)]
     result = _result(session, error, notes=notes)
     if (steps is not None and not session.frozen and result.report.measured_steps > steps

@@ -19,7 +19,8 @@ their sources (_READ: embedding, binary cross-entropy; a convolution's, which de
 backend it picks: device_checks_conv.py). The table is read from the yaml that
 ships with the running torch (torchgen's own parser) once per torch version, and kept as JSON
 beside the observer's build. The compiled observer raises the error at the op's first
-allocation (observer.cpp RefusingAllocator); the Python dispatch mode refuses nothing
+allocation (observer.cpp RefusingAllocator), or, for an op that allocates nothing, as the
+thread next runs Python (unraised); the Python dispatch mode refuses nothing
 (dispatch.py DeviceFlowMode says why)."""
 from __future__ import annotations
 
@@ -100,10 +101,14 @@ def refusals(det) -> dict:
             "on_unraised": lambda message: unraised(det, message)}
 
 
-def unraised(det, message: str) -> None:
-    """An op CUDA refuses ran on: it allocates nothing (in place, out=), and the compiled
-    observer raises at an op's allocation. The scan ends failed with this, as CUDA's run
-    does (scan.py), once the code ran to its end."""
+def unraised(det, message: str):
+    """An op CUDA refuses ran: it allocates nothing (in place, out=), and the compiled observer
+    raises at an op's allocation. Returned: a RuntimeError class with CUDA's words that the
+    observer raises in the thread when it next runs Python (an asynchronous exception: the
+    op's own line where Python called it), which the code may catch as it would CUDA's. Until
+    it is raised the session keeps a note of it: where it never is (the thread ran no Python
+    after the op), the scan ends failed with the note, as CUDA's run does (scan.py), once the
+    code ran to its end."""
     from ..errors import ON_CUDA
     from .frames import user_call
 
@@ -111,8 +116,18 @@ def unraised(det, message: str) -> None:
     where = f"{os.path.basename(call.where[0])}:{call.where[1]}" if call else "an op"
     note = (f"{ON_CUDA}{where} raises RuntimeError: {message} (the virtual device "
             "ran it on: an op that allocates nothing cannot be stopped there)")
-    if note not in det.rec.cuda_errors:
-        det.rec.cuda_errors.append(note)
+    if note in det.rec.cuda_errors:
+        return None
+    det.rec.cuda_errors.append(note)
+    det.rec.refused.add(message)
+
+    def init(self) -> None:  # made where the thread raises it: the note is no longer needed
+        RuntimeError.__init__(self, message)
+        if note in det.rec.cuda_errors:
+            det.rec.cuda_errors.remove(note)
+
+    # named as the error it stands for: a traceback prints "RuntimeError: ..."
+    return type("RuntimeError", (RuntimeError,), {"__init__": init, "__module__": "builtins"})
 
 
 _SAME = "Expected all tensors to be on the same device, but found at least two devices"

@@ -463,12 +463,15 @@ class Observer {
   bool refuses_op() const { return !refusal_.empty(); }
   std::string take_refusal() { return std::exchange(refusal_, std::string()); }
 
-  // The op CUDA refuses allocated nothing (in place, out=): it ran on; Python notes it.
+  // The op CUDA refuses allocated nothing (in place, out=): it ran. Python notes it and
+  // hands back CUDA's error, which the thread raises when it next runs Python (as soon as
+  // this callback is over: an exception cannot leave it, nor be raised inside it).
   void unraised(const std::string& message) {
     if (!on_unraised_) return;
     py::gil_scoped_acquire gil;
     try {
-      on_unraised_(py::str(message));
+      py::object error = on_unraised_(py::str(message));
+      if (!error.is_none()) raise_soon(error.ptr());
     } catch (py::error_already_set& e) {
       unraisable(e, on_unraised_);
     }
@@ -844,9 +847,24 @@ class Observer {
   // next Python bytecode.
   static void unraisable(py::error_already_set& e, const py::object& where) {
     bool interrupt = e.matches(PyExc_KeyboardInterrupt);
+    if (refusal_to_raise != nullptr && e.matches(refusal_to_raise)) {
+      raise_soon(refusal_to_raise);  // it fell in one of gpusync's callbacks: raise it again
+      return;
+    }
     e.restore();
     PyErr_WriteUnraisable(where.ptr());
     if (interrupt) PyErr_SetInterrupt();
+  }
+
+  // The GIL held: the exception class raised in this thread at its next Python bytecode.
+  static inline PyObject* refusal_to_raise = nullptr;  // the latest, kept alive
+  static void raise_soon(PyObject* error) {
+    if (error != refusal_to_raise) {
+      Py_INCREF(error);
+      Py_XDECREF(refusal_to_raise);
+      refusal_to_raise = error;
+    }
+    PyThreadState_SetAsyncExc(PyThread_get_thread_ident(), error);
   }
 
   // The table's lock held:

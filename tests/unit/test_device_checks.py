@@ -62,6 +62,8 @@ CASES = [
      f"{SAME}, cuda:0 and cpu! (when checking argument for argument tensors in method "
      "wrapper_CUDA_cat)"),
     (_mask_on_the_host, f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: torch.ones(3, device=dev).add_(torch.ones(3)),  # in place: no allocation
+     f"{SAME}, cuda:0 and cpu!"),
     (_host_vector_times_device_scalar, f"{SAME}, cuda:0 and cpu!"),
     (lambda dev: F.binary_cross_entropy_with_logits(torch.randn(4, device=dev), torch.ones(4)),
      f"{SAME}, cuda:0 and cpu!"),  # read in Loss.cpp: (1 - target).mul_(input)
@@ -139,22 +141,27 @@ def test_the_cases_are_cudas(case, error):
 
 
 @cpu_only
-def test_an_op_that_allocates_nothing_runs_on_the_compiled_observer_and_is_told(observer):
+def test_an_op_that_allocates_nothing_raises_when_python_runs_again(observer):
     """The compiled observer raises CUDA's error at the op's allocation (observer.cpp
-    RefusingAllocator): an in-place op allocates nothing and runs on, its refusal does not
-    fall on a later op, and the session keeps CUDA's error for the scan to end with."""
+    RefusingAllocator): an in-place op allocates nothing, so it runs, and CUDA's error is
+    raised as the thread next runs Python (at the op's line: code that catches it catches
+    it), not on a later op; the session's note of it goes once it is raised."""
     with Session(mode="simulate", virtual_cuda=True) as s:
         x = torch.ones(2, 3, device="cuda")
-        error, line = verdict(lambda dev: x.add_(torch.ones(2, 3)), "cuda"), _line()
+        error = verdict(lambda dev: x.add_(torch.ones(2, 3)), "cuda")
         assert (x + 1).shape == (2, 3) and torch.ones(4).sum().item() == 4
+        here = _line() + 2
+        try:
+            x.mul_(torch.ones(2, 3))
+            line = None
+        except RuntimeError as e:
+            line, caught = _frames(e)[-1][1], str(e)
     if observer == "native":
-        assert error is None
-        assert s.recorder.cuda_errors == [
-            f"on CUDA the op at test_device_checks.py:{line} raises RuntimeError: {SAME}, "
-            "cuda:0 and cpu! (the virtual device ran it on: an op that allocates nothing "
-            "cannot be stopped there)"]
+        assert error == f"{SAME}, cuda:0 and cpu!" and caught == error
+        assert line == here  # the mul_ line
+        assert s.recorder.cuda_errors == []
     else:
-        assert error is None and s.recorder.cuda_errors == []
+        assert error is None and line is None and s.recorder.cuda_errors == []
 
 
 def _line() -> int:

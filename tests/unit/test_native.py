@@ -39,8 +39,9 @@ def test_host_ness_flows_through_ops():
         assert not host.on_device(h[1:])  # views of host tensors stay there
         assert host.on_device(h.sum() + d)  # a 0-dim host input (h + d: CUDA refuses it)
         h2 = torch.zeros(4)
-        h2.add_(d)  # an in-place op with a device input: a CUDA run would have failed or moved
-        assert host.on_device(h2)
+        with pytest.raises(RuntimeError, match="same device"):  # CUDA refuses it too: the op
+            h2.add_(d)  # ran (it allocates nothing) and CUDA's error follows as Python runs on
+        assert host.on_device(h2)  # what it wrote is where its device input was
         torch.nonzero(h)  # host: no sync
         torch.nonzero(d)  # device: a sync
         d[d > 0]  # a device mask: one sync, not one per op inside index
