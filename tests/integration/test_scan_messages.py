@@ -49,3 +49,28 @@ def test_a_models_to_device_gets_no_dataloader_advice(tmp_path):
     assert move["line"] == 5 and move["setup"]  # m = torch.nn.Linear(4, 1).to(dev)
     assert "DataLoader" not in move["fix"] and "pin_memory" not in move["fix"]
     assert move["fix"].startswith("a module's .to(device) / .cuda() copies each parameter")
+
+
+CNN_INPUT_LEFT_ON_THE_HOST = textwrap.dedent('''
+    import torch
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()).cuda()
+    for step in range(3):
+        x = torch.randn(2, 3, 8, 8)  # never moved: CUDA raises at the convolution
+        net(x).sum().backward()
+''')
+
+
+def test_a_cnn_given_a_host_image_ends_where_cuda_would(tmp_path):
+    """The most common first-step crash of a CNN: exit 3 at the user's line with CUDA's
+    words (mkldnn's check: the input is on the host), said as CUDA's, the report of what ran
+    before kept (the model's move, set-up)."""
+    (tmp_path / "cnn.py").write_text(CNN_INPUT_LEFT_ON_THE_HOST)
+    proc = run_main("scan", "cnn.py", "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 3
+    said = ("on CUDA the op at cnn.py:6 raises RuntimeError: Input type (torch.FloatTensor) "
+            "and weight type (torch.cuda.FloatTensor) should be the same or input should be a "
+            "MKLDNN tensor and weight is a dense tensor")
+    assert said in proc.stderr and "cnn.py:6 (-v" not in proc.stderr  # said once, where
+    report = check_contract(json.loads(proc.stdout))
+    assert report["error"] == said
+    assert [s["op"] for s in report["sites"]] == ["H2D copy"] and report["sites"][0]["setup"]
