@@ -28,6 +28,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -121,13 +122,35 @@ def unraised(det, message: str):
     det.rec.cuda_errors.append(note)
     det.rec.refused.add(message)
 
-    def init(self) -> None:  # made where the thread raises it: the note is no longer needed
+    def init(self) -> None:  # raised: the code sees CUDA's error (and may catch it)
         RuntimeError.__init__(self, message)
         if note in det.rec.cuda_errors:
             det.rec.cuda_errors.remove(note)
 
     # named as the error it stands for: a traceback prints "RuntimeError: ..."
-    return type("RuntimeError", (RuntimeError,), {"__init__": init, "__module__": "builtins"})
+    return type("RuntimeError", (RuntimeError,),
+                {"__init__": init, "__module__": "builtins", _NOTE: note})
+
+
+_NOTE = "_gpusync_note"  # on the error classes unraised() makes: the session's note of it
+
+
+def keep_dropped(det):
+    """Install sys.unraisablehook for a virtual-device session; returned: what removes it.
+    CUDA's error for an op that allocates nothing, raised in a finalizer that ran as the op's
+    arguments died (a weakref callback: Python drops what it raises), is then the scan's to
+    end with, not a message."""
+    from . import patches
+
+    previous = sys.unraisablehook
+
+    def hook(args) -> None:
+        note = getattr(args.exc_type, _NOTE, None)
+        if note is None:
+            previous(args)
+        elif note not in det.rec.cuda_errors:
+            det.rec.cuda_errors.append(note)
+    return patches.Swap(sys, "unraisablehook", hook).remove
 
 
 _SAME = "Expected all tensors to be on the same device, but found at least two devices"

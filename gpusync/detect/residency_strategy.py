@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from . import patches
+from .device_checks import keep_dropped
 from .frames import capture
 from .phases import remember_forward
 from .residency import (
@@ -211,6 +212,7 @@ class VirtualResidency(RealResidency):
         det.libraries = libraries = VirtualLibraries(det)
         libraries.install()
         undo.append(libraries.uninstall)
+        undo.append(keep_dropped(det))  # CUDA's errors raised where Python drops them too
         return undo
 
 

@@ -224,6 +224,31 @@ def test_the_python_dispatch_mode_refuses_nothing(tmp_path, monkeypatch):
 
 
 @cpu_only
+@cpu_only
+def test_an_error_a_finalizer_dropped_still_ends_the_scan(tmp_path, observer):
+    """The in-place op's argument dies right after the op, and its weakref callback is the
+    first Python the thread runs: CUDA's error is raised there, where Python drops it
+    (sys.unraisablehook); the session keeps it and the scan ends failed at the op's line, as
+    CUDA's run does. sys.unraisablehook is the code's own again after the scan."""
+    from gpusync.errors import CudaRaises
+    from gpusync.scan import run_scan
+
+    path = tmp_path / "weak.py"
+    path.write_text("import torch, weakref\nx = torch.ones(3, device='cuda')\nrefs = []\n"
+                    "def arg():\n    t = torch.ones(3)\n"
+                    "    refs.append(weakref.ref(t, lambda _: None))\n    return t\n"
+                    "x.add_(arg())\n")
+    before = sys.unraisablehook
+    result = run_scan(str(path), mode="simulate", warmup=0)
+    assert sys.unraisablehook is before
+    if observer == "native":
+        assert isinstance(result.error, CudaRaises)
+        assert str(result.error).startswith(f"on CUDA the op at weak.py:8 raises RuntimeError: "
+                                            f"{SAME}")
+    else:
+        assert result.error is None  # the Python dispatch mode refuses nothing
+
+
 def test_torchs_allocator_is_back_after_every_scan():
     """The refusing allocator is the CPU allocator only while a virtual-device session runs:
     nested sessions, and one the code leaves by an exception, give torch's back."""
