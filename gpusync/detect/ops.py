@@ -33,6 +33,7 @@ from .dispatch import (
 )
 from .events import PINNED_DETAIL
 from .frames import capture
+from .libraries.pytorch import moving_a_module
 from .phases import remember_forward
 from .recorder import Recorder
 from .residency import (
@@ -138,7 +139,7 @@ class OpDetector:
         iterator = self._batches.iterator_of(t)
         if iterator is not None:
             self.rec.tracker.batch_fetched(source=iterator)
-        elif self._batches.empty() and torch.is_grad_enabled():
+        elif self._batches.empty() and torch.is_grad_enabled() and not moving_a_module():
             self.rec.tracker.batch_fetched()  # a loop of its own (get_batch): its batch's copy
 
     def new_parameter(self, call, cls, *args, **kwargs):
@@ -240,8 +241,7 @@ class OpDetector:
         for t in list(model.parameters()) + list(model.buffers()):
             self.host.mark_device(t)
 
-    # Optimizer step counters live on the host unless the optimizer is capturable or fused.
-    def opt_pre(self, optimizer, args, kwargs):
+    def opt_pre(self, optimizer, args, kwargs):  # step counters: host, unless capturable/fused
         for group in optimizer.param_groups:
             if group.get("capturable") or group.get("fused"):
                 continue

@@ -224,6 +224,25 @@ def test_what_runs_before_the_first_steps_work_is_set_up_with_no_warmup_too(tmp_
     assert report.syncs_per_step == 1.0
 
 
+def test_a_models_buffers_moving_are_no_batch_copy(tmp_path):
+    """A model's .to(device) moves its buffers outside the no_grad its parameters move under;
+    in a loop without a DataLoader (whose batch copies mark a step's start) they are no
+    batch: the move stays set-up (BERT's position_ids started the steps early)."""
+    report = scan_script(tmp_path, '''
+        import torch
+        dev = 'cuda' if torch.cuda.is_available() else 'cpu'
+        m = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).to(dev)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(4):
+            x = torch.randn(8, 3).to(dev)
+            loss = m(x).sum()
+            opt.zero_grad(); loss.backward(); opt.step()
+    ''', warmup=0)
+    copies = {s.line: s for s in report.sites if s.op == "H2D copy"}
+    assert copies[4].setup and copies[4].count == 7  # 4 parameters, 3 buffers
+    assert copies[7].per_step == 1.0 and not copies[7].setup
+
+
 def test_events_before_the_first_work_are_no_steps():
     events = []
     c = StepCounter(lambda: len(events))

@@ -3,6 +3,8 @@ GradScaler steps (detect/phases.py), and which of its files are plumbing (detect
 from __future__ import annotations
 
 import os
+import sys
+from types import FrameType
 
 from . import Entry
 
@@ -103,6 +105,18 @@ MODULE_MOVE_FILE = os.path.join("torch", "nn", "modules", "module.py")
 MODULE_MOVE_ADVICE = ("a module's .to(device) / .cuda() copies each parameter and buffer to the "
                    "device once: not per step, nothing to pin; to skip the copy, build the "
                    "module on the device (with torch.device('cuda'): ... or device=...)")
+
+
+def moving_a_module() -> bool:
+    """The calling thread is inside Module._apply (a model's .to(device) / .cuda()): its
+    buffers move outside the no_grad its parameters move under, and are no batch."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_apply" and code.co_filename.endswith(MODULE_MOVE_FILE):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def module_move_advice(label: str, raw: list[tuple[str, int, str]]) -> str | None:
