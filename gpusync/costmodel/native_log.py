@@ -43,10 +43,27 @@ def _overload(name: str, overload: str) -> Any:
         return None
 
 
+@functools.lru_cache(maxsize=None)
+def _op(name: str, overload: str) -> tuple[Any, str, bool]:
+    """An op's OpOverload, its name as records show it and whether it launches a kernel:
+    worked out once per op, not once per logged call."""
+    func = _overload(name, overload)
+    if func is None:
+        return None, name.replace("::", ".") + "." + (overload or "default"), True
+    return func, str(func), launches_kernel(func)
+
+
 def _meta(entry: tuple) -> TensorMeta:
     sizes, strides, contiguous, dtype, device = entry
-    return TensorMeta(tuple(sizes), str(dtype).removeprefix("torch."),
-                      None if strides is None else tuple(strides), bool(contiguous),
+    return _meta_of(tuple(sizes), None if strides is None else tuple(strides), bool(contiguous),
+                    dtype, bool(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _meta_of(sizes: tuple, strides: tuple | None, contiguous: bool, dtype: Any,
+             device: bool) -> TensorMeta:
+    """One TensorMeta for the tensors of a step that are alike (a step's shapes repeat)."""
+    return TensorMeta(sizes, str(dtype).removeprefix("torch."), strides, contiguous,
                       "cuda" if device else "cpu")
 
 
@@ -82,16 +99,14 @@ def records(entries: Iterable[tuple]) -> list[OpRecord]:
     out = []
     for (name, overload, wall, wall_end, cpu_start, cpu_end, kernel_s, switches_start,
          switches_end, from_engine, inputs, outputs, args) in entries:
-        func = _overload(name, overload)
+        func, op_name, kernel = _op(name, overload)
         ins = tuple(_meta(t) for t in inputs)
         outs = tuple(_meta(t) for t in outputs)
         flops, tf32 = _flops(func, args, ins, outs) if func is not None else (0, None)
         math = math_mode(func, ins, flops, tf32)
         out.append(OpRecord(
-            name=str(func) if func is not None else name.replace("::", ".") + "." + (
-                overload or "default"),
-            inputs=ins, outputs=outs, host_start_s=wall, host_end_s=wall_end, flops=flops,
-            math=math, kernel=launches_kernel(func) if func is not None else True,
+            name=op_name, inputs=ins, outputs=outs, host_start_s=wall, host_end_s=wall_end,
+            flops=flops, math=math, kernel=kernel,
             from_engine=bool(from_engine), cpu_start_s=cpu_start, cpu_end_s=cpu_end,
             kernel_s=kernel_s, switches_start=switches_start, switches_end=switches_end))
     return out
