@@ -11,7 +11,8 @@ structured TensorIterator ops (`structured_inherits: TensorIteratorBase`) follow
 TensorIterator's rule (compute_types): one device, but a 0-dim host tensor that is an input
 is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host
 indices are moved to the device before it iterates); torch.where, which moves its 0-dim
-operands to the device and iterates, meets the same rule. The other NoCheck ops (copy_, index
+operands to the device and iterates, meets the same rule; masked_fill's CUDA kernel checks its
+mask itself, strictly (read in its source: MASK_RULE). The other NoCheck ops (copy_, index
 with host indices, the fused optimizers) are not judged: never a false refusal, and
 their mismatches go unreported; nor are ops in a backward pass (what forward saved from
 inside an opaque op was never placed), nor composite kernels' inner checks but those read in
@@ -38,6 +39,7 @@ from . import device_checks_conv
 CPU_SCALAR_RULE = "iterator"  # TensorIterator's: a 0-dim host input is a CPU scalar
 EXACT_RULE = "exact"          # the generated wrapper's: every tensor on one device
 CONV_RULE = "convolution"     # the backend's own check (device_checks_conv.py)
+MASK_RULE = "mask"            # masked_fill's own: self and mask on one device
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class DeviceCheck:
                     return (f"{_SAME}, {first} and {where}! (when checking argument for "
                             f"argument {cited} in method {self.method})")
             return None
+        if self.rule == MASK_RULE:
+            return _mask_refusal(dict((n, d) for n, d, _ in operands), device, self.method)
         if not any(on_device for _, on_device, _ in operands):
             return None
         for name, on_device, dim in operands:
@@ -156,6 +160,18 @@ def keep_dropped(det):
 _SAME = "Expected all tensors to be on the same device, but found at least two devices"
 
 
+def _mask_refusal(sides: dict[str, bool], device: str, overload: str) -> str | None:
+    """masked_fill__cuda's checks: with a tensor value, self on the host first (the value may
+    be a host scalar); then the mask on self's device."""
+    if sides.get("self") == sides.get("mask"):
+        return None
+    if overload == "Tensor" and not sides.get("self"):
+        return "masked_fill_: Expected inputs to be on same device"
+    mask, self_ = (device if sides.get(k) else "cpu" for k in ("mask", "self"))
+    return (f"expected self and mask to be on the same device, but got mask on {mask} and "
+            f"self on {self_}")
+
+
 def table() -> dict[tuple[str, str], DeviceCheck]:
     """("aten::mm", "") -> its check, for every op CUDA checks; empty where torch ships no
     native_functions.yaml (then nothing is refused)."""
@@ -174,6 +190,12 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
         checks[("aten::convolution", "")] = DeviceCheck(
             CONV_RULE, ("input", "weight", "bias"), frozenset(), "")
     if checks:
+        # masked_fill (cuda/Indexing.cu masked_fill__cuda; the out-of-place op is one to the
+        # scan and runs it on a clone): the mask strictly on self's device, 0-dim too
+        for name in ("aten::masked_fill", "aten::masked_fill_"):
+            for overload in ("Scalar", "Tensor"):
+                checks[(name, overload)] = DeviceCheck(MASK_RULE, ("self", "mask"), frozenset(),
+                                                       overload)
         # torch.where (TensorCompare.cpp where / where_self_out): 0-dim tensors off the output's
         # device are moved there, "if there's still a device mismatch, let tensoriterator error
         # out with it": TensorIterator's rule

@@ -89,6 +89,16 @@ CASES = [
     (lambda dev: torch.zeros(3, device=dev).copy_(torch.ones(3)), None),
     (lambda dev: torch.ones(2, 2).to(dev) @ torch.ones(2, 2, device=dev), None),
     (lambda dev: torch.cat([torch.ones(2, device=dev), torch.ones(2, device=dev)]), None),
+    # masked_fill's own check: the mask on self's device, 0-dim too (a causal mask kept as a
+    # plain attribute, which model.to() does not move)
+    (lambda dev: torch.randn(2, 3, device=dev).masked_fill(torch.ones(2, 3).bool(), 0.0),
+     "expected self and mask to be on the same device, but got mask on cpu and self on cuda:0"),
+    (lambda dev: torch.randn(3, device=dev).masked_fill_(torch.tensor(True), 0.0),
+     "expected self and mask to be on the same device, but got mask on cpu and self on cuda:0"),
+    (lambda dev: torch.randn(3, device=dev).masked_fill(torch.ones(3, device=dev).bool(),
+                                                        torch.tensor(1.0)), None),
+    (lambda dev: torch.randn(3).masked_fill(torch.ones(3, device=dev).bool(), torch.tensor(1.0)),
+     "masked_fill_: Expected inputs to be on same device"),
     # convolutions: the backend CUDA picks decides the words (device_checks_conv.py)
     (lambda dev: F.conv2d(torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3, device=dev)),
      "Input type (torch.FloatTensor) and weight type (torch.cuda.FloatTensor) should be the "
