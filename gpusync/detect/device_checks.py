@@ -12,7 +12,8 @@ TensorIterator's rule (compute_types): one device, but a 0-dim host tensor that 
 is a CPU scalar the kernel accepts (ops with a list of tensors excepted: index's host
 indices are moved to the device before it iterates); torch.where, which moves its 0-dim
 operands to the device and iterates, meets the same rule; masked_fill's CUDA kernel checks its
-mask itself, strictly (read in its source: MASK_RULE). The other NoCheck ops (copy_, index
+mask itself, strictly (read in its source: MASK_RULE), and index_put_ moves its host indices and
+a 0-dim value, not other values (INDEX_PUT_RULE). The other NoCheck ops (copy_, index
 with host indices, the fused optimizers) are not judged: never a false refusal, and
 their mismatches go unreported; nor are ops in a backward pass (what forward saved from
 inside an opaque op was never placed), nor composite kernels' inner checks but those read in
@@ -40,6 +41,7 @@ CPU_SCALAR_RULE = "iterator"  # TensorIterator's: a 0-dim host input is a CPU sc
 EXACT_RULE = "exact"          # the generated wrapper's: every tensor on one device
 CONV_RULE = "convolution"     # the backend's own check (device_checks_conv.py)
 MASK_RULE = "mask"            # masked_fill's own: self and mask on one device
+INDEX_PUT_RULE = "index_put"  # _index_put_impl_'s: its values moved only as a 0-dim scalar
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def refusal(det, name: str, overload: str, operands, arguments: tuple = ()) -> s
     if check.rule == CONV_RULE:
         message = device_checks_conv.refusal(operands, arguments, str(current_device()),
                                              table())
+    elif check.rule == INDEX_PUT_RULE:
+        message = _index_put_refusal(operands, arguments, str(current_device()))
     else:
         message = check.refusal(operands, str(current_device()))
     if message is not None:
@@ -160,6 +164,21 @@ def keep_dropped(det):
 _SAME = "Expected all tensors to be on the same device, but found at least two devices"
 
 
+def _index_put_refusal(operands, arguments: tuple, device: str) -> str | None:
+    """_index_put_impl_ on CUDA without accumulate: a values tensor of one element on the host
+    goes through masked_fill_ or is moved (0-dim), others meet TensorIterator's check beside
+    the device's self. Not judged: accumulate (another kernel), a host self."""
+    sides = {name: (on_device, dim) for name, on_device, dim in operands}
+    values = arguments[2] if len(arguments) > 2 else None
+    accumulate = bool(arguments[3]) if len(arguments) > 3 else False
+    if accumulate or not isinstance(values, torch.Tensor) or values.numel() == 1:
+        return None
+    on_device, dim = sides.get("values", (True, 0))
+    if sides.get("self", (False, 0))[0] and not on_device and dim != 0:
+        return f"{_SAME}, {device} and cpu!"
+    return None
+
+
 def _mask_refusal(sides: dict[str, bool], device: str, overload: str) -> str | None:
     """masked_fill__cuda's checks: with a tensor value, self on the host first (the value may
     be a host scalar); then the mask on self's device."""
@@ -196,6 +215,10 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
             for overload in ("Scalar", "Tensor"):
                 checks[(name, overload)] = DeviceCheck(MASK_RULE, ("self", "mask"), frozenset(),
                                                        overload)
+        # x[idx] = values: index_put_ and the ops it runs (TensorAdvancedIndexing.cpp
+        # _index_put_impl_), host indices moved to the device, not host values
+        for name in ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
+            checks[(name, "")] = DeviceCheck(INDEX_PUT_RULE, ("self", "values"), frozenset(), "")
         # torch.where (TensorCompare.cpp where / where_self_out): 0-dim tensors off the output's
         # device are moved there, "if there's still a device mismatch, let tensoriterator error
         # out with it": TensorIterator's rule

@@ -40,6 +40,11 @@ def _mask_on_the_host(dev):
     torch.randn(4, 3, device=dev) * torch.ones(4, 3)
 
 
+def _setitem(dev, index, values):
+    x = torch.zeros(5, device=dev)
+    x[index(x)] = values
+
+
 def _host_vector_times_device_scalar(dev):
     torch.ones(3) * torch.tensor(2.0, device=dev)
 
@@ -89,6 +94,11 @@ CASES = [
     (lambda dev: torch.zeros(3, device=dev).copy_(torch.ones(3)), None),
     (lambda dev: torch.ones(2, 2).to(dev) @ torch.ones(2, 2, device=dev), None),
     (lambda dev: torch.cat([torch.ones(2, device=dev), torch.ones(2, device=dev)]), None),
+    # x[idx] = values (_index_put_impl_): host indices are moved, host values only as 0-dim
+    (lambda dev: _setitem(dev, lambda x: torch.tensor([0, 2]), torch.tensor([1.0, 2.0])),
+     f"{SAME}, cuda:0 and cpu!"),
+    (lambda dev: _setitem(dev, lambda x: torch.tensor([0, 2]), torch.tensor(1.0)), None),
+    (lambda dev: _setitem(dev, lambda x: x >= 0, torch.tensor([1.0])), None),  # masked_fill_
     # masked_fill's own check: the mask on self's device, 0-dim too (a causal mask kept as a
     # plain attribute, which model.to() does not move)
     (lambda dev: torch.randn(2, 3, device=dev).masked_fill(torch.ones(2, 3).bool(), 0.0),
@@ -309,10 +319,12 @@ def test_the_table_is_torchs_own():
     assert table[("aten::add", "out")].args == ("out", "self", "other")
     # checked by their own kernels, which accept host tensors: never refused here
     for unjudged in [("aten::copy_", ""), ("aten::index", "Tensor"),
-                     ("aten::index_put_", ""), ("aten::_fused_adam_", "tensor_lr")]:
+                     ("aten::_fused_adam_", "tensor_lr")]:
         assert unjudged not in table
-    # read in their sources: where moves its 0-dim operands, then TensorIterator checks
+    # read in their sources: where moves its 0-dim operands, then TensorIterator checks;
+    # index_put_ moves its host indices and a 0-dim value, not other values
     assert table[("aten::where", "self")].rule == device_checks.CPU_SCALAR_RULE
+    assert table[("aten::index_put_", "")].rule == device_checks.INDEX_PUT_RULE
 
 
 def test_a_cuda_scalar_with_host_outputs_is_refused_as_tensor_iterator_does():
