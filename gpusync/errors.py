@@ -61,6 +61,11 @@ class CudaRaises(RuntimeError):
 ON_CUDA = "on CUDA the op at "  # how a CudaRaises message begins: it says where itself
 
 
+def on_cuda(where: str, message: str) -> str:
+    """A CudaRaises message: the op's place (file:line) and CUDA's words."""
+    return f"{ON_CUDA}{where} raises RuntimeError: {message}"
+
+
 class SyncsFound(AssertionError):
     """Raised by assert_no_syncs(); the message lists every site with file:line and fix."""
 

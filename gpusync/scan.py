@@ -14,7 +14,7 @@ from . import _spawned
 from .detect.frames import is_users
 from .detect.session import NOTHING_ON_GPU, Session
 from .detect.steps import OPTIMIZER
-from .errors import ON_CUDA, BadInput, CudaRaises
+from .errors import BadInput, CudaRaises, on_cuda
 from .modes import resolve_mode
 from .report import Report, report_of
 from .targets import FactoryTarget, ScriptTarget, StopRun, parse_target
@@ -199,8 +199,7 @@ def _as_cudas(error: BaseException | None, refused: set[str]) -> BaseException |
     frames = traceback.extract_tb(error.__traceback__)
     users = [f for f in frames if is_users(f.filename)] or frames
     place = f"{os.path.basename(users[-1].filename)}:{users[-1].lineno}" if users else "an op"
-    return CudaRaises(f"{ON_CUDA}{place} raises RuntimeError: {message}").with_traceback(
-        error.__traceback__)
+    return CudaRaises(on_cuda(place, message)).with_traceback(error.__traceback__)
 
 
 # Where this run's temporary folders go: the scan child sets it to its job folder, which the

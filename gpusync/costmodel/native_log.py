@@ -34,21 +34,14 @@ def configure(compiled: Any) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _overload(name: str, overload: str) -> Any:
-    """torch.ops' OpOverload for an op the observer names ("aten::mm", "")."""
+def _op(name: str, overload: str) -> tuple[Any, str, bool]:
+    """For an op the observer names ("aten::mm", ""): torch.ops' OpOverload, its name as
+    records show it and whether it launches a kernel, worked out once per op, not once per
+    logged call."""
     namespace, _, op = name.partition("::")
     try:
-        return getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
+        func = getattr(getattr(getattr(torch.ops, namespace), op), overload or "default")
     except (AttributeError, RuntimeError):
-        return None
-
-
-@functools.lru_cache(maxsize=None)
-def _op(name: str, overload: str) -> tuple[Any, str, bool]:
-    """An op's OpOverload, its name as records show it and whether it launches a kernel:
-    worked out once per op, not once per logged call."""
-    func = _overload(name, overload)
-    if func is None:
         return None, name.replace("::", ".") + "." + (overload or "default"), True
     return func, str(func), launches_kernel(func)
 

@@ -67,8 +67,6 @@ class DeviceCheck:
                     return (f"{_SAME}, {first} and {where}! (when checking argument for "
                             f"argument {cited} in method {self.method})")
             return None
-        if self.rule == MASK_RULE:
-            return _mask_refusal(dict((n, d) for n, d, _ in operands), device, self.method)
         if not any(on_device for _, on_device, _ in operands):
             return None
         for name, on_device, dim in operands:
@@ -91,13 +89,15 @@ def refusal(det, name: str, overload: str, operands, arguments: tuple = ()) -> s
         return None
     from .virtual_device import current_device
 
+    device = str(current_device())
     if check.rule == CONV_RULE:
-        message = device_checks_conv.refusal(operands, arguments, str(current_device()),
-                                             table())
+        message = device_checks_conv.refusal(operands, arguments, device, table())
     elif check.rule == INDEX_PUT_RULE:
-        message = _index_put_refusal(operands, arguments, str(current_device()))
+        message = _index_put_refusal(operands, arguments, device)
+    elif check.rule == MASK_RULE:
+        message = _mask_refusal({n: d for n, d, _ in operands}, device, overload)
     else:
-        message = check.refusal(operands, str(current_device()))
+        message = check.refusal(operands, device)
     if message is not None:
         det.rec.refused.add(message)
     return message
@@ -118,13 +118,13 @@ def unraised(det, message: str):
     it is raised the session keeps a note of it: where it never is (the thread ran no Python
     after the op), the scan ends failed with the note, as CUDA's run does (scan.py), once the
     code ran to its end."""
-    from ..errors import ON_CUDA
+    from ..errors import on_cuda
     from .frames import user_call
 
     call = user_call(1)
     where = f"{os.path.basename(call.where[0])}:{call.where[1]}" if call else "an op"
-    note = (f"{ON_CUDA}{where} raises RuntimeError: {message} (the virtual device "
-            "ran it on: an op that allocates nothing cannot be stopped there)")
+    note = (f"{on_cuda(where, message)} (the virtual device ran it on: an op that allocates "
+            "nothing cannot be stopped there)")
     if note in det.rec.cuda_errors:
         return None
     det.rec.cuda_errors.append(note)
@@ -214,7 +214,7 @@ def _table(version: str) -> dict[tuple[str, str], DeviceCheck]:
         for name in ("aten::masked_fill", "aten::masked_fill_"):
             for overload in ("Scalar", "Tensor"):
                 checks[(name, overload)] = DeviceCheck(MASK_RULE, ("self", "mask"), frozenset(),
-                                                       overload)
+                                                       "")
         # x[idx] = values: index_put_ and the ops it runs (TensorAdvancedIndexing.cpp
         # _index_put_impl_), host indices moved to the device, not host values
         for name in ("aten::index_put_", "aten::index_put", "aten::_index_put_impl_"):
